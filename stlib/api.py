@@ -1,0 +1,141 @@
+"""``attention`` and ``video_attention``: one entry point over every implementation.
+
+Implementations register themselves by name in ``IMPLEMENTATIONS``; each receives validated
+inputs: q, k, v [H, L, D] float arrays, ``mask`` (a stlib mask or None), ``scale``, ``block_q``,
+``block_kv`` (None: the implementation's default) and ``interpret`` (None: interpret unless on TPU).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import jax.numpy as jnp
+
+from stlib._checks import check_positive_int
+from stlib.geometry import VideoGrid
+from stlib.layout import block_layout
+from stlib.masks import Mask
+from stlib.reference import reference_attention, xla_block_sparse_attention
+
+IMPLEMENTATIONS: dict[str, Callable] = {}
+
+#: Largest L the materialising reference accepts.
+REFERENCE_LIMIT = 16_384
+
+
+def register(name: str):
+    """Decorator: make ``fn`` available as ``attention(..., impl=name)``."""
+
+    def wrap(fn):
+        IMPLEMENTATIONS[name] = fn
+        return fn
+
+    return wrap
+
+
+def _check_block(name: str, value, multiple: int = 8) -> int | None:
+    if value is None:
+        return None
+    check_positive_int(name, value)
+    if value % multiple:
+        raise ValueError(f"{name}={value} must be a positive multiple of {multiple}")
+    return int(value)
+
+
+def _check_qkv(q, k, v):
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+            raise TypeError(f"{name} must be an array, got {type(x).__name__}")
+        if x.ndim != 3:
+            raise ValueError(f"{name} must be [H, L, D], got shape {tuple(x.shape)}")
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            raise TypeError(f"{name} must be a floating dtype, got {x.dtype}")
+    if k.shape != v.shape:
+        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must have the same shape")
+    if q.shape[0] != k.shape[0]:
+        raise ValueError(f"q has {q.shape[0]} heads but k has {k.shape[0]}")
+    if q.shape[2] != k.shape[2]:
+        raise ValueError(f"q head dim {q.shape[2]} differs from k head dim {k.shape[2]}")
+    if q.shape[1] != k.shape[1]:
+        raise ValueError(f"self-attention needs q and k of equal length, got {q.shape[1]} and {k.shape[1]}")
+
+
+def check_mask(mask, num_heads: int, length: int) -> None:
+    if mask is None:
+        return
+    if not isinstance(mask, Mask):
+        raise TypeError(f"mask must be a stlib mask (stlib.masks.*) or None, got {type(mask).__name__}")
+    if mask.shape != (length, length):
+        raise ValueError(f"mask shape {mask.shape} does not match sequence length {length}")
+    if mask.num_heads is not None and mask.num_heads != num_heads:
+        raise ValueError(f"mask has {mask.num_heads} heads but q has {num_heads}")
+
+
+def attention(q, k, v, mask: Mask | None = None, *, impl: str = "reference", scale: float | None = None,
+              block_q: int | None = None, block_kv: int | None = None, interpret: bool | None = None):
+    """Multi-head attention softmax(q k^T * scale, mask) v.
+
+    q, k, v: [H, L, D] floating arrays (bf16 / f32); mask: a stlib mask of shape (L, L), head-uniform
+    or with H heads, or None (dense). ``scale`` defaults to 1/sqrt(D). Returns [H, L, D] in q's dtype;
+    query rows that see no key are zeros. ``impl`` names an entry of ``IMPLEMENTATIONS``.
+    Raises TypeError / ValueError on bad input (shapes, dtypes, heads, unknown impl, block sizes).
+    """
+    _check_qkv(q, k, v)
+    check_mask(mask, q.shape[0], q.shape[1])
+    if impl not in IMPLEMENTATIONS:
+        raise ValueError(f"impl={impl!r} is unknown; choose one of {sorted(IMPLEMENTATIONS)}")
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[2])
+    elif not isinstance(scale, (int, float)) or isinstance(scale, bool) or not math.isfinite(scale):
+        raise TypeError(f"scale={scale!r} must be a finite number")
+    block_q = _check_block("block_q", block_q)
+    block_kv = _check_block("block_kv", block_kv)
+    return IMPLEMENTATIONS[impl](q, k, v, mask, scale=float(scale), block_q=block_q, block_kv=block_kv,
+                                 interpret=interpret)
+
+
+@register("reference")
+def _reference(q, k, v, mask, *, scale, block_q, block_kv, interpret):
+    length = q.shape[1]
+    if length > REFERENCE_LIMIT:
+        raise ValueError(f"impl='reference' materialises [H, L, L] scores; L={length} > {REFERENCE_LIMIT}")
+    dense = None if mask is None else mask.to_dense()
+    return reference_attention(q, k, v, dense, scale)
+
+
+@register("xla")
+def _xla(q, k, v, mask, *, scale, block_q, block_kv, interpret):
+    from stlib.masks import full
+
+    length = q.shape[1]
+    bq = block_q or min(128, _round_up(length, 8))
+    bkv = block_kv or min(128, _round_up(length, 8))
+    layout = block_layout(mask if mask is not None else full(length), bq, bkv)
+    return xla_block_sparse_attention(q, k, v, layout, scale)
+
+
+def _round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def video_attention(q, k, v, grid: VideoGrid, mask: Mask | None = None, *, impl: str = "reference", **kwargs):
+    """Attention over the raster-order tokens of ``grid``: q, k, v [H, T*Y*X, D], ``mask`` in
+    raster order. Returns raster-order output, equal to ``attention(..., impl="reference")``.
+    Raises ValueError if the grid does not match L."""
+    if not isinstance(grid, VideoGrid):
+        raise TypeError(f"grid must be a stlib.VideoGrid, got {type(grid).__name__}")
+    _check_qkv(q, k, v)
+    grid.check_length(q.shape[1])
+    return attention(q, k, v, mask, impl=impl, **kwargs)
+
+
+def random_qkv(shape, dtype=jnp.float32, seed: int = 0):
+    """Three seeded standard-normal [H, L, D] arrays (q, k, v) for tests, notebooks and benchmarks."""
+    import jax
+
+    keys = jax.random.split(jax.random.key(seed), 3)
+    return tuple(jax.random.normal(key, shape, jnp.float32).astype(dtype) for key in keys)
+
+
+__all__ = ["attention", "video_attention", "register", "IMPLEMENTATIONS", "random_qkv"]

@@ -1,0 +1,184 @@
+"""Video token geometry: the (T, Y, X) latent grid, token orders and padding.
+
+A token order is a permutation of the raster (frame-major, t-y-x) token indices, possibly with
+padding slots (marked -1) so that every 3-D tile occupies a whole number of kernel blocks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from stlib._checks import check_positive_int, check_positive_triple
+
+
+@dataclass(frozen=True)
+class VideoGrid:
+    """A video latent token grid of T frames, Y rows, X columns (raster order t, y, x)."""
+
+    frames: int
+    height: int
+    width: int
+
+    def __post_init__(self):
+        for name in ("frames", "height", "width"):
+            check_positive_int(name, getattr(self, name))
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return (self.frames, self.height, self.width)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.frames * self.height * self.width
+
+    @property
+    def tokens_per_frame(self) -> int:
+        return self.height * self.width
+
+    def coords(self, index) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(t, y, x) of raster token indices (any integer array shape; works on numpy or jnp)."""
+        t = index // self.tokens_per_frame
+        rem = index % self.tokens_per_frame
+        return t, rem // self.width, rem % self.width
+
+    def raster_index(self, t, y, x):
+        return (t * self.height + y) * self.width + x
+
+    def check_length(self, length: int) -> None:
+        if length != self.num_tokens:
+            raise ValueError(f"video grid {self.shape} has {self.num_tokens} tokens but the sequence has {length}")
+
+
+@dataclass(frozen=True, eq=False)
+class TokenOrder:
+    """A token order: ``perm[i]`` is the raster index at position i (-1 for a padding slot).
+
+    ``inverse[r]`` is the position of raster token r. ``length`` = len(perm) >= num_tokens.
+    """
+
+    name: str
+    perm: np.ndarray  # int32 [length]
+    num_tokens: int
+
+    def __post_init__(self):
+        perm = np.asarray(self.perm)
+        real = perm[perm >= 0]
+        if real.size != self.num_tokens or not np.array_equal(np.sort(real), np.arange(self.num_tokens)):
+            raise ValueError(f"order {self.name!r} is not a permutation of {self.num_tokens} tokens")
+
+    @property
+    def length(self) -> int:
+        return int(self.perm.shape[0])
+
+    @cached_property
+    def valid(self) -> np.ndarray:
+        """bool [length]: False at padding slots."""
+        return self.perm >= 0
+
+    @cached_property
+    def inverse(self) -> np.ndarray:
+        inv = np.empty(self.num_tokens, dtype=np.int32)
+        pos = np.flatnonzero(self.valid)
+        inv[self.perm[pos]] = pos
+        return inv
+
+    @property
+    def is_identity(self) -> bool:
+        return self.length == self.num_tokens and bool(np.all(self.perm == np.arange(self.num_tokens)))
+
+    def apply(self, x):
+        """[H, L, D] raster-order array -> [H, length, D] in this order (zeros at padding slots)."""
+        import jax.numpy as jnp
+
+        _check_token_axis(x, self.num_tokens, "apply")
+        gathered = jnp.take(x, jnp.asarray(np.maximum(self.perm, 0)), axis=1)
+        if self.length == self.num_tokens:
+            return gathered
+        return jnp.where(jnp.asarray(self.valid)[None, :, None], gathered, jnp.zeros((), x.dtype))
+
+    def restore(self, y):
+        """[H, length, D] array in this order -> [H, L, D] raster order (padding slots dropped)."""
+        import jax.numpy as jnp
+
+        _check_token_axis(y, self.length, "restore")
+        return jnp.take(y, jnp.asarray(self.inverse), axis=1)
+
+    def with_prefix(self, count: int) -> TokenOrder:
+        """The same order behind ``count`` leading tokens (text/global tokens) that stay in place."""
+        check_positive_int("count", count, allow_zero=True)
+        shifted = np.where(self.perm >= 0, self.perm + count, -1)
+        perm = np.concatenate([np.arange(count), shifted]).astype(np.int32)
+        return TokenOrder(f"{count} prefix + {self.name}", perm, self.num_tokens + count)
+
+
+def _check_token_axis(x, expected: int, what: str) -> None:
+    if getattr(x, "ndim", None) != 3:
+        raise ValueError(f"{what} expects an [H, L, D] array, got shape {getattr(x, 'shape', None)}")
+    if x.shape[1] != expected:
+        raise ValueError(f"{what} expects L={expected} tokens on axis 1, got {x.shape[1]}")
+
+
+def raster_order(grid: VideoGrid) -> TokenOrder:
+    """Frame-major (t, y, x): the model's native order (the identity permutation)."""
+    return TokenOrder("raster (t, y, x)", np.arange(grid.num_tokens, dtype=np.int32), grid.num_tokens)
+
+
+def token_major_order(grid: VideoGrid) -> TokenOrder:
+    """Token-major (y, x, t): the frames of one spatial location are contiguous."""
+    t, y, x = np.meshgrid(*(np.arange(n) for n in grid.shape), indexing="ij")
+    perm = grid.raster_index(t, y, x).transpose(1, 2, 0).reshape(-1)
+    return TokenOrder("token-major (y, x, t)", perm.astype(np.int32), grid.num_tokens)
+
+
+def tiled_order(grid: VideoGrid, tile, *, pad: bool = True) -> TokenOrder:
+    """3-D tiled order: the tokens of each (tt, ty, tx) tile contiguous (raster order inside the
+    tile, padding slots last), tiles in raster order.
+
+    With ``pad=True`` every tile occupies tt*ty*tx slots (ragged border tiles are padded with
+    -1 slots), so tile boundaries fall on multiples of the tile volume; with ``pad=False`` ragged
+    tiles are simply shorter and no padding is added.
+    """
+    tile = check_positive_triple("tile", tile)
+    counts = [-(-n // s) for n, s in zip(grid.shape, tile)]
+    padded = [c * s for c, s in zip(counts, tile)]
+    t, y, x = np.meshgrid(*(np.arange(n) for n in padded), indexing="ij")
+    inside = (t < grid.frames) & (y < grid.height) & (x < grid.width)
+    index = np.where(inside, grid.raster_index(t, y, x), -1)
+    # [nT, tt, nY, ty, nX, tx] -> [nT, nY, nX, tt, ty, tx]
+    index = index.reshape(counts[0], tile[0], counts[1], tile[1], counts[2], tile[2])
+    tiles = index.transpose(0, 2, 4, 1, 3, 5).reshape(-1, tile[0] * tile[1] * tile[2])
+    # inside each tile the real tokens come first and the padding slots last, so the valid keys of
+    # a tile-sized block are a prefix of it (kernels mask a ragged tile with one comparison)
+    tiles = np.take_along_axis(tiles, np.argsort(tiles < 0, axis=1, kind="stable"), axis=1)
+    perm = tiles.reshape(-1)
+    if not pad:
+        perm = perm[perm >= 0]
+    name = f"tiled {tile[0]}x{tile[1]}x{tile[2]}" + (" (padded)" if pad and perm.size > grid.num_tokens else "")
+    return TokenOrder(name, perm.astype(np.int32), grid.num_tokens)
+
+
+def padded_length(length: int, block: int) -> int:
+    """L rounded up to a multiple of ``block``."""
+    check_positive_int("length", length)
+    check_positive_int("block", block)
+    return -(-length // block) * block
+
+
+def pad_tokens(x, block: int):
+    """Pad axis 1 of an [H, L, D] array to a multiple of ``block``.
+
+    Returns (padded [H, Lp, D], valid bool [Lp]) where pad tokens are zeros and marked invalid.
+    """
+    import jax.numpy as jnp
+
+    if getattr(x, "ndim", None) != 3:
+        raise ValueError(f"pad_tokens expects an [H, L, D] array, got shape {getattr(x, 'shape', None)}")
+    length = x.shape[1]
+    target = padded_length(length, block)
+    valid = np.arange(target) < length
+    if target == length:
+        return x, valid
+    return jnp.pad(x, ((0, 0), (0, target - length), (0, 0))), valid

@@ -1,0 +1,374 @@
+"""Tile occupancy of a mask: which (q-tile, kv-tile) pairs are EMPTY, PARTIAL or FULL, and the
+scalar-prefetch tables a sparse kernel reads.
+
+Allowed pairs per tile are counted from each query row's key intervals, one chunk of q tiles at a
+time: a difference array over keys gives, per q tile, how many of its rows see each key (its
+coverage); coverage gathered into the mask's token order and summed per kv tile is the tile's
+count. That is O(rows * intervals + q_tiles * L) and never touches L x L.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from stlib._checks import check_positive_int
+from stlib.masks import DENSE_LIMIT, Mask, PermutedMask
+
+#: TPU v5e / v6e scalar memory (SMEM), where prefetched tables live.
+SMEM_BYTES = 1 << 20
+#: Largest partial-block table (elements) ``partial_block_table`` will build.
+PARTIAL_TABLE_LIMIT = 64 * 1024 * 1024
+
+
+class TileKind(enum.IntEnum):
+    EMPTY = 0
+    PARTIAL = 1
+    FULL = 2
+
+
+def smem_bytes(shape, itemsize: int = 4) -> int:
+    """Bytes an array of ``shape`` takes in TPU SMEM: the last dim padded to 128 words and the
+    second-to-last to 8 rows (a 1-D array is one padded row)."""
+    shape = tuple(int(s) for s in shape) or (1,)
+    if len(shape) == 1:
+        shape = (1,) + shape
+    *lead, rows, cols = shape
+    words = int(np.prod(lead, dtype=np.int64)) * (-(-rows // 8) * 8) * (-(-cols // 128) * 128)
+    return words * max(itemsize, 4)
+
+
+@dataclass(frozen=True, eq=False)
+class BlockLayout:
+    """Tile occupancy of ``mask`` for ``block_q`` x ``block_kv`` tiles.
+
+    Shapes (Hl = mask.num_heads, or 1 for a head-uniform mask shared by every head;
+    nq = ceil(L / block_q), nk = ceil(L / block_kv); L = mask.length including padding slots):
+
+    - ``counts``      int64 [Hl, nq, nk]  allowed pairs per tile
+    - ``valid_pairs`` int64 [nq, nk]      real (non-padding) pairs per tile; ragged tiles have fewer
+    - ``kinds``       int8  [Hl, nq, nk]  TileKind: EMPTY (no allowed pair), FULL (every real pair
+      allowed), PARTIAL (the rest)
+    - ``row_kv_tiles`` int32 [Hl, nq, W]  kv-tile indices of the non-empty tiles of each row in
+      increasing order, W = max non-empty tiles in a row (>= 1); entries past the row's count repeat
+      its last entry (0 for an empty row) so a kernel that walks past the count fetches nothing new
+    - ``row_counts``  int32 [Hl, nq]      non-empty tiles per row
+    - ``row_kinds``   int32 [Hl, nq, W]   TileKind of each entry (EMPTY past the count)
+    - ``step_head``, ``step_q``, ``step_kv``, ``step_kinds`` int32 [S]: the flattened list of
+      non-empty (head, q-tile, kv-tile) steps, ordered by head, row, kv tile; a row with no
+      non-empty tile gets one EMPTY step so a kernel still writes its (zero) output
+    """
+
+    mask: Mask
+    block_q: int
+    block_kv: int
+    counts: np.ndarray
+    valid_pairs: np.ndarray
+    num_tokens: int
+
+    # --- shape ------------------------------------------------------------------------------
+    @property
+    def length(self) -> int:
+        return self.mask.length
+
+    @property
+    def num_heads(self) -> int:
+        return self.counts.shape[0]
+
+    @cached_property
+    def q_valid(self) -> np.ndarray:
+        """int32 [nq]: real (non-padding) query tokens per q tile."""
+        return _valid_per_tile(self.mask, self.block_q)
+
+    @cached_property
+    def kv_valid(self) -> np.ndarray:
+        """int32 [nk]: real key tokens per kv tile."""
+        return _valid_per_tile(self.mask, self.block_kv)
+
+    @property
+    def kv_valid_is_prefix(self) -> bool:
+        """True when the real keys of every kv tile come first (padding only at tile ends), so
+        ``iota < kv_valid[tile]`` masks the padding."""
+        valid = _valid_tokens(self.mask)
+        nk = self.grid_shape[1]
+        padded = np.zeros(nk * self.block_kv, bool)
+        padded[: valid.size] = valid
+        prefix = np.arange(self.block_kv)[None, :] < self.kv_valid[:, None]
+        return bool(np.array_equal(padded.reshape(nk, self.block_kv), prefix))
+
+    @property
+    def shared_across_heads(self) -> bool:
+        return self.mask.num_heads is None
+
+    @property
+    def grid_shape(self) -> tuple[int, int]:
+        return self.counts.shape[1], self.counts.shape[2]
+
+    # --- kinds and summary numbers ------------------------------------------------------------
+    @cached_property
+    def kinds(self) -> np.ndarray:
+        kinds = np.full(self.counts.shape, TileKind.PARTIAL, dtype=np.int8)
+        kinds[self.counts == 0] = TileKind.EMPTY
+        kinds[(self.counts == self.valid_pairs[None]) & (self.valid_pairs[None] > 0)] = TileKind.FULL
+        return kinds
+
+    def kind_counts(self) -> dict[str, int]:
+        return {kind.name: int(np.sum(self.kinds == kind)) for kind in TileKind}
+
+    @property
+    def allowed_pairs(self) -> int:
+        """Allowed pairs summed over the layout's heads."""
+        return int(self.counts.sum())
+
+    @property
+    def density(self) -> float:
+        """Allowed pairs / L^2 (L = real tokens), averaged over the layout's heads."""
+        return self.allowed_pairs / (self.num_heads * float(self.num_tokens) ** 2)
+
+    @property
+    def occupancy(self) -> float:
+        """Non-empty tiles / all tiles."""
+        return float(np.mean(self.kinds != TileKind.EMPTY))
+
+    @property
+    def partial_fraction(self) -> float:
+        """PARTIAL tiles / non-empty tiles."""
+        nonempty = np.sum(self.kinds != TileKind.EMPTY)
+        return float(np.sum(self.kinds == TileKind.PARTIAL) / nonempty) if nonempty else 0.0
+
+    @property
+    def computed_pairs(self) -> int:
+        """Pairs a tile-skipping kernel computes: block_q * block_kv per non-empty tile."""
+        return int(np.sum(self.kinds != TileKind.EMPTY)) * self.block_q * self.block_kv
+
+    @property
+    def work_efficiency(self) -> float:
+        """Allowed pairs / pairs in non-empty tiles (1.0 means no wasted work)."""
+        return self.allowed_pairs / self.computed_pairs if self.computed_pairs else 1.0
+
+    def summary(self) -> dict:
+        return {
+            "mask": repr(self.mask),
+            "block_q": self.block_q,
+            "block_kv": self.block_kv,
+            "tiles": list(self.counts.shape),
+            "density": self.density,
+            "occupancy": self.occupancy,
+            "partial_fraction": self.partial_fraction,
+            "work_efficiency": self.work_efficiency,
+            **{f"{k.lower()}_tiles": v for k, v in self.kind_counts().items()},
+            "row_table_bytes": self.table_bytes("rows"),
+            "flat_table_bytes": self.table_bytes("flat"),
+        }
+
+    # --- per-row tables -------------------------------------------------------------------------
+    @cached_property
+    def row_counts(self) -> np.ndarray:
+        return np.sum(self.kinds != TileKind.EMPTY, axis=2).astype(np.int32)
+
+    @cached_property
+    def _row_tables(self) -> tuple[np.ndarray, np.ndarray]:
+        nonempty = self.kinds != TileKind.EMPTY
+        width = max(int(self.row_counts.max()), 1)
+        nk = nonempty.shape[2]
+        # stable sort puts the non-empty kv tiles of each row first, in increasing order
+        order = np.argsort(~nonempty, axis=2, kind="stable")[:, :, :width].astype(np.int32)
+        slot = np.arange(width)[None, None, :]
+        count = self.row_counts[:, :, None]
+        last = np.take_along_axis(order, np.maximum(count - 1, 0), axis=2)
+        tiles = np.where(slot < count, order, np.where(count > 0, last, 0)).astype(np.int32)
+        kinds = np.take_along_axis(self.kinds, np.minimum(tiles, nk - 1), axis=2).astype(np.int32)
+        kinds = np.where(slot < count, kinds, TileKind.EMPTY).astype(np.int32)
+        return tiles, kinds
+
+    @property
+    def row_kv_tiles(self) -> np.ndarray:
+        return self._row_tables[0]
+
+    @property
+    def row_kinds(self) -> np.ndarray:
+        return self._row_tables[1]
+
+    @property
+    def max_row_width(self) -> int:
+        return self.row_kv_tiles.shape[2]
+
+    # --- flattened steps ------------------------------------------------------------------------
+    @cached_property
+    def _flat_steps(self) -> dict[str, np.ndarray]:
+        nonempty = self.kinds != TileKind.EMPTY
+        empty_row = ~nonempty.any(axis=2)
+        # an empty row keeps one placeholder step at kv tile 0
+        take = nonempty.copy()
+        take[:, :, 0] |= empty_row
+        h, q, k = np.nonzero(take)
+        kinds = np.where(nonempty[h, q, k], self.kinds[h, q, k], TileKind.EMPTY)
+        return {
+            "step_head": h.astype(np.int32),
+            "step_q": q.astype(np.int32),
+            "step_kv": k.astype(np.int32),
+            "step_kinds": kinds.astype(np.int32),
+        }
+
+    @property
+    def step_head(self):
+        return self._flat_steps["step_head"]
+
+    @property
+    def step_q(self):
+        return self._flat_steps["step_q"]
+
+    @property
+    def step_kv(self):
+        return self._flat_steps["step_kv"]
+
+    @property
+    def step_kinds(self):
+        return self._flat_steps["step_kinds"]
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.step_q.shape[0])
+
+    def table_bytes(self, form: str = "rows") -> int:
+        """SMEM bytes of the prefetched tables: ``"rows"`` (row_kv_tiles, row_kinds, row_counts)
+        or ``"flat"`` (the four step arrays)."""
+        if form == "rows":
+            return 2 * smem_bytes(self.row_kv_tiles.shape) + smem_bytes(self.row_counts.shape)
+        if form == "flat":
+            return 4 * smem_bytes((self.num_steps,))
+        raise ValueError(f"form={form!r} must be 'rows' or 'flat'")
+
+    def fits_smem(self, form: str = "rows") -> bool:
+        return self.table_bytes(form) <= SMEM_BYTES
+
+    # --- partial blocks -------------------------------------------------------------------------
+    def partial_block_table(self) -> tuple[np.ndarray, np.ndarray]:
+        """Deduplicated masks of the PARTIAL tiles.
+
+        Returns (blocks bool [P, block_q, block_kv], index int32 [Hl, nq, nk]) with index -1 for
+        tiles that are not PARTIAL. Raises ValueError when the partial tiles hold more than
+        PARTIAL_TABLE_LIMIT elements (use a lazy, traceable mask instead).
+        """
+        h_idx, q_idx, k_idx = np.nonzero(self.kinds == TileKind.PARTIAL)
+        if h_idx.size * self.block_q * self.block_kv > PARTIAL_TABLE_LIMIT:
+            raise ValueError(
+                f"{h_idx.size} partial tiles of {self.block_q}x{self.block_kv} are too many to tabulate "
+                f"(limit {PARTIAL_TABLE_LIMIT} elements); use a mask the kernel can evaluate from iota"
+            )
+        index = np.full(self.counts.shape, -1, dtype=np.int32)
+        unique: dict[bytes, int] = {}
+        blocks = []
+        for h, qi, ki in zip(h_idx, q_idx, k_idx):
+            block = self.tile_mask(int(h), int(qi), int(ki))
+            key = np.packbits(block).tobytes()
+            if key not in unique:
+                unique[key] = len(blocks)
+                blocks.append(block)
+            index[h, qi, ki] = unique[key]
+        if not blocks:
+            return np.zeros((0, self.block_q, self.block_kv), bool), index
+        return np.stack(blocks), index
+
+    def tile_mask(self, head: int, q_tile: int, kv_tile: int) -> np.ndarray:
+        """bool [block_q, block_kv]: the mask on one tile, False beyond the sequence end."""
+        q0, k0 = q_tile * self.block_q, kv_tile * self.block_kv
+        q1, k1 = min(q0 + self.block_q, self.length), min(k0 + self.block_kv, self.length)
+        out = np.zeros((self.block_q, self.block_kv), dtype=bool)
+        out[: q1 - q0, : k1 - k0] = self.mask.block(q0, q1, k0, k1, head)
+        return out
+
+
+def block_layout(mask: Mask, block_q: int, block_kv: int) -> BlockLayout:
+    """Classify every (q-tile, kv-tile) of ``mask`` as EMPTY / PARTIAL / FULL.
+
+    Masks with an interval form (every built-in, also after ``permute``) are counted row by row
+    without an L x L intermediate; others are evaluated densely, only for L <= DENSE_LIMIT.
+    Raises TypeError for a non-mask, ValueError for non-positive block sizes.
+    """
+    if not isinstance(mask, Mask):
+        raise TypeError(f"block_layout needs a stlib mask, got {type(mask).__name__}")
+    check_positive_int("block_q", block_q)
+    check_positive_int("block_kv", block_kv)
+    base, perm = (mask.base, mask.order.perm) if isinstance(mask, PermutedMask) else (mask, None)
+    heads = [None] if mask.num_heads is None else list(range(mask.num_heads))
+    cache: dict[int, np.ndarray] = {}
+    counts = []
+    for h in heads:
+        sub = base if h is None else base.head(h)
+        key = id(sub)
+        if key not in cache:
+            cache[key] = _tile_counts(sub, perm, mask.length, block_q, block_kv)
+        counts.append(cache[key])
+    valid = _valid_tokens(mask)
+    valid_per_q = _valid_per_tile(mask, block_q).astype(np.int64)
+    valid_per_k = _valid_per_tile(mask, block_kv).astype(np.int64)
+    return BlockLayout(
+        mask=mask,
+        block_q=block_q,
+        block_kv=block_kv,
+        counts=np.stack(counts),
+        valid_pairs=valid_per_q[:, None] * valid_per_k[None, :],
+        num_tokens=int(valid.sum()),
+    )
+
+
+def _valid_tokens(mask: Mask) -> np.ndarray:
+    """bool [L]: False at padding slots of a permuted mask."""
+    return mask.order.valid if isinstance(mask, PermutedMask) else np.ones(mask.length, bool)
+
+
+def _valid_per_tile(mask: Mask, block: int) -> np.ndarray:
+    return np.add.reduceat(_valid_tokens(mask), np.arange(0, mask.length, block)).astype(np.int32)
+
+
+def _tile_counts(base: Mask, perm, length: int, block_q: int, block_kv: int) -> np.ndarray:
+    """int64 [nq, nk] allowed pairs per tile of a single-head mask ``base`` seen through ``perm``."""
+    nq, nk = -(-length // block_q), -(-length // block_kv)
+    kv_starts = np.arange(0, length, block_kv)
+    if not base.has_intervals:
+        return _tile_counts_dense(base, perm, length, block_q, block_kv)
+    n_keys = base.length
+    # q tiles per chunk: keep the [chunk, n_keys] coverage array around 32 MB
+    chunk = max(1, min(nq, (4 << 20) // max(n_keys, 1)))
+    out = np.zeros((nq, nk), dtype=np.int64)
+    for first in range(0, nq, chunk):
+        last = min(first + chunk, nq)
+        pos = np.arange(first * block_q, min(last * block_q, length))
+        rows = pos if perm is None else perm[pos]
+        real = rows >= 0
+        starts, ends = base.key_intervals(rows[real])
+        tile = (pos[real] // block_q - first)[:, None]
+        width = n_keys + 1
+        used = ends > starts
+        size = (last - first) * width
+        diff = np.bincount((tile * width + starts)[used], minlength=size)
+        diff -= np.bincount((tile * width + ends)[used], minlength=size)
+        coverage = np.cumsum(diff.reshape(last - first, width)[:, :n_keys], axis=1)
+        if perm is not None:
+            coverage = np.where(perm >= 0, coverage[:, np.maximum(perm, 0)], 0)
+        out[first:last] = np.add.reduceat(coverage, kv_starts, axis=1)
+    return out
+
+
+def _tile_counts_dense(base: Mask, perm, length, block_q, block_kv) -> np.ndarray:
+    if length > DENSE_LIMIT:
+        raise ValueError(
+            f"{type(base).__name__} has no interval form and L={length} > {DENSE_LIMIT}: "
+            "its layout would need the dense L x L mask"
+        )
+    view = base if perm is None else PermutedMask(base, _order_from_perm(perm, base.length))
+    dense = view.block(0, length, 0, length)
+    nq, nk = -(-length // block_q), -(-length // block_kv)
+    padded = np.zeros((nq * block_q, nk * block_kv), dtype=np.int64)
+    padded[:length, :length] = dense
+    return padded.reshape(nq, block_q, nk, block_kv).sum(axis=(1, 3))
+
+
+def _order_from_perm(perm, num_tokens):
+    from stlib.geometry import TokenOrder
+
+    return TokenOrder("permuted", perm, num_tokens)

@@ -1,0 +1,112 @@
+"""Plain attention (materialised scores) and a blocked XLA flash attention that skips empty tiles.
+
+Conventions shared by every implementation: q, k, v are [H, L, D]; scores accumulate in float32;
+the output has q's dtype; a query row that sees no key returns zeros (never NaN).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from stlib.layout import BlockLayout, TileKind
+
+#: Finite "minus infinity" for masked scores, so that exp(m_old - m_new) never sees inf - inf.
+MASK_VALUE = -1e30
+
+
+def reference_attention(q, k, v, dense_mask, scale: float):
+    """softmax(q k^T * scale, masked) v with the whole [H, L, L] score matrix in float32.
+
+    ``dense_mask``: None, bool [L, L] or [H, L, L].
+    """
+    s = jnp.einsum("hqd,hkd->hqk", q.astype(jnp.float32), k.astype(jnp.float32),
+                   precision=jax.lax.Precision.HIGHEST) * scale
+    if dense_mask is not None:
+        s = jnp.where(jnp.asarray(dense_mask), s, -jnp.inf)
+    m = jnp.max(s, axis=-1, keepdims=True)
+    m = jnp.where(jnp.isfinite(m), m, 0.0)
+    p = jnp.exp(s - m)  # exactly 0 where masked
+    l = jnp.sum(p, axis=-1, keepdims=True)
+    o = jnp.einsum("hqk,hkd->hqd", p, v.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
+    return (o / jnp.where(l > 0, l, 1.0)).astype(q.dtype)
+
+
+def masked_tile_table(layout: BlockLayout) -> tuple[np.ndarray, np.ndarray]:
+    """Masks of the tiles that cannot run mask-free: PARTIAL tiles and FULL tiles whose kv tile
+    holds padding. Returns (blocks bool [P, block_q, block_kv], index int32 [Hl, nq, nk]), index -1
+    for tiles that run mask-free (or are empty)."""
+    blocks, index = layout.partial_block_table()
+    padded_kv = layout.kv_valid < layout.block_kv  # [nk]
+    full_padded = (layout.kinds == TileKind.FULL) & padded_kv[None, None, :]
+    if not full_padded.any():
+        return blocks, index
+    extra = {}
+    table = list(blocks)
+    for h, qi, ki in zip(*np.nonzero(full_padded)):
+        tile = layout.tile_mask(int(h), int(qi), int(ki))
+        key = np.packbits(tile).tobytes()
+        if key not in extra:
+            extra[key] = len(table)
+            table.append(tile)
+        index[h, qi, ki] = extra[key]
+    return np.stack(table), index
+
+
+def xla_block_sparse_attention(q, k, v, layout: BlockLayout, scale: float):
+    """Flash attention in plain jnp that visits only the non-empty kv tiles of each q tile.
+
+    Sequential over (head, q tile) with a dynamic-trip-count loop over the row's kv-tile list, so
+    the work really drops with occupancy on CPU / GPU. PARTIAL (and padded) tiles take their mask
+    from a deduplicated table; FULL tiles run mask-free.
+    """
+    num_heads, length, head_dim = q.shape
+    bq, bkv = layout.block_q, layout.block_kv
+    nq, nk = layout.grid_shape
+    blocks, index = masked_tile_table(layout)
+    blocks = jnp.asarray(np.concatenate([blocks, np.ones((1, bq, bkv), bool)]))  # last: mask-free
+    tile_block = np.take_along_axis(index, layout.row_kv_tiles, axis=2)  # [Hl, nq, W]
+    tile_block = jnp.asarray(np.where(tile_block >= 0, tile_block, blocks.shape[0] - 1))
+    row_tiles = jnp.asarray(layout.row_kv_tiles)
+    row_counts = jnp.asarray(layout.row_counts)
+    shared = layout.num_heads == 1
+    mask_free = blocks.shape[0] - 1
+
+    qp = jnp.pad(q, ((0, 0), (0, nq * bq - length), (0, 0))).reshape(num_heads, nq, bq, head_dim)
+    kp = jnp.pad(k, ((0, 0), (0, nk * bkv - length), (0, 0))).reshape(num_heads, nk, bkv, head_dim)
+    vp = jnp.pad(v, ((0, 0), (0, nk * bkv - length), (0, 0))).reshape(num_heads, nk, bkv, head_dim)
+
+    def one_row(hq):
+        h, qi = hq // nq, hq % nq
+        hl = 0 if shared else h
+        q_tile = qp[h, qi].astype(jnp.float32) * scale  # [bq, D]
+
+        def update(carry, s, allowed, ki):
+            m, l, acc = carry
+            if allowed is not None:
+                s = jnp.where(allowed, s, MASK_VALUE)
+            m_new = jnp.maximum(m, s.max(axis=1))
+            p = jnp.exp(s - m_new[:, None])
+            if allowed is not None:
+                p = jnp.where(allowed, p, 0.0)
+            alpha = jnp.exp(m - m_new)
+            return m_new, alpha * l + p.sum(axis=1), alpha[:, None] * acc + p @ vp[h, ki].astype(jnp.float32)
+
+        def step(j, carry):
+            ki = row_tiles[hl, qi, j]
+            s = q_tile @ kp[h, ki].astype(jnp.float32).T  # [bq, bkv]
+            b = tile_block[hl, qi, j]
+            return jax.lax.cond(
+                b == mask_free,
+                lambda: update(carry, s, None, ki),
+                lambda: update(carry, s, blocks[b], ki),
+            )
+
+        init = (jnp.full((bq,), MASK_VALUE, jnp.float32), jnp.zeros((bq,), jnp.float32),
+                jnp.zeros((bq, head_dim), jnp.float32))
+        _, l, acc = jax.lax.fori_loop(0, row_counts[hl, qi], step, init)
+        return acc / jnp.where(l > 0, l, 1.0)[:, None]
+
+    out = jax.lax.map(one_row, jnp.arange(num_heads * nq))  # [H * nq, bq, D]
+    return out.reshape(num_heads, nq * bq, head_dim)[:, :length].astype(q.dtype)
