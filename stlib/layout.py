@@ -245,19 +245,31 @@ class BlockLayout:
     def fits_smem(self, form: str = "rows") -> bool:
         return self.table_bytes(form) <= SMEM_BYTES
 
-    # --- partial blocks -------------------------------------------------------------------------
+    # --- masked tiles --------------------------------------------------------------------------
+    @property
+    def masked_tiles(self) -> np.ndarray:
+        """bool [Hl, nq, nk]: tiles a kernel must mask: PARTIAL tiles, and FULL tiles whose kv tile
+        holds padding (the ragged sequence end, or padding slots of a padded token order)."""
+        padded_kv = self.kv_valid < self.block_kv
+        return (self.kinds == TileKind.PARTIAL) | ((self.kinds == TileKind.FULL) & padded_kv[None, None, :])
+
     def partial_block_table(self) -> tuple[np.ndarray, np.ndarray]:
-        """Deduplicated masks of the PARTIAL tiles.
+        """Deduplicated masks of the PARTIAL tiles, see ``tile_mask_table``."""
+        return self.tile_mask_table(self.kinds == TileKind.PARTIAL)
+
+    def tile_mask_table(self, which: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Deduplicated masks of the tiles flagged in ``which`` (bool [Hl, nq, nk]).
 
         Returns (blocks bool [P, block_q, block_kv], index int32 [Hl, nq, nk]) with index -1 for
-        tiles that are not PARTIAL. Raises ValueError when the partial tiles hold more than
-        PARTIAL_TABLE_LIMIT elements (use a lazy, traceable mask instead).
+        unflagged tiles. Raises ValueError when the flagged tiles hold more than
+        PARTIAL_TABLE_LIMIT elements (use a lazy mask the kernel can evaluate instead).
         """
-        h_idx, q_idx, k_idx = np.nonzero(self.kinds == TileKind.PARTIAL)
+        h_idx, q_idx, k_idx = np.nonzero(which)
         if h_idx.size * self.block_q * self.block_kv > PARTIAL_TABLE_LIMIT:
             raise ValueError(
-                f"{h_idx.size} partial tiles of {self.block_q}x{self.block_kv} are too many to tabulate "
-                f"(limit {PARTIAL_TABLE_LIMIT} elements); use a mask the kernel can evaluate from iota"
+                f"{h_idx.size} tiles of {self.block_q}x{self.block_kv} are too many to tabulate "
+                f"(limit {PARTIAL_TABLE_LIMIT} elements); use a lazy mask in its own token order, which a "
+                "kernel evaluates from row and column indices"
             )
         index = np.full(self.counts.shape, -1, dtype=np.int32)
         unique: dict[bytes, int] = {}

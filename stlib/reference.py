@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from stlib.layout import BlockLayout, TileKind
+from stlib.layout import BlockLayout
 
 #: Finite "minus infinity" for masked scores, so that exp(m_old - m_new) never sees inf - inf.
 MASK_VALUE = -1e30
@@ -33,27 +33,6 @@ def reference_attention(q, k, v, dense_mask, scale: float):
     return (o / jnp.where(l > 0, l, 1.0)).astype(q.dtype)
 
 
-def masked_tile_table(layout: BlockLayout) -> tuple[np.ndarray, np.ndarray]:
-    """Masks of the tiles that cannot run mask-free: PARTIAL tiles and FULL tiles whose kv tile
-    holds padding. Returns (blocks bool [P, block_q, block_kv], index int32 [Hl, nq, nk]), index -1
-    for tiles that run mask-free (or are empty)."""
-    blocks, index = layout.partial_block_table()
-    padded_kv = layout.kv_valid < layout.block_kv  # [nk]
-    full_padded = (layout.kinds == TileKind.FULL) & padded_kv[None, None, :]
-    if not full_padded.any():
-        return blocks, index
-    extra = {}
-    table = list(blocks)
-    for h, qi, ki in zip(*np.nonzero(full_padded)):
-        tile = layout.tile_mask(int(h), int(qi), int(ki))
-        key = np.packbits(tile).tobytes()
-        if key not in extra:
-            extra[key] = len(table)
-            table.append(tile)
-        index[h, qi, ki] = extra[key]
-    return np.stack(table), index
-
-
 def xla_block_sparse_attention(q, k, v, layout: BlockLayout, scale: float):
     """Flash attention in plain jnp that visits only the non-empty kv tiles of each q tile.
 
@@ -64,7 +43,7 @@ def xla_block_sparse_attention(q, k, v, layout: BlockLayout, scale: float):
     num_heads, length, head_dim = q.shape
     bq, bkv = layout.block_q, layout.block_kv
     nq, nk = layout.grid_shape
-    blocks, index = masked_tile_table(layout)
+    blocks, index = layout.tile_mask_table(layout.masked_tiles)
     blocks = jnp.asarray(np.concatenate([blocks, np.ones((1, bq, bkv), bool)]))  # last: mask-free
     tile_block = np.take_along_axis(index, layout.row_kv_tiles, axis=2)  # [Hl, nq, W]
     tile_block = jnp.asarray(np.where(tile_block >= 0, tile_block, blocks.shape[0] - 1))

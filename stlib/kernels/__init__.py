@@ -1,0 +1,3 @@
+"""Pallas TPU attention kernels; importing this package registers them with ``stlib.attention``."""
+
+from stlib.kernels import dense  # noqa: F401

@@ -1,0 +1,297 @@
+"""Shared kernel plumbing: block sizes, the online-softmax tile update, masks evaluated in-kernel,
+and the ``pallas_call`` wrapper with the interpret switch.
+
+Every Pallas kernel here keeps, per q tile, float32 running max ``m`` and sum ``l`` ([block_q, 128],
+lane-replicated) and an accumulator ``acc`` [block_q, D] in VMEM scratch, and processes one
+(q tile, kv tile) per grid step in chunks of ``block_kv_compute`` keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from stlib._checks import check_positive_int
+from stlib.device import current_chip, resolve_interpret
+from stlib.layout import BlockLayout
+from stlib.masks import Mask, PermutedMask
+
+LANES = 128
+SUBLANES = 8
+LOG2_E = math.log2(math.e)
+#: Finite "minus infinity": exp(MASK_VALUE - m) underflows to 0 and never produces inf - inf.
+MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
+
+
+@dataclass(frozen=True)
+class BlockSizes:
+    """Tile sizes of a Pallas attention kernel.
+
+    ``block_q`` rows (multiple of 8) x ``block_kv`` keys (multiple of 128) per grid step, the kv
+    tile processed in chunks of ``block_kv_compute`` keys (a multiple of 128 dividing block_kv;
+    None: the whole tile at once).
+    """
+
+    block_q: int = 512
+    block_kv: int = 1024
+    block_kv_compute: int | None = None
+
+    def __post_init__(self):
+        block_q, block_kv, block_kv_compute = self.block_q, self.block_kv, self.block_kv_compute
+        check_positive_int("block_q", block_q)
+        check_positive_int("block_kv", block_kv)
+        if block_q % SUBLANES:
+            raise ValueError(f"{block_q=} must be a multiple of {SUBLANES} (TPU sublane tiling)")
+        if block_kv % LANES:
+            raise ValueError(f"{block_kv=} must be a multiple of {LANES} (TPU lane tiling)")
+        if block_kv_compute is not None:
+            check_positive_int("block_kv_compute", block_kv_compute)
+            if block_kv_compute % LANES or block_kv % block_kv_compute:
+                raise ValueError(f"{block_kv_compute=} must be a multiple of {LANES} dividing {block_kv=}")
+
+    @property
+    def kv_chunk(self) -> int:
+        return self.block_kv_compute or self.block_kv
+
+    def fitted(self, length: int) -> BlockSizes:
+        """Shrink the blocks to the padded sequence when it is shorter than a block."""
+        bq = min(self.block_q, -(-length // SUBLANES) * SUBLANES)
+        bkv = min(self.block_kv, -(-length // LANES) * LANES)
+        chunk = self.block_kv_compute
+        if chunk is not None and (chunk > bkv or bkv % chunk):
+            chunk = None
+        return dataclasses.replace(self, block_q=bq, block_kv=bkv, block_kv_compute=chunk)
+
+
+#: Defaults per chip: big tiles keep the prefetched tables of a 10-head case-study call in SMEM.
+DEFAULT_BLOCK_SIZES = {
+    "v6e": BlockSizes(block_q=512, block_kv=1024, block_kv_compute=512),
+    "v5e": BlockSizes(block_q=512, block_kv=1024, block_kv_compute=512),
+    None: BlockSizes(block_q=128, block_kv=128),  # CPU / interpret mode: small tiles, small tests
+}
+
+
+def block_sizes_for(length: int, block_q: int | None, block_kv: int | None, chip: str | None = "auto",
+                    block_kv_compute: int | None = None) -> BlockSizes:
+    """The block sizes an implementation uses: explicit values, else the chip's default."""
+    chip = current_chip() if chip == "auto" else chip
+    base = DEFAULT_BLOCK_SIZES.get(chip, DEFAULT_BLOCK_SIZES[None])
+    sizes = BlockSizes(
+        block_q=block_q or base.block_q,
+        block_kv=block_kv or base.block_kv,
+        block_kv_compute=block_kv_compute if block_kv_compute is not None else (
+            base.block_kv_compute if block_kv is None else None),
+    )
+    if block_q is None or block_kv is None:
+        sizes = sizes.fitted(length)
+    return sizes
+
+
+# --------------------------------------------------------------------------------------------
+# masks inside a kernel
+
+
+@dataclass(frozen=True)
+class MaskPlan:
+    """How a kernel evaluates the mask on the tiles that need one.
+
+    mode ``"none"``: no tile needs a mask; ``"iota"``: evaluated from row / column indices with the
+    mask's own predicate (lazy, traceable masks in their own order), ANDed with ``key < length``;
+    ``"table"``: a [P, block_q, block_kv] int8 table of deduplicated tile masks, one per masked tile.
+    """
+
+    mode: str
+    mask: Mask | None
+    length: int
+    table: np.ndarray | None = None  # int8 [P, block_q, block_kv]
+    index: np.ndarray | None = None  # int32 [Hl, nq, nk], -1 where no table entry
+
+
+def plan_mask(mask: Mask | None, layout: BlockLayout, masked: np.ndarray) -> MaskPlan:
+    """Choose iota or table evaluation for the tiles flagged in ``masked`` (bool [Hl, nq, nk])."""
+    length = layout.num_tokens
+    if not masked.any():
+        return MaskPlan("none", None, length)
+    if mask is not None and mask.traceable and mask.num_heads is None and not isinstance(mask, PermutedMask):
+        return MaskPlan("iota", mask, length)
+    if mask is None and layout.kv_valid_is_prefix:
+        from stlib.masks import full
+
+        return MaskPlan("iota", full(layout.length), length)
+    table, index = layout.tile_mask_table(masked)
+    return MaskPlan("table", mask, length, table.astype(np.int8), index)
+
+
+def iota_mask(plan: MaskPlan, q0, k0, shape):
+    """bool [rows, cols] of the plan's lazy mask for the tile whose first row / column are q0 / k0."""
+    rows = q0 + jax.lax.broadcasted_iota(jnp.int32, shape, 0)
+    cols = k0 + jax.lax.broadcasted_iota(jnp.int32, shape, 1)
+    return plan.mask.allowed(rows, cols) & (cols < plan.length)
+
+
+# --------------------------------------------------------------------------------------------
+# the online-softmax tile update
+
+
+@dataclass(frozen=True)
+class SoftmaxOptions:
+    """``exp2``: base-2 exponentials with log2(e) folded into the scale (one multiply fewer per score)."""
+
+    scale: float
+    exp2: bool = False
+
+    @property
+    def score_scale(self) -> float:
+        return self.scale * LOG2_E if self.exp2 else self.scale
+
+    def exp(self, x):
+        return jnp.exp2(x) if self.exp2 else jnp.exp(x)
+
+
+def init_row(m_ref, l_ref, acc_ref):
+    m_ref[...] = jnp.full(m_ref.shape, MASK_VALUE, jnp.float32)
+    l_ref[...] = jnp.zeros(l_ref.shape, jnp.float32)
+    acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
+
+
+def scaled_q(q_ref, options: SoftmaxOptions):
+    """The q tile with the softmax scale folded in, in q's dtype: [block_q, D]."""
+    q = q_ref[...]
+    return (q.astype(jnp.float32) * options.score_scale).astype(q.dtype)
+
+
+def update_tile(q, k_ref, v_ref, m_ref, l_ref, acc_ref, options: SoftmaxOptions, chunk: int, mask_fn=None):
+    """Fold one kv tile into the running softmax of a q tile, ``chunk`` keys at a time.
+
+    q [block_q, D] (pre-scaled); k_ref, v_ref [block_kv, D]; ``mask_fn(c0, shape)`` -> bool
+    [block_q, chunk] for the chunk starting at tile column c0, or None for a mask-free tile.
+    Per chunk: 2 * block_q * chunk * D flops for q k^T, the same for p v, block_q * chunk exps.
+    """
+    block_kv = k_ref.shape[0]
+
+    def body(c, carry):
+        c0 = pl.multiple_of(c * chunk, chunk)
+        k = k_ref[pl.ds(c0, chunk), :]  # [chunk, D]
+        v = v_ref[pl.ds(c0, chunk), :]  # [chunk, D]
+        s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)  # [bq, chunk]
+        allowed = None if mask_fn is None else mask_fn(c0, s.shape)
+        if allowed is not None:
+            s = jnp.where(allowed, s, MASK_VALUE)
+        m_prev = m_ref[...]  # [bq, 128]
+        m_next = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))  # [bq, 128]
+        p = options.exp(s - m_next[:, :1])  # [bq, chunk]
+        if allowed is not None:
+            p = jnp.where(allowed, p, 0.0)
+        alpha = options.exp(m_prev - m_next)  # [bq, 128]
+        l_ref[...] = alpha * l_ref[...] + jnp.sum(p, axis=1, keepdims=True)
+        m_ref[...] = m_next
+        pv = jax.lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())),
+                                 preferred_element_type=jnp.float32)  # [bq, D]
+        acc_ref[...] = alpha[:, :1] * acc_ref[...] + pv
+        return carry
+
+    jax.lax.fori_loop(0, block_kv // chunk, body, 0, unroll=True)
+
+
+def finish_row(o_ref, lse_ref, m_ref, l_ref, acc_ref, options: SoftmaxOptions):
+    """Write o = acc / l (zeros where no key was seen) and, if requested, the natural-log LSE."""
+    l = l_ref[...][:, :1]  # [bq, 1]
+    seen = l > 0
+    o_ref[...] = jnp.where(seen, acc_ref[...] / jnp.where(seen, l, 1.0), 0.0).astype(o_ref.dtype)
+    if lse_ref is not None:
+        m = m_ref[...][:, :1]
+        log_l = jnp.log2(jnp.where(seen, l, 1.0)) if options.exp2 else jnp.log(jnp.where(seen, l, 1.0))
+        lse = (m + log_l) * (math.log(2.0) if options.exp2 else 1.0)
+        lse_ref[...] = jnp.where(seen, lse, -jnp.inf)
+
+
+def softmax_scratch(block_q: int, head_dim: int):
+    return [
+        pltpu.VMEM((block_q, LANES), jnp.float32),  # m: running max (lane-replicated)
+        pltpu.VMEM((block_q, LANES), jnp.float32),  # l: running sum (lane-replicated)
+        pltpu.VMEM((block_q, head_dim), jnp.float32),  # acc: unnormalised output
+    ]
+
+
+# --------------------------------------------------------------------------------------------
+# pallas_call wrapper and padding
+
+
+def run_pallas(kernel, *, grid_spec, out_shape, interpret, dimension_semantics, name, operands):
+    """``pl.pallas_call`` with the interpret switch (None: interpret unless on a TPU)."""
+    use_interpret = resolve_interpret(interpret)
+    call = pl.pallas_call(
+        kernel,
+        grid_spec=grid_spec,
+        out_shape=out_shape,
+        interpret=use_interpret,
+        compiler_params=None if use_interpret else pltpu.CompilerParams(
+            dimension_semantics=dimension_semantics),
+        name=name,
+    )
+    return call(*operands)
+
+
+def pad_sequence(x, multiple: int):
+    """Pad axis 1 of [H, L, D] with zeros up to a multiple of ``multiple``."""
+    length = x.shape[1]
+    target = -(-length // multiple) * multiple
+    if target == length:
+        return x
+    return jnp.pad(x, ((0, 0), (0, target - length), (0, 0)))
+
+
+def merge_partials(o1, lse1, o2, lse2):
+    """Numerically stable merge of two attention results over disjoint key sets.
+
+    o [H, L, D], lse [H, L, 1] (natural log, -inf where a pass saw no key). Rows neither pass saw
+    stay zero."""
+    lse = jnp.logaddexp(lse1, lse2)
+    finite = jnp.isfinite(lse)
+    safe = jnp.where(finite, lse, 0.0)
+    w1 = jnp.where(finite, jnp.exp(lse1 - safe), 0.0)
+    w2 = jnp.where(finite, jnp.exp(lse2 - safe), 0.0)
+    out = w1 * o1.astype(jnp.float32) + w2 * o2.astype(jnp.float32)
+    return out.astype(o1.dtype), lse
+
+
+@dataclass(frozen=True)
+class KernelWork:
+    """Hardware-independent work of one kernel call (all heads)."""
+
+    grid_steps: int  # grid points visited
+    computed_tiles: int  # steps that run the tile update
+    masked_tiles: int  # of those, steps that also evaluate a mask
+    executed_flops: float  # 4 * block_q * block_kv * D per computed tile
+    useful_flops: float  # 4 * allowed pairs * D
+    exps: float  # exponentials evaluated (block_q * block_kv per computed tile)
+
+    @property
+    def flop_ratio(self) -> float:
+        """executed / useful flops (1.0: no wasted work)."""
+        return self.executed_flops / self.useful_flops if self.useful_flops else math.inf
+
+    def as_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "flop_ratio": self.flop_ratio}
+
+
+def work_from_counts(layout: BlockLayout, num_heads: int, head_dim: int, grid_steps: int,
+                     computed_tiles: int, masked_tiles: int) -> KernelWork:
+    """KernelWork from tile counts (per-head counts of a shared layout are multiplied by H)."""
+    tile_pairs = layout.block_q * layout.block_kv
+    allowed = layout.allowed_pairs * (num_heads if layout.num_heads == 1 else 1)
+    return KernelWork(
+        grid_steps=int(grid_steps),
+        computed_tiles=int(computed_tiles),
+        masked_tiles=int(masked_tiles),
+        executed_flops=4.0 * computed_tiles * tile_pairs * head_dim,
+        useful_flops=4.0 * allowed * head_dim,
+        exps=float(computed_tiles) * tile_pairs,
+    )

@@ -1,0 +1,103 @@
+"""``pallas_dense``: flash attention that visits every tile and masks element by element.
+
+Grid (H, q tiles, kv tiles), the kv axis "arbitrary" (it carries the running softmax). Each step
+DMAs a k and v tile (2 * block_kv * D * itemsize bytes), computes 4 * block_q * block_kv * D flops
+and block_q * block_kv exponentials whatever the mask says: sparsity saves nothing here, which
+is the first lesson of the notebooks.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+
+from stlib.api import register
+from stlib.kernels import common
+from stlib.masks import DENSE_LIMIT, Mask, full
+
+
+def dense_attention(q, k, v, mask: Mask | None, *, scale: float, block_sizes: common.BlockSizes,
+                    interpret: bool | None = None, exp2: bool = False):
+    """q, k, v [H, L, D] -> [H, L, D]. The mask (if any) is evaluated on every tile: from iota for a
+    lazy head-uniform mask, else from a dense int8 [Hm, L, L] copy (L <= DENSE_LIMIT only)."""
+    num_heads, length, head_dim = q.shape
+    bq, bkv, chunk = block_sizes.block_q, block_sizes.block_kv, block_sizes.kv_chunk
+    qp, kp, vp = common.pad_sequence(q, bq), common.pad_sequence(k, bkv), common.pad_sequence(v, bkv)
+    nq, nk = qp.shape[1] // bq, kp.shape[1] // bkv
+    options = common.SoftmaxOptions(scale, exp2)
+
+    lazy = mask is None or (mask.traceable and mask.num_heads is None)
+    ragged = kp.shape[1] != length
+    dense_mask = None
+    if not lazy:
+        if length > DENSE_LIMIT:
+            raise ValueError(f"pallas_dense needs a dense copy of a {type(mask).__name__}; L={length} > {DENSE_LIMIT}")
+        dense = mask.to_dense().reshape(-1, length, length)
+        dense_mask = np.zeros((dense.shape[0], nq * bq, nk * bkv), np.int8)
+        dense_mask[:, :length, :length] = dense
+    shared_mask_head = dense_mask is not None and dense_mask.shape[0] == 1
+
+    def kernel(*refs):
+        if dense_mask is not None:
+            q_ref, k_ref, v_ref, mask_ref, o_ref, m_ref, l_ref, acc_ref = refs
+        else:
+            q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref = refs
+        i, j = pl.program_id(1), pl.program_id(2)
+
+        @pl.when(j == 0)
+        def _():
+            common.init_row(m_ref, l_ref, acc_ref)
+
+        if dense_mask is not None:
+            mask_fn = lambda c0, shape: mask_ref[:, pl.ds(c0, shape[1])] != 0  # noqa: E731
+        elif mask is not None or ragged:
+            plan = common.MaskPlan("iota", mask if mask is not None else full(length), length)
+            mask_fn = lambda c0, shape: common.iota_mask(plan, i * bq, j * bkv + c0, shape)  # noqa: E731
+        else:
+            mask_fn = None
+        common.update_tile(common.scaled_q(q_ref, options), k_ref, v_ref, m_ref, l_ref, acc_ref,
+                           options, chunk, mask_fn)
+
+        @pl.when(j == nk - 1)
+        def _():
+            common.finish_row(o_ref, None, m_ref, l_ref, acc_ref, options)
+
+    in_specs = [
+        pl.BlockSpec((None, bq, head_dim), lambda h, i, j: (h, i, 0)),  # q [bq, D]
+        pl.BlockSpec((None, bkv, head_dim), lambda h, i, j: (h, j, 0)),  # k [bkv, D]
+        pl.BlockSpec((None, bkv, head_dim), lambda h, i, j: (h, j, 0)),  # v [bkv, D]
+    ]
+    operands = [qp, kp, vp]
+    if dense_mask is not None:
+        in_specs.append(pl.BlockSpec((None, bq, bkv), lambda h, i, j: (0 if shared_mask_head else h, i, j)))
+        operands.append(jnp.asarray(dense_mask))
+    grid_spec = pl.GridSpec(
+        grid=(num_heads, nq, nk),
+        in_specs=in_specs,
+        out_specs=pl.BlockSpec((None, bq, head_dim), lambda h, i, j: (h, i, 0)),
+        scratch_shapes=common.softmax_scratch(bq, head_dim),
+    )
+    out = common.run_pallas(
+        kernel, grid_spec=grid_spec, out_shape=jax.ShapeDtypeStruct(qp.shape, q.dtype), interpret=interpret,
+        dimension_semantics=("parallel", "parallel", "arbitrary"), name="stlib_dense_flash", operands=operands,
+    )
+    return out[:, :length]
+
+
+def dense_work(layout, num_heads: int, head_dim: int) -> common.KernelWork:
+    """Every tile is visited and computed; with a mask every tile is masked."""
+    nq, nk = layout.grid_shape
+    steps = num_heads * nq * nk
+    masked = steps if layout.density < 1.0 or layout.num_tokens % layout.block_kv else 0
+    return common.work_from_counts(layout, num_heads, head_dim, steps, steps, masked)
+
+
+@register("pallas_dense")
+def _pallas_dense(q, k, v, mask, *, scale, block_q, block_kv, interpret):
+    sizes = common.block_sizes_for(q.shape[1], block_q, block_kv)
+    return dense_attention(q, k, v, mask, scale=scale, block_sizes=sizes, interpret=interpret)
+
+
+__all__ = ["dense_attention", "dense_work"]
