@@ -7,11 +7,13 @@ padding slots (marked -1) so that every 3-D tile occupies a whole number of kern
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 from functools import cached_property
 
 import numpy as np
 
 from stlib._checks import check_positive_int, check_positive_triple
+from stlib._intmath import div, mod
 
 
 @dataclass(frozen=True)
@@ -40,9 +42,9 @@ class VideoGrid:
 
     def coords(self, index) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(t, y, x) of raster token indices (any integer array shape; works on numpy or jnp)."""
-        t = index // self.tokens_per_frame
-        rem = index % self.tokens_per_frame
-        return t, rem // self.width, rem % self.width
+        t = div(index, self.tokens_per_frame)
+        rem = mod(index, self.tokens_per_frame)
+        return t, div(rem, self.width), mod(rem, self.width)
 
     def raster_index(self, t, y, x):
         return (t * self.height + y) * self.width + x
@@ -62,6 +64,9 @@ class TokenOrder:
     name: str
     perm: np.ndarray  # int32 [length]
     num_tokens: int
+    #: Optional arithmetic form of ``perm`` (position array -> raster index, -1 at padding) that
+    #: also works on jax arrays, so a kernel can evaluate a permuted mask from iota.
+    raster_of: Callable | None = None
 
     def __post_init__(self):
         perm = np.asarray(self.perm)
@@ -111,7 +116,16 @@ class TokenOrder:
         check_positive_int("count", count, allow_zero=True)
         shifted = np.where(self.perm >= 0, self.perm + count, -1)
         perm = np.concatenate([np.arange(count), shifted]).astype(np.int32)
-        return TokenOrder(f"{count} prefix + {self.name}", perm, self.num_tokens + count)
+        formula = None
+        if self.raster_of is not None:
+            inner = self.raster_of
+
+            def formula(pos):
+                xp = _xp(pos)
+                raster = inner(xp.maximum(pos - count, 0))
+                return xp.where(pos < count, pos, xp.where(raster >= 0, raster + count, -1))
+
+        return TokenOrder(f"{count} prefix + {self.name}", perm, self.num_tokens + count, formula)
 
 
 def _check_token_axis(x, expected: int, what: str) -> None:
@@ -121,16 +135,29 @@ def _check_token_axis(x, expected: int, what: str) -> None:
         raise ValueError(f"{what} expects L={expected} tokens on axis 1, got {x.shape[1]}")
 
 
+def _xp(x):
+    if type(x).__module__.startswith("jax"):
+        import jax.numpy as jnp
+
+        return jnp
+    return np
+
+
 def raster_order(grid: VideoGrid) -> TokenOrder:
     """Frame-major (t, y, x): the model's native order (the identity permutation)."""
-    return TokenOrder("raster (t, y, x)", np.arange(grid.num_tokens, dtype=np.int32), grid.num_tokens)
+    return TokenOrder("raster (t, y, x)", np.arange(grid.num_tokens, dtype=np.int32), grid.num_tokens,
+                      lambda pos: pos)
 
 
 def token_major_order(grid: VideoGrid) -> TokenOrder:
     """Token-major (y, x, t): the frames of one spatial location are contiguous."""
     t, y, x = np.meshgrid(*(np.arange(n) for n in grid.shape), indexing="ij")
     perm = grid.raster_index(t, y, x).transpose(1, 2, 0).reshape(-1)
-    return TokenOrder("token-major (y, x, t)", perm.astype(np.int32), grid.num_tokens)
+
+    def formula(pos):  # pos = (y * X + x) * T + t
+        return mod(pos, grid.frames) * grid.tokens_per_frame + div(pos, grid.frames)
+
+    return TokenOrder("token-major (y, x, t)", perm.astype(np.int32), grid.num_tokens, formula)
 
 
 def tiled_order(grid: VideoGrid, tile, *, pad: bool = True) -> TokenOrder:
@@ -157,7 +184,29 @@ def tiled_order(grid: VideoGrid, tile, *, pad: bool = True) -> TokenOrder:
     if not pad:
         perm = perm[perm >= 0]
     name = f"tiled {tile[0]}x{tile[1]}x{tile[2]}" + (" (padded)" if pad and perm.size > grid.num_tokens else "")
-    return TokenOrder(name, perm.astype(np.int32), grid.num_tokens)
+    return TokenOrder(name, perm.astype(np.int32), grid.num_tokens, _tiled_formula(grid, tile, counts) if pad else None)
+
+
+def _tiled_formula(grid: VideoGrid, tile, counts):
+    """Arithmetic form of the padded tiled order: position -> raster index (-1 at padding)."""
+    (tt, ty, tx), (_, n_y, n_x) = tile, counts
+    volume = tt * ty * tx
+
+    def formula(pos):
+        xp = _xp(pos)
+        tile_id, within = div(pos, volume), mod(pos, volume)
+        a, b, c = div(tile_id, n_y * n_x), mod(div(tile_id, n_x), n_y), mod(tile_id, n_x)
+        # extents of this (possibly ragged) tile; its real tokens come first, in raster order
+        et = xp.minimum(tt, grid.frames - a * tt)
+        ey = xp.minimum(ty, grid.height - b * ty)
+        ex = xp.minimum(tx, grid.width - c * tx)
+        plane = ey * ex
+        t = a * tt + div(within, plane)
+        y = b * ty + div(mod(within, plane), ex)
+        x = c * tx + mod(within, ex)
+        return xp.where(within < et * plane, grid.raster_index(t, y, x), -1)
+
+    return formula
 
 
 def padded_length(length: int, block: int) -> int:

@@ -164,25 +164,18 @@ class BlockLayout:
             "flat_table_bytes": self.table_bytes("flat"),
         }
 
-    # --- per-row tables -------------------------------------------------------------------------
+    # --- per-row tables and flattened steps ---------------------------------------------------
     @cached_property
     def row_counts(self) -> np.ndarray:
-        return np.sum(self.kinds != TileKind.EMPTY, axis=2).astype(np.int32)
+        return self._row_tables[1]
 
     @cached_property
-    def _row_tables(self) -> tuple[np.ndarray, np.ndarray]:
+    def _row_tables(self):
         nonempty = self.kinds != TileKind.EMPTY
-        width = max(int(self.row_counts.max()), 1)
-        nk = nonempty.shape[2]
-        # stable sort puts the non-empty kv tiles of each row first, in increasing order
-        order = np.argsort(~nonempty, axis=2, kind="stable")[:, :, :width].astype(np.int32)
-        slot = np.arange(width)[None, None, :]
-        count = self.row_counts[:, :, None]
-        last = np.take_along_axis(order, np.maximum(count - 1, 0), axis=2)
-        tiles = np.where(slot < count, order, np.where(count > 0, last, 0)).astype(np.int32)
-        kinds = np.take_along_axis(self.kinds, np.minimum(tiles, nk - 1), axis=2).astype(np.int32)
-        kinds = np.where(slot < count, kinds, TileKind.EMPTY).astype(np.int32)
-        return tiles, kinds
+        tiles, counts = row_tables(nonempty)
+        kinds = np.take_along_axis(self.kinds, tiles, axis=2).astype(np.int32)
+        kinds = np.where(np.arange(tiles.shape[2]) < counts[:, :, None], kinds, TileKind.EMPTY)
+        return tiles, counts, kinds.astype(np.int32)
 
     @property
     def row_kv_tiles(self) -> np.ndarray:
@@ -190,28 +183,18 @@ class BlockLayout:
 
     @property
     def row_kinds(self) -> np.ndarray:
-        return self._row_tables[1]
+        return self._row_tables[2]
 
     @property
     def max_row_width(self) -> int:
         return self.row_kv_tiles.shape[2]
 
-    # --- flattened steps ------------------------------------------------------------------------
     @cached_property
     def _flat_steps(self) -> dict[str, np.ndarray]:
-        nonempty = self.kinds != TileKind.EMPTY
-        empty_row = ~nonempty.any(axis=2)
-        # an empty row keeps one placeholder step at kv tile 0
-        take = nonempty.copy()
-        take[:, :, 0] |= empty_row
-        h, q, k = np.nonzero(take)
-        kinds = np.where(nonempty[h, q, k], self.kinds[h, q, k], TileKind.EMPTY)
-        return {
-            "step_head": h.astype(np.int32),
-            "step_q": q.astype(np.int32),
-            "step_kv": k.astype(np.int32),
-            "step_kinds": kinds.astype(np.int32),
-        }
+        steps = flat_steps(self.kinds != TileKind.EMPTY)
+        active = steps["step_active"].astype(bool)
+        kinds = np.where(active, self.kinds[steps["step_head"], steps["step_q"], steps["step_kv"]], TileKind.EMPTY)
+        return {**steps, "step_kinds": kinds.astype(np.int32)}
 
     @property
     def step_head(self):
@@ -292,6 +275,48 @@ class BlockLayout:
         out = np.zeros((self.block_q, self.block_kv), dtype=bool)
         out[: q1 - q0, : k1 - k0] = self.mask.block(q0, q1, k0, k1, head)
         return out
+
+
+def row_tables(selected: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-row kv-tile lists of the tiles flagged in ``selected`` (bool [Hl, nq, nk]).
+
+    Returns (tiles int32 [Hl, nq, W], counts int32 [Hl, nq]), W = max count (>= 1); each row lists
+    its selected kv tiles in increasing order, and entries past the count repeat the last one (0 for
+    a row with none) so a kernel stepping past the count fetches nothing new.
+    """
+    counts = selected.sum(axis=2).astype(np.int32)
+    width = max(int(counts.max()) if counts.size else 0, 1)
+    order = np.argsort(~selected, axis=2, kind="stable")[:, :, :width].astype(np.int32)
+    slot = np.arange(width)[None, None, :]
+    count = counts[:, :, None]
+    last = np.take_along_axis(order, np.maximum(count - 1, 0), axis=2)
+    tiles = np.where(slot < count, order, np.where(count > 0, last, 0)).astype(np.int32)
+    return tiles, counts
+
+
+def flat_steps(selected: np.ndarray) -> dict[str, np.ndarray]:
+    """The flagged (head, q-tile, kv-tile) steps of ``selected`` (bool [Hl, nq, nk]) as a flat list
+    ordered by head, row, kv tile. A row with no flagged tile keeps one inactive placeholder step
+    (kv tile 0) so a kernel still writes its output. Returns int32 [S] arrays ``step_head``,
+    ``step_q``, ``step_kv``, ``step_active`` and ``step_first`` / ``step_last`` (first / last step of
+    its row)."""
+    empty_row = ~selected.any(axis=2)
+    take = selected.copy()
+    take[:, :, 0] |= empty_row
+    h, q, k = np.nonzero(take)
+    row = h.astype(np.int64) * selected.shape[1] + q
+    first = np.ones(row.shape, bool)
+    first[1:] = row[1:] != row[:-1]
+    last = np.ones(row.shape, bool)
+    last[:-1] = row[1:] != row[:-1]
+    return {
+        "step_head": h.astype(np.int32),
+        "step_q": q.astype(np.int32),
+        "step_kv": k.astype(np.int32),
+        "step_active": selected[h, q, k].astype(np.int32),
+        "step_first": first.astype(np.int32),
+        "step_last": last.astype(np.int32),
+    }
 
 
 def block_layout(mask: Mask, block_q: int, block_kv: int) -> BlockLayout:

@@ -25,6 +25,7 @@ from stlib._checks import (
     check_positive_int,
     check_positive_triple,
 )
+from stlib._intmath import div, floordiv, mod
 from stlib.geometry import TokenOrder, VideoGrid
 
 #: Largest L for which ``to_dense`` / brute-force fallbacks materialise L x L.
@@ -188,7 +189,6 @@ class _HeadView(Mask):
 class PermutedMask(Mask):
     """``base`` viewed in ``order``: position i holds raster token ``order.perm[i]``."""
 
-    traceable = False
     has_intervals = False  # layouts use base intervals + the permutation (layout.py)
 
     def __init__(self, base: Mask, order: TokenOrder):
@@ -199,10 +199,16 @@ class PermutedMask(Mask):
         self.base, self.order = base, order
         self.length = order.length
         self.num_heads = base.num_heads
+        # traceable when the order has an arithmetic form (raster, token-major, padded tiled)
+        self.traceable = base.traceable and order.raster_of is not None
 
     def _allowed(self, q, k, head):
-        pq, pk = self.order.perm[q], self.order.perm[k]
-        ok = self.base._allowed(np.maximum(pq, 0), np.maximum(pk, 0), head)
+        xp = _xp(q, k)
+        if xp is np:
+            pq, pk = self.order.perm[q], self.order.perm[k]
+        else:
+            pq, pk = self.order.raster_of(q), self.order.raster_of(k)
+        ok = self.base._allowed(xp.maximum(pq, 0), xp.maximum(pk, 0), head)
         return ok & (pq >= 0) & (pk >= 0)
 
     def __repr__(self):
@@ -362,7 +368,7 @@ class VideoMask(Mask):
 
 def _axis_window(j, n_group, kernel, stride, causal, xp):
     """Window [start, end) in group coordinates of an axis query at group position j."""
-    leader = xp.minimum((j // stride) * stride + stride // 2, n_group - 1)
+    leader = xp.minimum(div(j, stride) * stride + stride // 2, n_group - 1)
     if causal:
         return xp.maximum(leader - kernel + 1, 0), leader + 1
     start = xp.clip(leader - kernel // 2, 0, n_group - kernel)
@@ -389,11 +395,11 @@ class NeighborhoodMask(VideoMask):
 
     def _axis_allowed(self, axis, qa, ka, xp):
         n, k, d = self.grid.shape[axis], self.kernel_size[axis], self.dilation[axis]
-        r = qa % d
-        n_group = (n - r + d - 1) // d
-        start, end = _axis_window(qa // d, n_group, k, self.stride[axis], self.causal[axis], xp)
-        m = ka // d
-        return (ka % d == r) & (m >= start) & (m < end)
+        r = mod(qa, d)
+        n_group = div(n - r + d - 1, d)
+        start, end = _axis_window(div(qa, d), n_group, k, self.stride[axis], self.causal[axis], xp)
+        m = div(ka, d)
+        return (mod(ka, d) == r) & (m >= start) & (m < end)
 
     def _allowed(self, q, k, head):
         xp = _xp(q, k)
@@ -457,7 +463,7 @@ class SlidingTileMask(VideoMask):
     def _axis_range(self, axis, qa, xp):
         """Key range [lo, hi) on one axis for query coordinate qa."""
         tile, w, count, n = self.tile[axis], self.window[axis], self.tile_counts[axis], self.grid.shape[axis]
-        first = xp.clip(qa // tile - w // 2, 0, count - w)
+        first = xp.clip(div(qa, tile) - w // 2, 0, count - w)
         return first * tile, xp.minimum((first + w) * tile, n)
 
     def _allowed(self, q, k, head):
@@ -496,7 +502,7 @@ class FrameWindowMask(VideoMask):
 
     def _allowed(self, q, k, head):
         s = self.grid.tokens_per_frame
-        return abs(q // s - k // s) <= self.frame_window
+        return abs(div(q, s) - div(k, s)) <= self.frame_window
 
     def _intervals(self, rows, head):
         s, t = self.grid.tokens_per_frame, rows // self.grid.tokens_per_frame
@@ -517,8 +523,8 @@ class _SpatialRangeMask(VideoMask):
     def _allowed(self, q, k, head):
         xp = _xp(q, k)
         s = self.grid.tokens_per_frame
-        lo, hi = self._spatial_range(q // s, q % s, k // s, xp)
-        return (k % s >= lo) & (k % s < hi)
+        lo, hi = self._spatial_range(div(q, s), mod(q, s), div(k, s), xp)
+        return (mod(k, s) >= lo) & (mod(k, s) < hi)
 
     def _intervals(self, rows, head):
         s = self.grid.tokens_per_frame
@@ -553,8 +559,8 @@ class TokenMajorBandMask(_SpatialRangeMask):
         frames = self.grid.frames
         p = sq * frames + tq
         # keys s * T + tk within [p - w, p + w]  <=>  s in [ceil((p - w - tk) / T), floor((p + w - tk) / T)]
-        lo = -((tk - p + self.width) // frames)
-        hi = (p + self.width - tk) // frames + 1
+        lo = -floordiv(tk - p + self.width, frames)
+        hi = floordiv(p + self.width - tk, frames) + 1
         return lo, hi
 
     def __repr__(self):
@@ -592,7 +598,7 @@ class FrameCausalMask(VideoMask):
 
     def _allowed(self, q, k, head):
         s = self.grid.tokens_per_frame
-        return k // s <= q // s
+        return div(k, s) <= div(q, s)
 
     def _intervals(self, rows, head):
         s = self.grid.tokens_per_frame

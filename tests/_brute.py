@@ -228,13 +228,15 @@ def brute_layout(dense, valid, block_q, block_kv):
     counts = np.zeros((heads, nq, nk), np.int64)
     valid_pairs = np.zeros((nq, nk), np.int64)
     kinds = np.zeros((heads, nq, nk), np.int64)
+    valid = np.asarray(valid, bool)
     for qi in range(nq):
-        rows = range(qi * block_q, min((qi + 1) * block_q, length))
+        r0, r1 = qi * block_q, min((qi + 1) * block_q, length)
         for ki in range(nk):
-            cols = range(ki * block_kv, min((ki + 1) * block_kv, length))
-            valid_pairs[qi, ki] = sum(1 for r in rows for c in cols if valid[r] and valid[c])
+            c0, c1 = ki * block_kv, min((ki + 1) * block_kv, length)
+            # real pairs: padding slots (valid False) are not real
+            valid_pairs[qi, ki] = int(valid[r0:r1].sum()) * int(valid[c0:c1].sum())
             for h in range(heads):
-                c = int(sum(dense[h, r, cc] for r in rows for cc in cols))
+                c = int(dense[h, r0:r1, c0:c1].sum())
                 counts[h, qi, ki] = c
                 if c == 0:
                     kinds[h, qi, ki] = EMPTY

@@ -21,7 +21,7 @@ from jax.experimental.pallas import tpu as pltpu
 from stlib._checks import check_positive_int
 from stlib.device import current_chip, resolve_interpret
 from stlib.layout import BlockLayout
-from stlib.masks import Mask, PermutedMask
+from stlib.masks import Mask
 
 LANES = 128
 SUBLANES = 8
@@ -78,10 +78,13 @@ DEFAULT_BLOCK_SIZES = {
 }
 
 
-def block_sizes_for(length: int, block_q: int | None, block_kv: int | None, chip: str | None = "auto",
+def block_sizes_for(length: int, block_q: int | None, block_kv: int | None, *, interpret: bool | None = None,
                     block_kv_compute: int | None = None) -> BlockSizes:
-    """The block sizes an implementation uses: explicit values, else the chip's default."""
-    chip = current_chip() if chip == "auto" else chip
+    """The block sizes an implementation uses: explicit values, else the default of the chip it
+    runs on (v6e's when compiling for a TPU from elsewhere, small tiles in interpret mode)."""
+    chip = current_chip()
+    if chip is None and not resolve_interpret(interpret):
+        chip = "v6e"
     base = DEFAULT_BLOCK_SIZES.get(chip, DEFAULT_BLOCK_SIZES[None])
     sizes = BlockSizes(
         block_q=block_q or base.block_q,
@@ -103,7 +106,8 @@ class MaskPlan:
     """How a kernel evaluates the mask on the tiles that need one.
 
     mode ``"none"``: no tile needs a mask; ``"iota"``: evaluated from row / column indices with the
-    mask's own predicate (lazy, traceable masks in their own order), ANDed with ``key < length``;
+    mask's own predicate (lazy, traceable masks, also permuted by an arithmetic token order), ANDed
+    with ``key < length`` (the sequence padding a kernel adds);
     ``"table"``: a [P, block_q, block_kv] int8 table of deduplicated tile masks, one per masked tile.
     """
 
@@ -114,19 +118,14 @@ class MaskPlan:
     index: np.ndarray | None = None  # int32 [Hl, nq, nk], -1 where no table entry
 
 
-def plan_mask(mask: Mask | None, layout: BlockLayout, masked: np.ndarray) -> MaskPlan:
+def plan_mask(mask: Mask, layout: BlockLayout, masked: np.ndarray) -> MaskPlan:
     """Choose iota or table evaluation for the tiles flagged in ``masked`` (bool [Hl, nq, nk])."""
-    length = layout.num_tokens
     if not masked.any():
-        return MaskPlan("none", None, length)
-    if mask is not None and mask.traceable and mask.num_heads is None and not isinstance(mask, PermutedMask):
-        return MaskPlan("iota", mask, length)
-    if mask is None and layout.kv_valid_is_prefix:
-        from stlib.masks import full
-
-        return MaskPlan("iota", full(layout.length), length)
+        return MaskPlan("none", None, mask.length)
+    if mask.traceable and mask.num_heads is None:
+        return MaskPlan("iota", mask, mask.length)
     table, index = layout.tile_mask_table(masked)
-    return MaskPlan("table", mask, length, table.astype(np.int8), index)
+    return MaskPlan("table", mask, mask.length, table.astype(np.int8), index)
 
 
 def iota_mask(plan: MaskPlan, q0, k0, shape):

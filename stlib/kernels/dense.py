@@ -96,7 +96,7 @@ def dense_work(layout, num_heads: int, head_dim: int) -> common.KernelWork:
 
 @register("pallas_dense")
 def _pallas_dense(q, k, v, mask, *, scale, block_q, block_kv, interpret):
-    sizes = common.block_sizes_for(q.shape[1], block_q, block_kv)
+    sizes = common.block_sizes_for(q.shape[1], block_q, block_kv, interpret=interpret)
     return dense_attention(q, k, v, mask, scale=scale, block_sizes=sizes, interpret=interpret)
 
 

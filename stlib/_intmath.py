@@ -1,0 +1,42 @@
+"""Integer division that works on numpy arrays and inside Pallas TPU kernels.
+
+Inside a kernel, jnp's ``//`` and ``%`` lower through ``sign``, whose Mosaic rule asks the local
+device for its TPU generation and so fails when compiling for a TPU from a CPU machine; lax.div /
+lax.rem (truncating) do not. Mask predicates only divide non-negative indices, where truncating
+and floor division agree; ``floordiv`` shifts possibly negative numerators first.
+"""
+
+from __future__ import annotations
+
+#: Numerators are shifted by a multiple of the divisor at least this large before dividing.
+_SHIFT = 1 << 24
+
+
+def _is_jax(x) -> bool:
+    return type(x).__module__.startswith("jax")
+
+
+def div(a, b):
+    """a // b for non-negative a, positive b."""
+    if _is_jax(a) or _is_jax(b):
+        import jax
+
+        return jax.lax.div(a, b)
+    return a // b
+
+
+def mod(a, b):
+    """a % b for non-negative a, positive b."""
+    if _is_jax(a) or _is_jax(b):
+        import jax
+
+        return jax.lax.rem(a, b)
+    return a % b
+
+
+def floordiv(a, b: int):
+    """floor(a / b) for any integer a with |a| < 2**24 and a positive constant b."""
+    if _is_jax(a):
+        shift = (_SHIFT // b + 1) * b
+        return div(a + shift, b) - shift // b
+    return a // b

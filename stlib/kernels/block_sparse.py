@@ -1,0 +1,151 @@
+"""``pallas_block_sparse``: the Splash idea, built from scratch for teaching.
+
+The full grid (H, q tiles, kv tiles) is kept; a prefetched int32 table tells each step what to do:
+``entry = fetch_kv << 2 | kind`` with kind 0 skip / 1 masked / 2 mask-free. A skipped step runs
+nothing (``pl.when``) *and* moves no data: its kv index map returns the next non-empty tile of the
+row (the last one at the row's end), the same block as the neighbouring steps, so the pipeline
+issues no new DMA (Splash's ``data_next``). Masked tiles evaluate the mask in-kernel, from iota for
+a lazy mask or from a deduplicated int8 table of tile masks. Each computed step costs
+4 * block_q * block_kv * D flops; each skipped step only the grid-loop overhead.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from stlib.api import register
+from stlib.kernels import common
+from stlib.layout import SMEM_BYTES, BlockLayout, TileKind, block_layout, smem_bytes
+from stlib.masks import Mask, full
+
+SKIP, MASKED, MASK_FREE = 0, 1, 2
+
+
+def step_table(layout: BlockLayout) -> np.ndarray:
+    """int32 [Hl, nq, nk]: ``fetch_kv << 2 | kind`` for every grid step of the full grid."""
+    nonempty = layout.kinds != TileKind.EMPTY
+    nk = nonempty.shape[2]
+    idx = np.arange(nk)
+    big = np.iinfo(np.int32).max
+    nxt = np.minimum.accumulate(np.where(nonempty, idx, big)[:, :, ::-1], axis=2)[:, :, ::-1]
+    prev = np.maximum.accumulate(np.where(nonempty, idx, -1), axis=2)
+    fetch = np.where(nxt < big, nxt, np.maximum(prev, 0))
+    kind = np.where(layout.masked_tiles, MASKED, np.where(nonempty, MASK_FREE, SKIP))
+    return (fetch << 2 | kind).astype(np.int32)
+
+
+def carried_index(index: np.ndarray) -> np.ndarray:
+    """Replace -1 entries by the last valid entry before them in flat order (0 before any), so an
+    index map fed with it only changes block where a real entry starts."""
+    flat = index.reshape(-1)
+    pos = np.where(flat >= 0, np.arange(flat.size), -1)
+    pos = np.maximum.accumulate(pos)
+    return np.where(pos >= 0, flat[np.maximum(pos, 0)], 0).astype(np.int32).reshape(index.shape)
+
+
+def block_sparse_attention(q, k, v, layout: BlockLayout, *, scale: float, interpret: bool | None = None,
+                           block_kv_compute: int | None = None, exp2: bool = False):
+    """q, k, v [H, L, D] -> [H, L, D] with the tiles of ``layout`` (built for L, block_q, block_kv)."""
+    num_heads, length, head_dim = q.shape
+    bq, bkv = layout.block_q, layout.block_kv
+    sizes = common.BlockSizes(bq, bkv, block_kv_compute)
+    nq, nk = layout.grid_shape
+    plan = common.plan_mask(layout.mask, layout, layout.masked_tiles)
+    shared = layout.num_heads == 1
+    table = step_table(layout).reshape(-1)
+    prefetch = [table]
+    if plan.mode == "table":
+        if bq % 32:
+            raise ValueError(f"block_q={bq} must be a multiple of 32 for an int8 mask table")
+        prefetch.append(carried_index(plan.index).reshape(-1))
+    table_bytes = sum(smem_bytes(t.shape) for t in prefetch)
+    if table_bytes > SMEM_BYTES:
+        raise ValueError(
+            f"pallas_block_sparse prefetches {table_bytes:,} bytes of tables into {SMEM_BYTES:,} bytes of "
+            f"SMEM ({layout.num_heads} heads x {nq} x {nk} tiles); use larger tiles than {bq}x{bkv}"
+        )
+
+    qp, kp, vp = common.pad_sequence(q, bq), common.pad_sequence(k, bkv), common.pad_sequence(v, bkv)
+    options = common.SoftmaxOptions(scale, exp2)
+
+    def row_of(h, i):
+        return i if shared else h * nq + i
+
+    def kernel(table_ref, *refs):
+        if plan.mode == "table":
+            _, q_ref, k_ref, v_ref, mask_ref, o_ref, m_ref, l_ref, acc_ref = refs  # refs[0]: mask index
+        else:
+            q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref = refs
+        h, i, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+        kind = table_ref[row_of(h, i) * nk + j] & 3
+
+        @pl.when(j == 0)
+        def _():
+            common.init_row(m_ref, l_ref, acc_ref)
+
+        @pl.when(kind == MASK_FREE)
+        def _():
+            common.update_tile(common.scaled_q(q_ref, options), k_ref, v_ref, m_ref, l_ref, acc_ref,
+                               options, sizes.kv_chunk)
+
+        if plan.mode != "none":
+            if plan.mode == "iota":
+                mask_fn = lambda c0, shape: common.iota_mask(plan, i * bq, j * bkv + c0, shape)  # noqa: E731
+            else:
+                mask_fn = lambda c0, shape: mask_ref[:, pl.ds(c0, shape[1])] != 0  # noqa: E731
+
+            @pl.when(kind == MASKED)
+            def _():
+                common.update_tile(common.scaled_q(q_ref, options), k_ref, v_ref, m_ref, l_ref, acc_ref,
+                                   options, sizes.kv_chunk, mask_fn)
+
+        @pl.when(j == nk - 1)
+        def _():
+            common.finish_row(o_ref, None, m_ref, l_ref, acc_ref, options)
+
+    def kv_map(h, i, j, table_ref, *_):
+        return (h, table_ref[row_of(h, i) * nk + j] >> 2, 0)
+
+    in_specs = [
+        pl.BlockSpec((None, bq, head_dim), lambda h, i, j, *_: (h, i, 0)),  # q [bq, D]
+        pl.BlockSpec((None, bkv, head_dim), kv_map),  # k [bkv, D]
+        pl.BlockSpec((None, bkv, head_dim), kv_map),  # v [bkv, D]
+    ]
+    operands = [qp, kp, vp]
+    if plan.mode == "table":
+        in_specs.append(pl.BlockSpec((None, bq, bkv), lambda h, i, j, t, mi: (mi[row_of(h, i) * nk + j], 0, 0)))
+        operands.append(jnp.asarray(plan.table))
+    grid_spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=len(prefetch),
+        grid=(num_heads, nq, nk),
+        in_specs=in_specs,
+        out_specs=pl.BlockSpec((None, bq, head_dim), lambda h, i, j, *_: (h, i, 0)),
+        scratch_shapes=common.softmax_scratch(bq, head_dim),
+    )
+    out = common.run_pallas(
+        kernel, grid_spec=grid_spec, out_shape=jax.ShapeDtypeStruct(qp.shape, q.dtype), interpret=interpret,
+        dimension_semantics=("parallel", "parallel", "arbitrary"), name="stlib_block_sparse",
+        operands=[*(jnp.asarray(t) for t in prefetch), *operands],
+    )
+    return out[:, :length]
+
+
+def block_sparse_work(layout: BlockLayout, num_heads: int, head_dim: int) -> common.KernelWork:
+    """Full grid visited; non-empty tiles computed; PARTIAL (and padded FULL) tiles masked."""
+    nq, nk = layout.grid_shape
+    mult = num_heads if layout.num_heads == 1 else 1
+    computed = int(np.sum(layout.kinds != TileKind.EMPTY)) * mult
+    masked = int(np.sum(layout.masked_tiles)) * mult
+    return common.work_from_counts(layout, num_heads, head_dim, num_heads * nq * nk, computed, masked)
+
+
+@register("pallas_block_sparse")
+def _pallas_block_sparse(q, k, v, mask: Mask | None, *, scale, block_q, block_kv, interpret):
+    sizes = common.block_sizes_for(q.shape[1], block_q, block_kv, interpret=interpret)
+    layout = block_layout(mask if mask is not None else full(q.shape[1]), sizes.block_q, sizes.block_kv)
+    return block_sparse_attention(q, k, v, layout, scale=scale, interpret=interpret,
+                                  block_kv_compute=sizes.block_kv_compute)

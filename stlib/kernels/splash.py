@@ -1,0 +1,200 @@
+"""``impl="splash"``: JAX's Splash attention (jax.experimental.pallas.ops.tpu.splash_attention) on
+stlib masks: the baseline every sparse kernel is measured against.
+
+What the adapter does around ``make_splash_mha``:
+
+* masks: full -> Splash ``FullMask``, band |q - k| <= w -> ``LocalMask`` window (w, w), ``&`` / ``|``
+  of those -> Splash ``LogicalAnd`` / ``LogicalOr``, a different mask per head -> ``MultiHeadMask``.
+  Anything else becomes a block-exact ``NumpyMask`` of the stlib mask, only for L <= DENSE_LIMIT.
+* ragged lengths: Splash needs block sizes that divide L, so q, k, v are padded with zeros to Lp;
+  pad keys are hidden with Splash ``SegmentIds`` (real tokens 0, pad tokens 1) and the output is
+  sliced back to L.
+* rows that see no key: Splash returns garbage there (the mean of v over the keys of the tiles it
+  ran, or NaN when it ran none), so they are set to zero from the mask's own row visibility.
+* scale: Splash does not scale scores, so q is multiplied by ``scale`` first.
+
+Only the forward pass is built (no backward block sizes), so the result is not differentiable.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental.pallas.ops.tpu import splash_attention as sa
+
+from stlib import masks as M
+from stlib.api import register
+from stlib.device import resolve_interpret
+
+#: Splash tiles are multiples of the 128-lane vector width (q, kv and the kv compute chunk).
+LANES = 128
+#: Default tiles: 512 queries x 1024 keys per grid step, scores computed 512 keys at a time.
+#: The same on v5e, v6e and in interpret mode: about 5 MiB of VMEM at head dim 128, well inside the
+#: default scoped VMEM of both chips, and few enough grid steps for interpret mode on a CPU.
+DEFAULT_BLOCK_Q = 512
+DEFAULT_BLOCK_KV = 1024
+DEFAULT_BLOCK_KV_COMPUTE = 512
+
+
+@dataclass(frozen=True)
+class SplashBlocks:
+    """Splash tile sizes; every one a multiple of 128, and block_kv a multiple of block_kv_compute."""
+
+    block_q: int
+    block_kv: int
+    block_kv_compute: int
+
+    def __post_init__(self):
+        for name in ("block_q", "block_kv", "block_kv_compute"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0 or value % LANES:
+                raise ValueError(f"{name}={value!r} must be a positive multiple of {LANES} for Splash")
+        if self.block_kv % self.block_kv_compute:
+            raise ValueError(f"block_kv={self.block_kv} must be a multiple of "
+                             f"block_kv_compute={self.block_kv_compute}")
+
+    def padded_length(self, length: int) -> int:
+        """Smallest Lp >= length that both block_q and block_kv divide."""
+        step = math.lcm(self.block_q, self.block_kv)
+        return -(-length // step) * step
+
+    def to_splash(self) -> sa.BlockSizes:
+        return sa.BlockSizes(block_q=self.block_q, block_kv=self.block_kv,
+                             block_kv_compute=self.block_kv_compute)
+
+
+def splash_blocks(length: int, block_q: int | None = None, block_kv: int | None = None) -> SplashBlocks:
+    """Tile sizes for a sequence of ``length`` tokens: the given ones, else the defaults capped to the
+    sequence (rounded up to 128) with block_kv a multiple of block_q, so padding stays below one
+    kv tile. Raises ValueError for a block size that is not a multiple of 128."""
+    for name, value in (("block_q", block_q), ("block_kv", block_kv)):
+        if value is not None and value % LANES:
+            raise ValueError(f"{name}={value} must be a multiple of {LANES} for Splash")
+    rounded = -(-length // LANES) * LANES
+    bq = block_q if block_q is not None else min(DEFAULT_BLOCK_Q, rounded)
+    if block_kv is None:
+        bkv = min(DEFAULT_BLOCK_KV, -(-rounded // bq) * bq)
+    else:
+        bkv = block_kv
+    compute = DEFAULT_BLOCK_KV_COMPUTE if bkv % DEFAULT_BLOCK_KV_COMPUTE == 0 else bkv
+    return SplashBlocks(bq, bkv, compute)
+
+
+# --------------------------------------------------------------------------------------------
+# stlib mask -> Splash mask
+
+
+class _Band(sa.LocalMask):
+    """Splash ``LocalMask`` with window (w, w): the same in-kernel mask function, but whole blocks
+    that lie inside or outside the band are answered without evaluating it. Splash classifies every
+    tile on the host in Python, and evaluating all 11k tiles of the case-study shape takes ~18 s."""
+
+    def __init__(self, shape, width: int):
+        super().__init__(shape, window_size=(width, width), offset=0)
+        self.width = width
+
+    def __getitem__(self, idx) -> np.ndarray:
+        q_slice, k_slice = idx
+        q0, q1, _ = q_slice.indices(self.shape[0])
+        k0, k1, _ = k_slice.indices(self.shape[1])
+        if q1 > q0 and k1 > k0:
+            w, q_last, k_last = self.width, q1 - 1, k1 - 1
+            if k_last < q0 - w or k0 > q_last + w:  # every pair farther than w
+                return np.zeros((q1 - q0, k1 - k0), dtype=bool)
+            if k0 >= q_last - w and k_last <= q0 + w:  # every pair within w
+                return np.ones((q1 - q0, k1 - k0), dtype=bool)
+        return super().__getitem__(idx)
+
+
+def _lazy(mask: M.Mask, head: int, padded: int):
+    """The Splash lazy mask of one head on the padded square, or None if there is none. Every mask
+    built here contains the diagonal (full, bands, and & / | of them), so no real row is empty."""
+    shape = (padded, padded)
+    if isinstance(mask, M.FullMask):
+        return sa.FullMask(shape)
+    if isinstance(mask, (M.BandMask, M._VideoBand)):
+        return _Band(shape, mask.width)
+    if isinstance(mask, M.MultiHeadMask):
+        return _lazy(mask.masks[head], 0, padded)
+    if isinstance(mask, M._Combined):
+        a, b = _lazy(mask.a, head, padded), _lazy(mask.b, head, padded)
+        if a is None or b is None:
+            return None
+        return (a & b) if mask.op == "and" else (a | b)
+    return None
+
+
+def _dense(mask: M.Mask, head: int, length: int, padded: int) -> np.ndarray:
+    """bool [Lp, Lp]: the stlib mask of one head, padding rows and columns all False."""
+    if length > M.DENSE_LIMIT:
+        raise ValueError(
+            f"impl='splash' has no lazy Splash form for {mask!r} (only full, band and & / | of them "
+            f"have one), and a NumpyMask would materialise {length}^2 pairs per head: that is limited "
+            f"to L <= stlib.masks.DENSE_LIMIT = {M.DENSE_LIMIT}. Use another impl for this mask."
+        )
+    out = np.zeros((padded, padded), dtype=bool)
+    out[:length, :length] = mask.block(0, length, 0, length, head)
+    return out
+
+
+def splash_mask(mask: M.Mask | None, num_heads: int, length: int, padded: int):
+    """Splash ``MultiHeadMask`` ([num_heads, Lp, Lp]) for an stlib mask of length ``length`` and the
+    rows that see at least one key (bool [num_heads or 1, length], None when every row does).
+    Raises ValueError when a NumpyMask is needed above DENSE_LIMIT tokens."""
+    if mask is None:
+        mask = M.full(length)
+    heads = [None] if mask.num_heads is None else list(range(mask.num_heads))
+    per_head, visible, any_empty = [], [], False
+    for h in heads:
+        head = 0 if h is None else h
+        lazy = _lazy(mask, head, padded)
+        if lazy is None:
+            dense = _dense(mask, head, length, padded)
+            rows = dense[:length].any(axis=1)
+            any_empty |= not rows.all()
+            lazy = sa.NumpyMask(dense)
+        else:
+            rows = np.ones(length, dtype=bool)
+        per_head.append(lazy)
+        visible.append(rows)
+    if mask.num_heads is None:
+        per_head = per_head * num_heads  # one object: Splash processes it once, broadcasts its tables
+    return sa.MultiHeadMask(tuple(per_head)), (np.stack(visible) if any_empty else None)
+
+
+# --------------------------------------------------------------------------------------------
+# the implementation
+
+
+@register("splash")
+def splash_attention(q, k, v, mask, *, scale, block_q, block_kv, interpret):
+    """Splash attention on validated [H, L, D] inputs (see ``stlib.attention``); returns [H, L, D] in
+    q's dtype, zeros for rows that see no key. Raises ValueError for block sizes that are not
+    multiples of 128 and for masks without a lazy Splash form above DENSE_LIMIT tokens."""
+    num_heads, length, _ = q.shape
+    blocks = splash_blocks(length, block_q, block_kv)
+    padded = blocks.padded_length(length)
+    splash, visible = splash_mask(mask, num_heads, length, padded)
+
+    dtype = jnp.result_type(q.dtype, k.dtype, v.dtype)
+    q_scaled = (q.astype(jnp.float32) * scale).astype(dtype)  # Splash computes softmax(q k^T) v
+    q_p, k_p, v_p = (_pad(x.astype(dtype), padded) for x in (q_scaled, k, v))  # [H, Lp, D]
+    segment_ids = None
+    if padded != length:
+        ids = jnp.asarray((np.arange(padded) >= length).astype(np.int32))  # 0 real, 1 padding
+        segment_ids = sa.SegmentIds(q=ids, kv=ids)
+
+    kernel = sa.make_splash_mha(splash, block_sizes=blocks.to_splash(), head_shards=1, q_seq_shards=1,
+                                interpret=resolve_interpret(interpret))
+    out = kernel(q_p, k_p, v_p, segment_ids)[:, :length]  # [H, L, D]
+    if visible is not None:
+        out = jnp.where(jnp.asarray(visible)[:, :, None], out, 0)
+    return out.astype(q.dtype)
+
+
+def _pad(x, padded: int):
+    extra = padded - x.shape[1]
+    return x if extra == 0 else jnp.pad(x, ((0, 0), (0, extra), (0, 0)))
