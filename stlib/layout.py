@@ -31,11 +31,12 @@ class TileKind(enum.IntEnum):
 
 
 def smem_bytes(shape, itemsize: int = 4) -> int:
-    """Bytes an array of ``shape`` takes in TPU SMEM: the last dim padded to 128 words and the
-    second-to-last to 8 rows (a 1-D array is one padded row)."""
+    """Bytes an array of ``shape`` takes in TPU SMEM (32-bit words): a 1-D array is padded to a
+    multiple of 128 words; otherwise the last dim is padded to 128 words and the second-to-last to
+    8 rows (as libtpu 0.0.42.1 allocates prefetched operands)."""
     shape = tuple(int(s) for s in shape) or (1,)
     if len(shape) == 1:
-        shape = (1,) + shape
+        return -(-shape[0] // 128) * 128 * max(itemsize, 4)
     *lead, rows, cols = shape
     words = int(np.prod(lead, dtype=np.int64)) * (-(-rows // 8) * 8) * (-(-cols // 128) * 128)
     return words * max(itemsize, 4)

@@ -2,3 +2,4 @@
 
 from stlib.kernels import dense  # noqa: F401
 from stlib.kernels import block_sparse  # noqa: F401
+from stlib.kernels import tile  # noqa: F401

@@ -1,0 +1,131 @@
+"""What the TPU compiler allocated for a kernel: compile in a subprocess with libtpu's dump on and
+read the VMEM / SMEM allocations of every Pallas kernel back from the dump.
+
+libtpu reads ``LIBTPU_INIT_ARGS`` once, when it initialises, hence the subprocess. The dump is an
+internal format of the pinned libtpu (0.0.42.1); if it changes, ``compile_report`` raises rather
+than guessing.
+
+Usage: python -m stlib.compile_report '{"impl": "pallas_tile", "mask": "band (density 0.25)"}'
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+
+_ALLOCATION = re.compile(r"#allocation(\d+) \[shape = '[^']*', space=(\w+), size = (0x[0-9a-f]+)")
+_STEP = re.compile(r"^\d+-(?P<kernel>.+?)-(?P<step>\d+)-(?P<what>.+)\.txt$")
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """A kernel call at a named workload: ``mask`` names an entry of
+    ``stlib.layout_catalog.case_study_masks()`` (or "none" for dense attention)."""
+
+    impl: str
+    mask: str = "none"
+    num_heads: int = 10
+    head_dim: int = 128
+    dtype: str = "bfloat16"
+    block_q: int | None = None
+    block_kv: int | None = None
+    chip: str = "v6e"
+    options: dict = field(default_factory=dict)  # TileOptions fields for impl "pallas_tile"
+
+
+def _build_and_compile(config: KernelConfig) -> float:
+    import jax
+    import jax.numpy as jnp
+
+    import stlib
+    import stlib.kernels  # noqa: F401  (registers the kernels)
+    from stlib.device import compile_for_tpu
+    from stlib.layout_catalog import case_study_masks
+
+    mask = None if config.mask == "none" else case_study_masks()[config.mask]
+    length = stlib.CASE_STUDY.num_tokens if mask is None else mask.length
+    shape = jax.ShapeDtypeStruct((config.num_heads, length, config.head_dim), jnp.dtype(config.dtype))
+
+    if config.impl == "pallas_tile" and config.options:
+        from stlib.kernels.common import block_sizes_for
+        from stlib.kernels.tile import TileOptions, tile_attention
+
+        sizes = block_sizes_for(length, config.block_q, config.block_kv, interpret=False)
+        layout = stlib.block_layout(mask or stlib.masks.full(length), sizes.block_q, sizes.block_kv)
+        options = TileOptions(**config.options)
+
+        def fn(q, k, v):
+            return tile_attention(q, k, v, layout, scale=config.head_dim**-0.5, options=options, interpret=False)
+    else:
+
+        def fn(q, k, v):
+            return stlib.attention(q, k, v, mask, impl=config.impl, block_q=config.block_q,
+                                   block_kv=config.block_kv, interpret=False)
+
+    start = time.perf_counter()
+    compile_for_tpu(fn, shape, shape, shape, chip=config.chip)
+    return time.perf_counter() - start
+
+
+def parse_dump(directory: str) -> dict[str, dict[str, int]]:
+    """Per Pallas kernel in a libtpu dump directory: bytes of scoped allocations by memory space
+    (``vmem``, ``smem``, ...), read from the last compiler pass that lists them."""
+    latest: dict[str, tuple[int, str]] = {}
+    for name in os.listdir(directory):
+        match = _STEP.match(name)
+        if not match or not match["kernel"].startswith("stlib_") and "splash" not in match["kernel"]:
+            continue
+        path = os.path.join(directory, name)
+        with open(path, errors="replace") as handle:
+            text = handle.read()
+        if "space=vmem" not in text:
+            continue
+        step = int(match["step"])
+        if step >= latest.get(match["kernel"], (-1, ""))[0]:
+            latest[match["kernel"]] = (step, text)
+    if not latest:
+        raise RuntimeError(f"no Pallas kernel allocations found in the libtpu dump at {directory}; "
+                           "the dump format of this libtpu may differ from 0.0.42.1")
+    report = {}
+    for kernel, (_, text) in sorted(latest.items()):
+        spaces: dict[str, int] = {}
+        for _, space, size in set(_ALLOCATION.findall(text)):
+            spaces[space] = spaces.get(space, 0) + int(size, 16)
+        report[kernel] = spaces
+    return report
+
+
+def compile_report(config: KernelConfig, timeout: float = 600) -> dict:
+    """Compile ``config`` for its chip in a subprocess; return {"compile_seconds", "kernels":
+    {kernel name: {"vmem": bytes, "smem": bytes, ...}}}. Raises RuntimeError if compilation fails."""
+    with tempfile.TemporaryDirectory(prefix="stlib-dump-") as dump:
+        env = dict(os.environ)
+        env["LIBTPU_INIT_ARGS"] = (env.get("LIBTPU_INIT_ARGS", "") + f" --xla_jf_dump_to={dump}").strip()
+        env.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+        proc = subprocess.run([sys.executable, "-m", "stlib.compile_report", json.dumps(asdict(config))],
+                              capture_output=True, text=True, env=env, timeout=timeout)
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+        if proc.returncode != 0 or not lines:
+            raise RuntimeError(f"compiling {config} failed:\n{proc.stderr[-3000:]}")
+        seconds = json.loads(lines[-1])["compile_seconds"]
+        return {"compile_seconds": seconds, "kernels": parse_dump(dump)}
+
+
+def main() -> None:
+    if len(sys.argv) != 2:
+        raise SystemExit(__doc__)
+    config = KernelConfig(**json.loads(sys.argv[1]))
+    if "--xla_jf_dump_to" in os.environ.get("LIBTPU_INIT_ARGS", ""):
+        print(json.dumps({"compile_seconds": _build_and_compile(config)}))
+    else:
+        print(json.dumps(compile_report(config), indent=2))
+
+
+if __name__ == "__main__":
+    main()

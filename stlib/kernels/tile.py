@@ -1,0 +1,299 @@
+"""``pallas_tile``: the tile-aligned sparse kernel. Its grid visits only non-empty tiles.
+
+Two grid forms, driven by scalar-prefetched tables built from the layout:
+
+* ``"rows"``: grid (H, q tiles, W) with W the widest row; each q tile walks its own kv-tile list
+  and the steps past its count are skipped (and fetch nothing: the list repeats its last entry).
+* ``"flat"``: grid (H, S) over the active (q tile, kv tile) steps in row order, so rows of unequal
+  width (causal, radial) waste no steps; first / last flags open and close each row.
+
+The mask mode of a pass is fixed at trace time: the main pass runs FULL tiles with no mask work
+at all; the tiles that need a mask (PARTIAL tiles, and tiles whose keys include padding such as
+the ragged sequence end) run in a separate masked pass, and the two results are merged with a
+log-sum-exp merge. ``boundary="balanced"`` instead rounds PARTIAL tiles in or out, keeping the
+computed pairs close to the allowed-pair budget (the Sparse VideoGen TPU design): faster, and
+approximate. Each computed step costs 4 * block_q * block_kv * D flops.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from stlib.api import register
+from stlib.kernels import common
+from stlib.layout import SMEM_BYTES, BlockLayout, TileKind, block_layout, flat_steps, row_tables, smem_bytes
+from stlib.masks import Mask, PermutedMask, full
+
+FORMS = ("rows", "flat")
+BOUNDARIES = ("exact", "balanced")
+
+
+@dataclass(frozen=True)
+class TileOptions:
+    """``form``: "rows" or "flat" grid; ``boundary``: "exact" (masked pass for PARTIAL tiles) or
+    "balanced" (PARTIAL tiles rounded in or out to keep the pair budget; approximate);
+    ``exp2``: base-2 exponentials; ``block_kv_compute``: kv chunk of the inner loop."""
+
+    form: str = "rows"
+    boundary: str = "exact"
+    exp2: bool = True
+    block_kv_compute: int | None = None
+
+    def __post_init__(self):
+        if self.form not in FORMS:
+            raise ValueError(f"form={self.form!r} must be one of {FORMS}")
+        if self.boundary not in BOUNDARIES:
+            raise ValueError(f"boundary={self.boundary!r} must be one of {BOUNDARIES}")
+
+
+# --------------------------------------------------------------------------------------------
+# which tiles run in which pass
+
+
+def balanced_keep(layout: BlockLayout) -> np.ndarray:
+    """bool [Hl, nq, nk]: FULL tiles plus the fullest PARTIAL tiles, as many as bring the pairs
+    of the kept tiles closest to the allowed-pair budget of each head (balanced rounding)."""
+    keep = layout.kinds == TileKind.FULL
+    pairs = np.broadcast_to(layout.valid_pairs, layout.counts.shape)
+    for h in range(layout.num_heads):
+        h_partial = np.flatnonzero(layout.kinds[h] == TileKind.PARTIAL)
+        if h_partial.size == 0:
+            continue
+        fill = layout.counts[h].reshape(-1)[h_partial] / pairs[h].reshape(-1)[h_partial]
+        ranked = h_partial[np.argsort(-fill, kind="stable")]
+        kept_pairs = pairs[h][keep[h]].sum() + np.concatenate([[0], np.cumsum(pairs[h].reshape(-1)[ranked])])
+        take = int(np.argmin(np.abs(kept_pairs - layout.counts[h].sum())))
+        keep[h].reshape(-1)[ranked[:take]] = True
+    return keep
+
+
+@dataclass(frozen=True)
+class Passes:
+    """The tiles of the mask-free main pass and of the masked pass, and the masked pass's mask."""
+
+    clean: np.ndarray  # bool [Hl, nq, nk]
+    masked: np.ndarray  # bool [Hl, nq, nk]
+    plan: common.MaskPlan
+
+
+def split_passes(layout: BlockLayout, boundary: str) -> Passes:
+    padded_kv = (layout.kv_valid < layout.block_kv)[None, None, :]
+    if boundary == "exact":
+        masked = layout.masked_tiles
+        clean = (layout.kinds == TileKind.FULL) & ~masked
+        return Passes(clean, masked, common.plan_mask(layout.mask, layout, masked))
+    keep = balanced_keep(layout)
+    masked = keep & padded_kv
+    # kept tiles count as FULL: the masked pass only hides padding keys
+    mask = layout.mask
+    validity = full(mask.base.length).permute(mask.order) if isinstance(mask, PermutedMask) else full(mask.length)
+    plan = common.MaskPlan("none", None, mask.length)
+    if masked.any():
+        validity_layout = block_layout(validity, layout.block_q, layout.block_kv)
+        plan = common.plan_mask(validity, validity_layout, masked.any(axis=0, keepdims=True))
+    return Passes(keep & ~padded_kv, masked, plan)
+
+
+# --------------------------------------------------------------------------------------------
+# one pass
+
+
+def _pass_tables(selected: np.ndarray, plan: common.MaskPlan, form: str) -> tuple[list[np.ndarray], int]:
+    """Scalar-prefetch tables of one pass and its innermost grid extent (W or S)."""
+    if form == "rows":
+        tiles, counts = row_tables(selected)
+        tables = [tiles.reshape(-1), counts.reshape(-1)]
+        extent = tiles.shape[2]
+        if plan.mode == "table":
+            idx = np.take_along_axis(np.broadcast_to(plan.index, selected.shape), tiles, axis=2)
+            idx = np.where(np.arange(extent) < counts[:, :, None], idx, -1)
+            tables.append(_carried(idx).reshape(-1))
+        return tables, extent
+    steps = flat_steps(selected)
+    head_q = (steps["step_head"] << 16) | steps["step_q"]
+    flags = steps["step_first"] | (steps["step_last"] << 1) | (steps["step_active"] << 2)
+    tables = [head_q.astype(np.int32), ((steps["step_kv"] << 3) | flags).astype(np.int32)]
+    if plan.mode == "table":
+        idx = np.broadcast_to(plan.index, selected.shape)[steps["step_head"], steps["step_q"], steps["step_kv"]]
+        tables.append(_carried(np.where(steps["step_active"] > 0, idx, -1)))
+    return tables, int(head_q.shape[0])
+
+
+def _carried(index: np.ndarray) -> np.ndarray:
+    from stlib.kernels.block_sparse import carried_index
+
+    return carried_index(index)
+
+
+def _run_pass(qp, kp, vp, selected, plan, *, bq, bkv, options: TileOptions, softmax: common.SoftmaxOptions,
+              interpret, out_dtype, name):
+    """One pallas_call over the tiles in ``selected``. Returns o [H, Lq, D] and lse [H, Lq, 1]."""
+    num_heads, lq, head_dim = qp.shape
+    nq = lq // bq
+    shared = selected.shape[0] == 1
+    tables, extent = _pass_tables(selected, plan, options.form)
+    table_bytes = sum(smem_bytes(t.shape) for t in tables)
+    if table_bytes > SMEM_BYTES:
+        raise ValueError(
+            f"pallas_tile ({options.form}) prefetches {table_bytes:,} bytes of tables into {SMEM_BYTES:,} bytes "
+            f"of SMEM ({selected.shape[0]} heads x {selected.shape[1]} x {selected.shape[2]} tiles of "
+            f"{bq}x{bkv}); use larger tiles, the other grid form, or fewer heads per call"
+        )
+    if plan.mode == "table" and bq % 32:
+        raise ValueError(f"block_q={bq} must be a multiple of 32 for an int8 mask table")
+    chunk = options.block_kv_compute or bkv
+    masked = plan.mode != "none"
+
+    if options.form == "rows":
+        grid = (num_heads, nq, extent)
+
+        def locate(h, i, j, tiles, counts, *_):
+            """(head, q tile, kv tile, table slot) of grid step (h, i, j)."""
+            row = i if shared else h * nq + i
+            return h, i, tiles[row * extent + j], row * extent + j
+
+        def step_flags(h, i, j, tiles, counts, *_):
+            row = i if shared else h * nq + i
+            return j == 0, j == extent - 1, j < counts[row]
+
+        semantics = ("parallel", "parallel", "arbitrary")
+    else:
+        grid = (num_heads if shared else 1, extent)
+
+        def locate(g, s, head_q, kv_flags, *_):
+            return g + (head_q[s] >> 16), head_q[s] & 0xFFFF, kv_flags[s] >> 3, s
+
+        def step_flags(g, s, head_q, kv_flags, *_):
+            flags = kv_flags[s]
+            return (flags & 1) == 1, (flags & 2) == 2, (flags & 4) == 4
+
+        semantics = ("parallel", "arbitrary")
+
+    def kernel(*refs):
+        n_tab = len(tables)
+        tab = refs[:n_tab]
+        if plan.mode == "table":
+            q_ref, k_ref, v_ref, mask_ref, o_ref, lse_ref, m_ref, l_ref, acc_ref = refs[n_tab:]
+        else:
+            q_ref, k_ref, v_ref, o_ref, lse_ref, m_ref, l_ref, acc_ref = refs[n_tab:]
+        ids = tuple(pl.program_id(a) for a in range(len(grid)))
+        _, qi, ki, _ = locate(*ids, *tab)
+        first, last, active = step_flags(*ids, *tab)
+
+        @pl.when(first)
+        def _():
+            common.init_row(m_ref, l_ref, acc_ref)
+
+        if not masked:
+            mask_fn = None
+        elif plan.mode == "iota":
+            mask_fn = lambda c0, shape: common.iota_mask(plan, qi * bq, ki * bkv + c0, shape)  # noqa: E731
+        else:
+            mask_fn = lambda c0, shape: mask_ref[:, pl.ds(c0, shape[1])] != 0  # noqa: E731
+
+        @pl.when(active)
+        def _():
+            common.update_tile(common.scaled_q(q_ref, softmax), k_ref, v_ref, m_ref, l_ref, acc_ref,
+                               softmax, chunk, mask_fn)
+
+        @pl.when(last)
+        def _():
+            common.finish_row(o_ref, lse_ref, m_ref, l_ref, acc_ref, softmax)
+
+    def q_map(*args):
+        h, qi, _, _ = locate(*args)
+        return (h, qi, 0)
+
+    def kv_map(*args):
+        h, _, ki, _ = locate(*args)
+        return (h, ki, 0)
+
+    in_specs = [
+        pl.BlockSpec((None, bq, head_dim), q_map),  # q [bq, D]
+        pl.BlockSpec((None, bkv, head_dim), kv_map),  # k [bkv, D]
+        pl.BlockSpec((None, bkv, head_dim), kv_map),  # v [bkv, D]
+    ]
+    operands = [qp, kp, vp]
+    if plan.mode == "table":
+        in_specs.append(pl.BlockSpec((None, bq, bkv), lambda *args: (args[len(grid) + len(tables) - 1][locate(*args)[3]], 0, 0)))
+        operands.append(jnp.asarray(plan.table))
+    out_specs = [
+        pl.BlockSpec((None, bq, head_dim), q_map),  # o [bq, D]
+        pl.BlockSpec((None, bq, 1), q_map),  # lse [bq, 1]
+    ]
+    grid_spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=len(tables), grid=grid, in_specs=in_specs, out_specs=out_specs,
+        scratch_shapes=common.softmax_scratch(bq, head_dim),
+    )
+    out_shape = [jax.ShapeDtypeStruct(qp.shape, out_dtype), jax.ShapeDtypeStruct((num_heads, lq, 1), jnp.float32)]
+    return common.run_pallas(
+        kernel, grid_spec=grid_spec, out_shape=out_shape, interpret=interpret, dimension_semantics=semantics,
+        name=name, operands=[*(jnp.asarray(t) for t in tables), *operands],
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# the whole call
+
+
+def tile_attention(q, k, v, layout: BlockLayout, *, scale: float, options: TileOptions = TileOptions(),
+                   interpret: bool | None = None, return_lse: bool = False):
+    """q, k, v [H, L, D] -> o [H, L, D] (and lse [H, L] natural log, -inf for rows that see
+    nothing, when ``return_lse``). ``layout`` is the tile layout of the mask for these tokens."""
+    num_heads, length, head_dim = q.shape
+    bq, bkv = layout.block_q, layout.block_kv
+    common.BlockSizes(bq, bkv, options.block_kv_compute)  # validates the tiling rule
+    passes = split_passes(layout, options.boundary)
+    qp, kp, vp = common.pad_sequence(q, bq), common.pad_sequence(k, bkv), common.pad_sequence(v, bkv)
+    softmax = common.SoftmaxOptions(scale, options.exp2)
+    runs = [(passes.clean, common.MaskPlan("none", None, layout.length), "stlib_tile_full"),
+            (passes.masked, passes.plan, "stlib_tile_masked")]
+    runs = [r for r in runs if r[0].any()]
+    merging = len(runs) == 2
+    out_dtype = jnp.float32 if merging else q.dtype
+    results = [
+        _run_pass(qp, kp, vp, selected, plan, bq=bq, bkv=bkv, options=options, softmax=softmax,
+                  interpret=interpret, out_dtype=out_dtype, name=name)
+        for selected, plan, name in runs
+    ]
+    if not results:
+        o, lse = jnp.zeros(qp.shape, q.dtype), jnp.full((num_heads, qp.shape[1], 1), -jnp.inf, jnp.float32)
+    elif merging:
+        o, lse = common.merge_partials(*results[0], *results[1])
+    else:
+        o, lse = results[0]
+    o = o[:, :length].astype(q.dtype)
+    if return_lse:
+        return o, lse[:, :length, 0]
+    return o
+
+
+def tile_work(layout: BlockLayout, num_heads: int, head_dim: int, options: TileOptions = TileOptions()):
+    """Grid steps and flops of ``tile_attention`` (both passes) for this layout."""
+    passes = split_passes(layout, options.boundary)
+    mult = num_heads if layout.num_heads == 1 else 1
+    steps = computed = 0
+    for selected in (passes.clean, passes.masked):
+        if not selected.any():
+            continue
+        computed += int(selected.sum()) * mult
+        if options.form == "rows":
+            steps += num_heads * selected.shape[1] * row_tables(selected)[0].shape[2]
+        else:
+            steps += mult * int(flat_steps(selected)["step_q"].shape[0])
+    masked = int(passes.masked.sum()) * mult
+    return common.work_from_counts(layout, num_heads, head_dim, steps, computed, masked)
+
+
+@register("pallas_tile")
+def _pallas_tile(q, k, v, mask: Mask | None, *, scale, block_q, block_kv, interpret):
+    sizes = common.block_sizes_for(q.shape[1], block_q, block_kv, interpret=interpret)
+    layout = block_layout(mask if mask is not None else full(q.shape[1]), sizes.block_q, sizes.block_kv)
+    return tile_attention(q, k, v, layout, scale=scale, interpret=interpret,
+                          options=TileOptions(block_kv_compute=sizes.block_kv_compute))

@@ -1,0 +1,154 @@
+"""impl="splash": the adapter over JAX's Splash attention.
+
+Interpret mode on CPU against impl="reference" (tolerances: f32 atol 2e-5; bf16 atol 1e-2, about
+two bf16 steps at |out| ~ 1, covering the bf16 rounding of q * scale and of the output), and compiled for TPU v6e / v5e at the
+case-study shape without a TPU (REFERENCE.md section 6).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import stlib
+from stlib import masks
+from stlib.configs import CASE_STUDY
+from stlib.device import compile_for_tpu
+from stlib.kernels import splash
+
+ATOL = {jnp.float32: 2e-5, jnp.bfloat16: 1e-2}
+
+
+def check(mask, shape, dtype=jnp.float32, seed=0, **kwargs):
+    q, k, v = stlib.random_qkv(shape, dtype, seed)
+    out = stlib.attention(q, k, v, mask, impl="splash", interpret=True, **kwargs)
+    ref = stlib.attention(q, k, v, mask, impl="reference", scale=kwargs.get("scale"))
+    assert out.shape == ref.shape and out.dtype == ref.dtype
+    out, ref = np.asarray(out, np.float32), np.asarray(ref, np.float32)
+    assert np.all(np.isfinite(out))
+    np.testing.assert_allclose(out, ref, atol=ATOL[dtype], rtol=0)
+    return out
+
+
+def random_mask(rng, heads, length, density):
+    a = rng.random((heads, length, length)) < density
+    a[0, 7] = False  # one row that sees nothing, inside a tile that runs
+    a[0, 128:256] = False  # a whole q tile that sees nothing (Splash runs no step for it)
+    a[-1] = False  # a head that sees nothing
+    return masks.from_array(a)
+
+
+# --- interpret mode vs the reference -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("length", [512, 700])  # 700: no block size divides it
+def test_full_mask(length, dtype):
+    check(masks.full(length), (2, length, 128), dtype)
+
+
+def test_no_mask_means_full_and_scale_is_applied():
+    check(None, (2, 300, 64), scale=0.3)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_band_with_small_tiles(dtype):
+    # 128 x 128 tiles: Splash shrinks its grid to the band's tiles and masks in-kernel
+    check(masks.band(700, 100), (2, 700, 128), dtype, block_q=128, block_kv=256)
+
+
+def test_band_and_combinations():
+    length = 600
+    mask = (masks.band(length, 200) & masks.band(length, 50)) | masks.band(length, 0)
+    check(mask, (1, length, 128), block_q=128, block_kv=128)
+
+
+def test_per_head_lazy_and_dense_heads():
+    length = 400
+    rng = np.random.default_rng(1)
+    mask = masks.per_head([
+        masks.full(length),
+        masks.band(length, 30),
+        masks.band(length, 30),  # same as head 1: Splash deduplicates it
+        masks.from_array(rng.random((length, length)) < 0.2),  # no lazy form: NumpyMask
+    ])
+    check(mask, (4, length, 128), block_q=128, block_kv=128)
+
+
+def test_per_head_masks_combined_with_a_band():
+    length = 300
+    mask = masks.per_head([masks.band(length, 20), masks.full(length)]) & masks.band(length, 100)
+    check(mask, (2, length, 128), block_q=128, block_kv=128)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_random_mask_with_empty_rows_gives_zeros(dtype):
+    length = 520
+    mask = random_mask(np.random.default_rng(2), 3, length, 0.3)
+    out = check(mask, (3, length, 128), dtype, block_q=128, block_kv=128)
+    assert np.all(out[0, 7] == 0) and np.all(out[0, 128:256] == 0) and np.all(out[-1] == 0)
+
+
+def test_video_mask_uses_block_exact_numpy_mask():
+    grid = stlib.VideoGrid(3, 8, 12)
+    check(masks.sliding_tile(grid, tile=(1, 4, 4), window=(3, 1, 1)), (2, grid.num_tokens, 128),
+          block_q=128, block_kv=128)
+
+
+@settings(max_examples=6, deadline=None)
+@given(length=st.integers(129, 400), density=st.floats(0.0, 1.0), blocks=st.sampled_from([128, 256]),
+       seed=st.integers(0, 2**16))
+def test_random_masks_property(length, density, blocks, seed):
+    mask = masks.from_array(np.random.default_rng(seed).random((2, length, length)) < density)
+    check(mask, (2, length, 128), seed=seed, block_q=blocks, block_kv=128)
+
+
+# --- block sizes and errors ----------------------------------------------------------------------
+
+
+def test_default_blocks():
+    blocks = splash.splash_blocks(CASE_STUDY.num_tokens)
+    assert (blocks.block_q, blocks.block_kv, blocks.block_kv_compute) == (512, 1024, 512)
+    assert blocks.padded_length(CASE_STUDY.num_tokens) == 75_776
+    small = splash.splash_blocks(300)
+    assert (small.block_q, small.block_kv, small.block_kv_compute) == (384, 384, 384)
+    assert small.padded_length(300) == 384
+    assert splash.splash_blocks(700).padded_length(700) == 1024  # padding stays below one kv tile
+
+
+@pytest.mark.parametrize("name", ["block_q", "block_kv"])
+def test_block_sizes_must_be_multiples_of_128(name):
+    q, k, v = stlib.random_qkv((1, 256, 128))
+    with pytest.raises(ValueError, match=f"{name}=192 must be a multiple of 128"):
+        stlib.attention(q, k, v, impl="splash", interpret=True, **{name: 192})
+
+
+def test_no_numpy_mask_above_dense_limit():
+    grid = stlib.VideoGrid(5, 60, 60)  # 18,000 tokens > DENSE_LIMIT, no lazy Splash form
+    mask = masks.sliding_tile(grid, tile=(1, 6, 6), window=(3, 3, 3))
+    shape = jax.ShapeDtypeStruct((1, grid.num_tokens, 128), jnp.bfloat16)
+    with pytest.raises(ValueError, match="DENSE_LIMIT"):
+        jax.eval_shape(lambda q, k, v: stlib.attention(q, k, v, mask, impl="splash"), shape, shape, shape)
+
+
+# --- compiled for TPU at the case-study shape, without a TPU --------------------------------------
+
+
+@pytest.mark.tpu_compile
+@pytest.mark.parametrize("chip", ["v6e", "v5e"])
+@pytest.mark.parametrize("pattern", ["full", "band"])
+def test_compiles_for_tpu_at_case_study_shape(chip, pattern):
+    length = CASE_STUDY.num_tokens
+    mask = masks.full(length) if pattern == "full" else masks.band(length, 10_240)
+    shape = jax.ShapeDtypeStruct(CASE_STUDY.qkv_shape, CASE_STUDY.dtype)
+    compiled = compile_for_tpu(
+        lambda q, k, v: stlib.attention(q, k, v, mask, impl="splash", interpret=False),
+        shape, shape, shape, chip=chip,
+    )
+    assert "tpu_custom_call" in compiled.text()  # a Mosaic kernel, not an XLA fallback
+    memory = compiled.memory()
+    nbytes = int(np.prod(CASE_STUDY.qkv_shape)) * jnp.dtype(CASE_STUDY.dtype).itemsize
+    assert memory["argument_size_in_bytes"] == 3 * nbytes
+    assert memory["output_size_in_bytes"] == nbytes
