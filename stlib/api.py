@@ -13,9 +13,9 @@ from typing import Callable
 import jax.numpy as jnp
 
 from stlib._checks import check_positive_int
-from stlib.geometry import VideoGrid
+from stlib.geometry import TokenOrder, VideoGrid, apply_orders, restore_orders
 from stlib.layout import block_layout
-from stlib.masks import Mask
+from stlib.masks import Mask, per_head
 from stlib.reference import reference_attention, xla_block_sparse_attention
 
 IMPLEMENTATIONS: dict[str, Callable] = {}
@@ -119,15 +119,39 @@ def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m
 
 
-def video_attention(q, k, v, grid: VideoGrid, mask: Mask | None = None, *, impl: str = "reference", **kwargs):
-    """Attention over the raster-order tokens of ``grid``: q, k, v [H, T*Y*X, D], ``mask`` in
-    raster order. Returns raster-order output, equal to ``attention(..., impl="reference")``.
+def video_attention(q, k, v, grid: VideoGrid, mask: Mask | None = None, *, impl: str = "reference",
+                    orders=None, **kwargs):
+    """Attention over the raster-order tokens of ``grid``: q, k, v [H, T*Y*X, D], ``mask`` in raster
+    order. The tokens are reordered so the mask is tile-aligned (``choose_orders``: the candidate
+    order with the fewest non-empty tiles, per head for per-head masks), the kernel runs, and the
+    output is restored to raster order: equal to ``attention(..., impl="reference")`` on the
+    raster-order mask. ``orders`` overrides the choice (one TokenOrder, or one per head).
     Raises ValueError if the grid does not match L."""
+    from stlib.reorder import choose_orders
+
     if not isinstance(grid, VideoGrid):
         raise TypeError(f"grid must be a stlib.VideoGrid, got {type(grid).__name__}")
     _check_qkv(q, k, v)
     grid.check_length(q.shape[1])
-    return attention(q, k, v, mask, impl=impl, **kwargs)
+    check_mask(mask, q.shape[0], q.shape[1])
+    if mask is None:
+        return attention(q, k, v, None, impl=impl, **kwargs)
+    if orders is None:
+        orders = choose_orders(grid, mask, kwargs.get("block_q") or 128, kwargs.get("block_kv") or 128)
+    elif isinstance(orders, TokenOrder):
+        orders = [orders]
+    orders = list(orders)
+    if len(orders) == 1:
+        permuted = mask.permute(orders[0])
+    else:
+        views: dict[tuple, Mask] = {}  # one view per distinct (head mask, order): kernels select among few
+        for h, order in enumerate(orders):
+            head = mask.head(h)
+            views.setdefault((id(head), id(order)), head.permute(order))
+        permuted = per_head([views[(id(mask.head(h)), id(o))] for h, o in enumerate(orders)])
+    out = attention(apply_orders(q, orders), apply_orders(k, orders), apply_orders(v, orders), permuted,
+                    impl=impl, **kwargs)
+    return restore_orders(out, orders)
 
 
 def random_qkv(shape, dtype=jnp.float32, seed: int = 0):

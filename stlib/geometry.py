@@ -231,3 +231,29 @@ def pad_tokens(x, block: int):
     if target == length:
         return x, valid
     return jnp.pad(x, ((0, 0), (0, target - length), (0, 0))), valid
+
+
+def apply_orders(x, orders):
+    """[H, L, D] raster-order array -> [H, length, D], head h in ``orders[h]`` (all the same
+    length; zeros at padding slots). One order for all heads may be passed as a 1-list."""
+    import jax.numpy as jnp
+
+    if len(orders) == 1:
+        return orders[0].apply(x)
+    _check_token_axis(x, orders[0].num_tokens, "apply_orders")
+    if len(orders) != x.shape[0] or len({o.length for o in orders}) != 1:
+        raise ValueError(f"apply_orders needs one order per head ({x.shape[0]}), all of one length")
+    perm = jnp.asarray(np.stack([np.maximum(o.perm, 0) for o in orders]))  # [H, length]
+    valid = jnp.asarray(np.stack([o.valid for o in orders]))
+    gathered = jnp.take_along_axis(x, perm[:, :, None], axis=1)
+    return jnp.where(valid[:, :, None], gathered, jnp.zeros((), x.dtype))
+
+
+def restore_orders(y, orders):
+    """Inverse of ``apply_orders``: [H, length, D] -> [H, L, D] raster order."""
+    import jax.numpy as jnp
+
+    if len(orders) == 1:
+        return orders[0].restore(y)
+    inverse = jnp.asarray(np.stack([o.inverse for o in orders]))  # [H, L]
+    return jnp.take_along_axis(y, inverse[:, :, None], axis=1)

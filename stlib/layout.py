@@ -331,15 +331,15 @@ def block_layout(mask: Mask, block_q: int, block_kv: int) -> BlockLayout:
         raise TypeError(f"block_layout needs a stlib mask, got {type(mask).__name__}")
     check_positive_int("block_q", block_q)
     check_positive_int("block_kv", block_kv)
-    base, perm = (mask.base, mask.order.perm) if isinstance(mask, PermutedMask) else (mask, None)
     heads = [None] if mask.num_heads is None else list(range(mask.num_heads))
-    cache: dict[int, np.ndarray] = {}
+    # each head as (raster mask, permutation or None); kept alive so that ids stay unique
+    subs = [_unwrap(mask if h is None else mask.head(h)) for h in heads]
+    cache: dict[tuple, np.ndarray] = {}  # heads that share one mask and order are counted once
     counts = []
-    for h in heads:
-        sub = base if h is None else base.head(h)
-        key = id(sub)
+    for base, perm in subs:
+        key = (id(base), id(perm))
         if key not in cache:
-            cache[key] = _tile_counts(sub, perm, mask.length, block_q, block_kv)
+            cache[key] = _tile_counts(base, perm, mask.length, block_q, block_kv)
         counts.append(cache[key])
     valid = _valid_tokens(mask)
     valid_per_q = _valid_per_tile(mask, block_q).astype(np.int64)
@@ -354,9 +354,23 @@ def block_layout(mask: Mask, block_q: int, block_kv: int) -> BlockLayout:
     )
 
 
+def _unwrap(mask: Mask):
+    """(mask in raster order, permutation array or None)."""
+    if isinstance(mask, PermutedMask):
+        return mask.base, mask.order.perm
+    return mask, None
+
+
 def _valid_tokens(mask: Mask) -> np.ndarray:
     """bool [L]: False at padding slots of a permuted mask."""
-    return mask.order.valid if isinstance(mask, PermutedMask) else np.ones(mask.length, bool)
+    if isinstance(mask, PermutedMask):
+        return mask.order.valid
+    if mask.num_heads is not None and isinstance(mask.head(0), PermutedMask):
+        valid = [mask.head(h).order.valid for h in range(mask.num_heads)]
+        if any(not np.array_equal(v, valid[0]) for v in valid):
+            raise ValueError("per-head token orders must put padding slots at the same positions")
+        return valid[0]
+    return np.ones(mask.length, bool)
 
 
 def _valid_per_tile(mask: Mask, block: int) -> np.ndarray:

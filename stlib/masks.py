@@ -30,6 +30,8 @@ from stlib.geometry import TokenOrder, VideoGrid
 
 #: Largest L for which ``to_dense`` / brute-force fallbacks materialise L x L.
 DENSE_LIMIT = 16_384
+#: A per-head mask is evaluated in-kernel only with at most this many distinct head masks.
+MAX_TRACED_HEAD_MASKS = 4
 
 
 def _xp(*arrays):
@@ -202,6 +204,10 @@ class PermutedMask(Mask):
         # traceable when the order has an arithmetic form (raster, token-major, padded tiled)
         self.traceable = base.traceable and order.raster_of is not None
 
+    def head(self, index):
+        self._check_head(index)
+        return self if self.num_heads is None else PermutedMask(self.base.head(index), self.order)
+
     def _allowed(self, q, k, head):
         xp = _xp(q, k)
         if xp is np:
@@ -314,14 +320,29 @@ class MultiHeadMask(Mask):
         self.length = masks[0].length
         self.num_heads = len(masks)
         self.has_intervals = all(m.has_intervals for m in masks)
-        self.traceable = False
+        # a kernel evaluates every distinct head mask and selects by head, so keep that list short
+        self.distinct = list({id(m): m for m in masks}.values())
+        self.traceable = all(m.traceable for m in masks) and len(self.distinct) <= MAX_TRACED_HEAD_MASKS
 
     def head(self, index):
         self._check_head(index)
         return self.masks[index]
 
     def _allowed(self, q, k, head):
-        return self.masks[head]._allowed(q, k, 0)
+        if isinstance(head, (int, np.integer)):
+            return self.masks[head]._allowed(q, k, 0)
+        # head is a traced scalar (inside a kernel): select among the distinct masks
+        import jax.numpy as jnp
+
+        out = None
+        for candidate in self.distinct:
+            heads = [h for h, m in enumerate(self.masks) if m is candidate]
+            mine = head == heads[0]
+            for h in heads[1:]:
+                mine = mine | (head == h)
+            value = candidate._allowed(q, k, 0).astype(jnp.int32)  # Mosaic selects int, not bool, vectors
+            out = value if out is None else jnp.where(mine, value, out)
+        return out != 0
 
     def _intervals(self, rows, head):
         return self.masks[head].key_intervals(rows)

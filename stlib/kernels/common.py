@@ -122,17 +122,18 @@ def plan_mask(mask: Mask, layout: BlockLayout, masked: np.ndarray) -> MaskPlan:
     """Choose iota or table evaluation for the tiles flagged in ``masked`` (bool [Hl, nq, nk])."""
     if not masked.any():
         return MaskPlan("none", None, mask.length)
-    if mask.traceable and mask.num_heads is None:
+    if mask.traceable:
         return MaskPlan("iota", mask, mask.length)
     table, index = layout.tile_mask_table(masked)
     return MaskPlan("table", mask, mask.length, table.astype(np.int8), index)
 
 
-def iota_mask(plan: MaskPlan, q0, k0, shape):
-    """bool [rows, cols] of the plan's lazy mask for the tile whose first row / column are q0 / k0."""
+def iota_mask(plan: MaskPlan, q0, k0, shape, head):
+    """bool [rows, cols] of the plan's lazy mask for the tile whose first row / column are q0 / k0
+    (``head``: the traced head index, used by per-head masks)."""
     rows = q0 + jax.lax.broadcasted_iota(jnp.int32, shape, 0)
     cols = k0 + jax.lax.broadcasted_iota(jnp.int32, shape, 1)
-    return plan.mask.allowed(rows, cols) & (cols < plan.length)
+    return plan.mask._allowed(rows, cols, head) & (cols < plan.length)
 
 
 # --------------------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ def dense_attention(q, k, v, mask: Mask | None, *, scale: float, block_sizes: co
     nq, nk = qp.shape[1] // bq, kp.shape[1] // bkv
     options = common.SoftmaxOptions(scale, exp2)
 
-    lazy = mask is None or (mask.traceable and mask.num_heads is None)
+    lazy = mask is None or mask.traceable
     ragged = kp.shape[1] != length
     dense_mask = None
     if not lazy:
@@ -44,7 +44,7 @@ def dense_attention(q, k, v, mask: Mask | None, *, scale: float, block_sizes: co
             q_ref, k_ref, v_ref, mask_ref, o_ref, m_ref, l_ref, acc_ref = refs
         else:
             q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref = refs
-        i, j = pl.program_id(1), pl.program_id(2)
+        h, i, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
 
         @pl.when(j == 0)
         def _():
@@ -54,7 +54,7 @@ def dense_attention(q, k, v, mask: Mask | None, *, scale: float, block_sizes: co
             mask_fn = lambda c0, shape: mask_ref[:, pl.ds(c0, shape[1])] != 0  # noqa: E731
         elif mask is not None or ragged:
             plan = common.MaskPlan("iota", mask if mask is not None else full(length), length)
-            mask_fn = lambda c0, shape: common.iota_mask(plan, i * bq, j * bkv + c0, shape)  # noqa: E731
+            mask_fn = lambda c0, shape: common.iota_mask(plan, i * bq, j * bkv + c0, shape, h)  # noqa: E731
         else:
             mask_fn = None
         common.update_tile(common.scaled_q(q_ref, options), k_ref, v_ref, m_ref, l_ref, acc_ref,

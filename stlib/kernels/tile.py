@@ -183,7 +183,7 @@ def _run_pass(qp, kp, vp, selected, plan, *, bq, bkv, options: TileOptions, soft
         else:
             q_ref, k_ref, v_ref, o_ref, lse_ref, m_ref, l_ref, acc_ref = refs[n_tab:]
         ids = tuple(pl.program_id(a) for a in range(len(grid)))
-        _, qi, ki, _ = locate(*ids, *tab)
+        head, qi, ki, _ = locate(*ids, *tab)
         first, last, active = step_flags(*ids, *tab)
 
         @pl.when(first)
@@ -193,7 +193,7 @@ def _run_pass(qp, kp, vp, selected, plan, *, bq, bkv, options: TileOptions, soft
         if not masked:
             mask_fn = None
         elif plan.mode == "iota":
-            mask_fn = lambda c0, shape: common.iota_mask(plan, qi * bq, ki * bkv + c0, shape)  # noqa: E731
+            mask_fn = lambda c0, shape: common.iota_mask(plan, qi * bq, ki * bkv + c0, shape, head)  # noqa: E731
         else:
             mask_fn = lambda c0, shape: mask_ref[:, pl.ds(c0, shape[1])] != 0  # noqa: E731
 

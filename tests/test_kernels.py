@@ -1,0 +1,210 @@
+"""Pallas kernels in interpret mode on CPU against the plain reference (and against Splash).
+
+Tolerances: float32 inputs, atol 2e-5 against the float32 reference (both accumulate in float32;
+differences come from summation order); bfloat16 inputs, atol 3e-2 (p is rounded to bf16 before
+the p @ v matmul, as on the MXU).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import stlib
+import stlib.kernels  # noqa: F401
+from stlib import masks
+from stlib.kernels.block_sparse import block_sparse_work, step_table
+from stlib.kernels.common import BlockSizes
+from stlib.kernels.dense import dense_work
+from stlib.kernels.tile import TileOptions, balanced_keep, tile_attention, tile_work
+from stlib.layout import TileKind
+
+PALLAS = ["pallas_dense", "pallas_block_sparse", "pallas_tile"]
+ATOL = {jnp.float32: 2e-5, jnp.bfloat16: 3e-2}
+BQ, BKV = 32, 128
+
+
+def tile_mixed_mask(rng, num_heads, length, block_q=BQ, block_kv=BKV):
+    """Random per-head bool mask whose tiles are EMPTY, FULL or PARTIAL by a coin per tile, with
+    one head entirely empty and some query rows that see nothing."""
+    nq, nk = -(-length // block_q), -(-length // block_kv)
+    kind = rng.integers(0, 3, size=(num_heads, nq, nk))
+    dense = np.zeros((num_heads, nq * block_q, nk * block_kv), bool)
+    for h, qi, ki in np.argwhere(kind > 0):
+        tile = np.ones((block_q, block_kv), bool) if kind[h, qi, ki] == 2 else rng.random((block_q, block_kv)) < 0.3
+        dense[h, qi * block_q:(qi + 1) * block_q, ki * block_kv:(ki + 1) * block_kv] = tile
+    dense = dense[:, :length, :length]
+    dense[-1] = False  # an all-empty head
+    dense[0, 3:7] = False  # rows with nothing visible
+    return masks.from_array(dense)
+
+
+def check_close(out, ref, dtype):
+    assert out.shape == ref.shape and out.dtype == ref.dtype
+    assert not bool(jnp.isnan(out).any())
+    err = float(jnp.max(jnp.abs(out.astype(jnp.float32) - ref.astype(jnp.float32))))
+    assert err <= ATOL[dtype], f"max error {err} > {ATOL[dtype]}"
+
+
+@pytest.mark.parametrize("impl", PALLAS)
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_random_per_head_mask_ragged_length(impl, dtype):
+    length = 300  # no block size divides it
+    rng = np.random.default_rng(7)
+    mask = tile_mixed_mask(rng, 3, length)
+    kinds = stlib.block_layout(mask, BQ, BKV).kinds
+    assert {int(k) for k in np.unique(kinds)} == {0, 1, 2}  # the test really mixes all tile kinds
+    q, k, v = stlib.random_qkv((3, length, 128), dtype, seed=1)
+    ref = stlib.attention(q, k, v, mask)
+    out = stlib.attention(q, k, v, mask, impl=impl, block_q=BQ, block_kv=BKV)
+    check_close(out, ref, dtype)
+    assert float(jnp.abs(out[-1]).max()) == 0.0 and float(jnp.abs(out[0, 3:7]).max()) == 0.0
+
+
+@pytest.mark.parametrize("impl", PALLAS)
+@pytest.mark.parametrize(
+    "make_mask",
+    [
+        lambda g: None,
+        lambda g: masks.band(g.num_tokens, 37),
+        lambda g: masks.neighborhood(g, (3, 3, 5)),
+        lambda g: masks.spatial_band(g, 0.3, anchor=True),
+        lambda g: masks.per_head([masks.frame_causal(g), masks.temporal_band(g, 0.3)]),
+    ],
+    ids=["dense", "band", "neighborhood", "spatial-band+anchor", "per-head"],
+)
+def test_lazy_masks(impl, make_mask):
+    grid = stlib.VideoGrid(3, 5, 20)
+    mask = make_mask(grid)
+    q, k, v = stlib.random_qkv((2, grid.num_tokens, 128), jnp.float32, seed=2)
+    ref = stlib.attention(q, k, v, mask)
+    check_close(stlib.attention(q, k, v, mask, impl=impl, block_q=BQ, block_kv=BKV), ref, jnp.float32)
+
+
+@pytest.mark.parametrize("impl", PALLAS)
+def test_video_attention_reorders_and_restores(impl):
+    grid = stlib.VideoGrid(4, 6, 16)
+    q, k, v = stlib.random_qkv((2, grid.num_tokens, 128), jnp.float32, seed=3)
+    for mask in (masks.temporal_band(grid, 0.3), masks.sliding_tile(grid, (2, 3, 8), (1, 1, 1))):
+        ref = stlib.attention(q, k, v, mask)
+        out = stlib.video_attention(q, k, v, grid, mask, impl=impl, block_q=BQ, block_kv=BKV)
+        check_close(out, ref, jnp.float32)
+
+
+def test_video_attention_padded_tiled_order():
+    grid = stlib.VideoGrid(3, 5, 7)  # ragged against the 2x2x4 tile: the tiled order has padding slots
+    mask = masks.sliding_tile(grid, (2, 2, 4), (1, 3, 1))
+    order = stlib.tiled_order(grid, (2, 2, 4))
+    assert order.length > grid.num_tokens
+    q, k, v = stlib.random_qkv((2, grid.num_tokens, 128), jnp.float32, seed=4)
+    ref = stlib.attention(q, k, v, mask)
+    for impl in PALLAS:
+        out = stlib.video_attention(q, k, v, grid, mask, impl=impl, orders=order, block_q=BQ, block_kv=BKV)
+        check_close(out, ref, jnp.float32)
+
+
+@pytest.mark.parametrize("form", ["rows", "flat"])
+@pytest.mark.parametrize("exp2", [False, True])
+def test_tile_forms_lse_and_chunks(form, exp2):
+    length = 520
+    rng = np.random.default_rng(11)
+    mask = masks.per_head([masks.band(length, 40), masks.from_array(np.tril(rng.random((length, length)) < 0.5))])
+    layout = stlib.block_layout(mask, 64, 256)
+    q, k, v = stlib.random_qkv((2, length, 128), jnp.float32, seed=5)
+    out, lse = tile_attention(q, k, v, layout, scale=0.1, options=TileOptions(form=form, exp2=exp2,
+                                                                            block_kv_compute=128), return_lse=True)
+    dense = mask.to_dense()
+    s = np.einsum("hqd,hkd->hqk", np.asarray(q, np.float64), np.asarray(k, np.float64)) * 0.1
+    s = np.where(dense, s, -np.inf)
+    seen = dense.any(-1)
+    m = np.where(seen, s.max(-1), 0.0)
+    expected_lse = m + np.log(np.exp(s - m[..., None]).sum(-1))
+    assert np.allclose(np.asarray(lse)[seen], expected_lse[seen], atol=1e-4)
+    assert np.all(np.isneginf(np.asarray(lse)[~seen]))
+    check_close(out, stlib.attention(q, k, v, mask, scale=0.1), jnp.float32)
+
+
+def test_tile_balanced_boundary_is_the_rounded_mask():
+    length = 640
+    mask = masks.band(length, 100)
+    layout = stlib.block_layout(mask, 64, 128)
+    keep = balanced_keep(layout)[0]
+    assert np.any(keep & (layout.kinds[0] == TileKind.PARTIAL))  # some partial tiles rounded in
+    assert np.any(~keep & (layout.kinds[0] == TileKind.PARTIAL))  # and some rounded out
+    kept_pairs = keep.sum() * 64 * 128
+    assert abs(kept_pairs - layout.allowed_pairs) <= 64 * 128  # within one tile of the budget
+    rounded = np.kron(keep, np.ones((64, 128), bool))[:length, :length]
+    q, k, v = stlib.random_qkv((1, length, 128), jnp.float32, seed=6)
+    out = tile_attention(q, k, v, layout, scale=128**-0.5, options=TileOptions(boundary="balanced"))
+    check_close(out, stlib.attention(q, k, v, masks.from_array(rounded)), jnp.float32)
+
+
+@pytest.mark.parametrize("impl", PALLAS)
+def test_kernels_agree_with_splash(impl):
+    length = 512
+    mask = masks.per_head([masks.band(length, 100), masks.full(length)])
+    q, k, v = stlib.random_qkv((2, length, 128), jnp.float32, seed=8)
+    splash = stlib.attention(q, k, v, mask, impl="splash", block_q=128, block_kv=128)
+    out = stlib.attention(q, k, v, mask, impl=impl, block_q=BQ, block_kv=BKV)
+    check_close(out, splash, jnp.float32)
+
+
+def test_block_sparse_skipped_steps_fetch_no_new_tile():
+    mask = masks.band(1024, 100)
+    layout = stlib.block_layout(mask, 128, 128)
+    table = step_table(layout)
+    fetch, kind = table >> 2, table & 3
+    nonempty = layout.kinds != TileKind.EMPTY
+    assert np.array_equal(kind != 0, nonempty)
+    assert np.array_equal(fetch[nonempty], np.nonzero(nonempty)[2])
+    # a skipped step fetches the tile of a neighbouring step: no DMA of a tile nobody computes
+    for row_fetch, row_nonempty in zip(fetch[0], nonempty[0]):
+        assert set(row_fetch.tolist()) <= set(np.flatnonzero(row_nonempty).tolist())
+
+
+def test_work_accounting():
+    grid = stlib.VideoGrid(3, 8, 32)
+    mask = masks.frame_causal(grid)
+    layout = stlib.block_layout(mask, 128, 256)
+    nq, nk = layout.grid_shape
+    heads, dim = 4, 64
+    nonempty = int(np.sum(layout.kinds != TileKind.EMPTY))
+    useful = 4.0 * layout.allowed_pairs * heads * dim
+    dense = dense_work(layout, heads, dim)
+    assert dense.grid_steps == dense.computed_tiles == heads * nq * nk
+    assert dense.useful_flops == useful and dense.flop_ratio > 1.0
+    sparse = block_sparse_work(layout, heads, dim)
+    assert sparse.grid_steps == heads * nq * nk and sparse.computed_tiles == heads * nonempty
+    rows = tile_work(layout, heads, dim, TileOptions(form="rows"))
+    flat = tile_work(layout, heads, dim, TileOptions(form="flat"))
+    assert rows.computed_tiles == flat.computed_tiles == heads * nonempty
+    assert flat.grid_steps == heads * nonempty  # no row is empty here, so no placeholder steps
+    assert rows.grid_steps >= flat.grid_steps  # causal rows are unequal: the rows grid wastes steps
+    assert sparse.executed_flops == rows.executed_flops == 4.0 * heads * nonempty * 128 * 256 * dim
+
+
+def test_block_size_validation():
+    with pytest.raises(ValueError, match="block_q=12"):
+        BlockSizes(block_q=12, block_kv=128)
+    with pytest.raises(ValueError, match="block_kv=200"):
+        BlockSizes(block_q=16, block_kv=200)
+    with pytest.raises(ValueError, match="block_kv_compute=384"):
+        BlockSizes(block_q=16, block_kv=512, block_kv_compute=384)
+    with pytest.raises(ValueError, match="form="):
+        TileOptions(form="diagonal")
+    q, k, v = stlib.random_qkv((1, 256, 128), jnp.float32)
+    with pytest.raises(ValueError, match="block_kv=136"):
+        stlib.attention(q, k, v, impl="pallas_dense", block_q=32, block_kv=136)
+
+
+def test_smem_overflow_names_the_fix():
+    """A 10-head per-head table at 128 x 128 tiles does not fit 1 MiB of SMEM."""
+    grid = stlib.CASE_STUDY.grid
+    mask = masks.per_head([masks.spatial_band(grid, 0.25), masks.temporal_band(grid, 0.25)] * 5)
+    layout = stlib.block_layout(mask, 128, 128)
+    shape = jax.ShapeDtypeStruct((10, grid.num_tokens, 128), jnp.bfloat16)
+    with pytest.raises(ValueError, match="larger tiles"):
+        jax.eval_shape(lambda q, k, v: tile_attention(q, k, v, layout, scale=0.1, interpret=False),
+                       shape, shape, shape)
