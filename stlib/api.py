@@ -8,7 +8,8 @@ inputs: q, k, v [H, L, D] float arrays, ``mask`` (a stlib mask or None), ``scale
 from __future__ import annotations
 
 import math
-from typing import Callable
+import numbers
+from collections.abc import Callable
 
 import jax.numpy as jnp
 
@@ -87,12 +88,17 @@ def attention(q, k, v, mask: Mask | None = None, *, impl: str = "reference", sca
         raise ValueError(f"impl={impl!r} is unknown; choose one of {sorted(IMPLEMENTATIONS)}")
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[2])
-    elif not isinstance(scale, (int, float)) or isinstance(scale, bool) or not math.isfinite(scale):
+    elif not isinstance(scale, numbers.Real) or isinstance(scale, bool) or not math.isfinite(scale):
         raise TypeError(f"scale={scale!r} must be a finite number")
     block_q = _check_block("block_q", block_q)
     block_kv = _check_block("block_kv", block_kv)
-    return IMPLEMENTATIONS[impl](q, k, v, mask, scale=float(scale), block_q=block_q, block_kv=block_kv,
-                                 interpret=interpret)
+    out = IMPLEMENTATIONS[impl](q, k, v, mask, scale=float(scale), block_q=block_q, block_kv=block_kv,
+                                interpret=interpret)
+    valid = None if mask is None else mask.token_validity()
+    if valid is not None and not valid.all():
+        # padding slots of a permuted mask see nothing: zeros, whatever a kernel computed there
+        out = jnp.where(jnp.asarray(valid)[None, :, None], out, jnp.zeros((), out.dtype))
+    return out
 
 
 @register("reference")
@@ -162,4 +168,4 @@ def random_qkv(shape, dtype=jnp.float32, seed: int = 0):
     return tuple(jax.random.normal(key, shape, jnp.float32).astype(dtype) for key in keys)
 
 
-__all__ = ["attention", "video_attention", "register", "IMPLEMENTATIONS", "random_qkv"]
+__all__ = ["IMPLEMENTATIONS", "attention", "random_qkv", "register", "video_attention"]

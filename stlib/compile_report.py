@@ -44,7 +44,7 @@ def _build_and_compile(config: KernelConfig) -> float:
     import jax.numpy as jnp
 
     import stlib
-    import stlib.kernels  # noqa: F401  (registers the kernels)
+    import stlib.kernels
     from stlib.device import compile_for_tpu
     from stlib.layout_catalog import case_study_masks
 
@@ -109,7 +109,7 @@ def compile_report(config: KernelConfig, timeout: float = 600) -> dict:
         env["LIBTPU_INIT_ARGS"] = (env.get("LIBTPU_INIT_ARGS", "") + f" --xla_jf_dump_to={dump}").strip()
         env.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
         proc = subprocess.run([sys.executable, "-m", "stlib.compile_report", json.dumps(asdict(config))],
-                              capture_output=True, text=True, env=env, timeout=timeout)
+                              capture_output=True, text=True, env=env, timeout=timeout, check=False)
         lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
         if proc.returncode != 0 or not lines:
             raise RuntimeError(f"compiling {config} failed:\n{proc.stderr[-3000:]}")

@@ -6,8 +6,8 @@ padding slots (marked -1) so that every 3-D tile occupies a whole number of kern
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 from functools import cached_property
 
 import numpy as np
@@ -135,6 +135,11 @@ def _check_token_axis(x, expected: int, what: str) -> None:
         raise ValueError(f"{what} expects L={expected} tokens on axis 1, got {x.shape[1]}")
 
 
+def _check_grid(grid) -> None:
+    if not isinstance(grid, VideoGrid):
+        raise TypeError(f"grid must be a stlib.VideoGrid, got {type(grid).__name__}")
+
+
 def _xp(x):
     if type(x).__module__.startswith("jax"):
         import jax.numpy as jnp
@@ -145,12 +150,14 @@ def _xp(x):
 
 def raster_order(grid: VideoGrid) -> TokenOrder:
     """Frame-major (t, y, x): the model's native order (the identity permutation)."""
+    _check_grid(grid)
     return TokenOrder("raster (t, y, x)", np.arange(grid.num_tokens, dtype=np.int32), grid.num_tokens,
                       lambda pos: pos)
 
 
 def token_major_order(grid: VideoGrid) -> TokenOrder:
     """Token-major (y, x, t): the frames of one spatial location are contiguous."""
+    _check_grid(grid)
     t, y, x = np.meshgrid(*(np.arange(n) for n in grid.shape), indexing="ij")
     perm = grid.raster_index(t, y, x).transpose(1, 2, 0).reshape(-1)
 
@@ -168,6 +175,7 @@ def tiled_order(grid: VideoGrid, tile, *, pad: bool = True) -> TokenOrder:
     -1 slots), so tile boundaries fall on multiples of the tile volume; with ``pad=False`` ragged
     tiles are simply shorter and no padding is added.
     """
+    _check_grid(grid)
     tile = check_positive_triple("tile", tile)
     counts = [-(-n // s) for n, s in zip(grid.shape, tile)]
     padded = [c * s for c, s in zip(counts, tile)]

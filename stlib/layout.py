@@ -362,15 +362,9 @@ def _unwrap(mask: Mask):
 
 
 def _valid_tokens(mask: Mask) -> np.ndarray:
-    """bool [L]: False at padding slots of a permuted mask."""
-    if isinstance(mask, PermutedMask):
-        return mask.order.valid
-    if mask.num_heads is not None and isinstance(mask.head(0), PermutedMask):
-        valid = [mask.head(h).order.valid for h in range(mask.num_heads)]
-        if any(not np.array_equal(v, valid[0]) for v in valid):
-            raise ValueError("per-head token orders must put padding slots at the same positions")
-        return valid[0]
-    return np.ones(mask.length, bool)
+    """bool [L]: False at padding slots of permuted views inside the mask."""
+    valid = mask.token_validity()
+    return np.ones(mask.length, bool) if valid is None else valid
 
 
 def _valid_per_tile(mask: Mask, block: int) -> np.ndarray:

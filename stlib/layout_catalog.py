@@ -1,4 +1,8 @@
-"""The built-in masks at the case-study grid, named: one place for benchmarks, notebooks and tests."""
+"""The built-in masks at the case-study grid, named: one place for benchmarks, notebooks and tests.
+
+``python -m stlib.layout_catalog NAME BLOCK_Q BLOCK_KV`` builds one layout and prints its build
+time and peak memory as JSON (used by ``python -m stlib.bench layout``, one process per mask).
+"""
 
 from __future__ import annotations
 
@@ -36,3 +40,29 @@ def case_study_masks(grid: VideoGrid = CASE_STUDY.grid, num_heads: int = CASE_ST
             [spatial] * (num_heads // 2) + [temporal] * (num_heads - num_heads // 2)
         ),
     }
+
+
+def measure_layout(name: str, block_q: int, block_kv: int) -> dict:
+    """Build the mask and its layout (with row and flat tables) once; time and peak memory."""
+    import resource
+    import time
+
+    from stlib.layout import block_layout
+
+    start = time.perf_counter()
+    mask = case_study_masks()[name]
+    layout = block_layout(mask, block_q, block_kv)
+    _ = layout.kinds, layout.row_kv_tiles, layout.step_q
+    seconds = time.perf_counter() - start
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"mask": name, "repr": repr(mask), "seconds": seconds, "peak_rss_mb": peak_mb, "density": layout.density,
+            "occupancy": layout.occupancy, "partial_fraction": layout.partial_fraction,
+            "work_efficiency": layout.work_efficiency, "row_table_bytes": layout.table_bytes("rows"),
+            "flat_table_bytes": layout.table_bytes("flat")}
+
+
+if __name__ == "__main__":
+    import json
+    import sys
+
+    print(json.dumps(measure_layout(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))))

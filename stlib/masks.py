@@ -6,8 +6,9 @@ Every mask answers three questions, each without materialising L x L:
   jax arrays inside a kernel when ``mask.traceable``);
 * ``block(q0, q1, k0, k1, head)``: one [q1-q0, k1-k0] bool block;
 * ``key_intervals(rows, head)``: for each query row the allowed keys as disjoint half-open
-  intervals ``[start, end)`` in raster order, shape [n, K] each. Layouts count allowed pairs per
-  tile from these (see layout.py), which is how a 75,600-token grid is classified in a second.
+  intervals ``[start, end)``, shape [n, K] each (every mask in its own order except permuted
+  views, whose layouts use the base mask's intervals and the permutation instead). Layouts count
+  allowed pairs per tile from these (see layout.py): a 75,600-token grid is classified in a second.
 
 Masks compose with ``&`` and ``|`` and can be viewed in another token order with ``permute``.
 Indices are those of the mask's own sequence (raster order for video builders).
@@ -58,8 +59,16 @@ class Mask:
 
     # --- evaluation -------------------------------------------------------------------------
     def allowed(self, q, k, head: int = 0):
-        """bool array broadcast from integer index arrays ``q`` and ``k``."""
+        """bool array broadcast from integer index arrays ``q`` and ``k`` (each in [0, L)).
+        Raises ValueError for an index out of range or a bad head."""
         self._check_head(head)
+        if _xp(q, k) is np:
+            q, k = np.asarray(q), np.asarray(k)
+            for name, idx in (("q", q), ("k", k)):
+                if not np.issubdtype(idx.dtype, np.integer):
+                    raise TypeError(f"{name} indices must be integers, got {idx.dtype}")
+                if idx.size and (idx.min() < 0 or idx.max() >= self.length):
+                    raise ValueError(f"{name} indices must lie in [0, {self.length}), got [{idx.min()}, {idx.max()}]")
         return self._allowed(q, k, head)
 
     def _allowed(self, q, k, head):
@@ -95,6 +104,11 @@ class Mask:
         if self.num_heads is None:
             return self.block(0, self.length, 0, self.length)
         return np.stack([self.block(0, self.length, 0, self.length, h) for h in range(self.num_heads)])
+
+    def token_validity(self) -> np.ndarray | None:
+        """bool [L]: False at padding slots (of a permuted view inside this mask); None if every
+        token is real."""
+        return None
 
     def _check_head(self, head):
         if self.num_heads is not None and not (0 <= head < self.num_heads):
@@ -143,6 +157,12 @@ def _intersect_intervals(s1, e1, s2, e2):
     return s, np.maximum(e, s)
 
 
+def _and_validity(a, b):
+    if a is None or b is None:
+        return b if a is None else a
+    return a & b
+
+
 def _merge_heads(a: Mask, b: Mask) -> int | None:
     if a.num_heads is not None and b.num_heads is not None and a.num_heads != b.num_heads:
         raise ValueError(f"cannot combine masks with {a.num_heads} and {b.num_heads} heads")
@@ -160,6 +180,9 @@ class _Combined(Mask):
         self.num_heads = _merge_heads(a, b)
         self.traceable = a.traceable and b.traceable
         self.has_intervals = a.has_intervals and b.has_intervals
+
+    def token_validity(self):
+        return _and_validity(self.a.token_validity(), self.b.token_validity())
 
     def _allowed(self, q, k, head):
         x, y = self.a._allowed(q, k, head), self.b._allowed(q, k, head)
@@ -180,6 +203,9 @@ class _HeadView(Mask):
     def __init__(self, mask: Mask, index: int):
         self.mask, self.index = mask, index
         self.length, self.traceable, self.has_intervals = mask.length, mask.traceable, mask.has_intervals
+
+    def token_validity(self):
+        return self.mask.token_validity()
 
     def _allowed(self, q, k, head):
         return self.mask._allowed(q, k, self.index)
@@ -207,6 +233,9 @@ class PermutedMask(Mask):
     def head(self, index):
         self._check_head(index)
         return self if self.num_heads is None else PermutedMask(self.base.head(index), self.order)
+
+    def token_validity(self):
+        return self.order.valid
 
     def _allowed(self, q, k, head):
         xp = _xp(q, k)
@@ -327,6 +356,15 @@ class MultiHeadMask(Mask):
     def head(self, index):
         self._check_head(index)
         return self.masks[index]
+
+    def token_validity(self):
+        valid = [m.token_validity() for m in self.distinct]
+        if all(v is None for v in valid):
+            return None
+        valid = [np.ones(self.length, bool) if v is None else v for v in valid]
+        if any(not np.array_equal(v, valid[0]) for v in valid):
+            raise ValueError("per-head masks must put padding slots at the same positions")
+        return valid[0]
 
     def _allowed(self, q, k, head):
         if isinstance(head, (int, np.integer)):
@@ -655,6 +693,10 @@ class GlobalTokensMask(Mask):
         self.num_heads = inner.num_heads
         self.traceable = inner.traceable
         self.has_intervals = inner.has_intervals
+
+    def token_validity(self):
+        inner = self.inner.token_validity()
+        return None if inner is None else np.concatenate([np.ones(self.count, bool), inner])
 
     def _allowed(self, q, k, head):
         xp = _xp(q, k)

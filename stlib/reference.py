@@ -12,8 +12,9 @@ import numpy as np
 
 from stlib.layout import BlockLayout
 
+HIGHEST = jax.lax.Precision.HIGHEST
 #: Finite "minus infinity" for masked scores, so that exp(m_old - m_new) never sees inf - inf.
-MASK_VALUE = -1e30
+MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 
 
 def reference_attention(q, k, v, dense_mask, scale: float):
@@ -70,11 +71,12 @@ def xla_block_sparse_attention(q, k, v, layout: BlockLayout, scale: float):
             if allowed is not None:
                 p = jnp.where(allowed, p, 0.0)
             alpha = jnp.exp(m - m_new)
-            return m_new, alpha * l + p.sum(axis=1), alpha[:, None] * acc + p @ vp[h, ki].astype(jnp.float32)
+            pv = jnp.dot(p, vp[h, ki].astype(jnp.float32), precision=HIGHEST)  # [bq, D]
+            return m_new, alpha * l + p.sum(axis=1), alpha[:, None] * acc + pv
 
         def step(j, carry):
             ki = row_tiles[hl, qi, j]
-            s = q_tile @ kp[h, ki].astype(jnp.float32).T  # [bq, bkv]
+            s = jnp.dot(q_tile, kp[h, ki].astype(jnp.float32).T, precision=HIGHEST)  # [bq, bkv]
             b = tile_block[hl, qi, j]
             return jax.lax.cond(
                 b == mask_free,

@@ -122,7 +122,7 @@ def sliding_tile_dense(shape, tile, window):
 def band_width(length, density):
     """w = L * (1 - sqrt(1 - density)) rounded up to a multiple of 128 (at most L)."""
     w = length * (1.0 - math.sqrt(1.0 - density))
-    return min(int(math.ceil(w / 128)) * 128, length)
+    return min(math.ceil(w / 128) * 128, length)
 
 
 def spatial_dense(shape, frame_window, anchor=False):
@@ -172,7 +172,7 @@ def radial_dense(shape, spatial_window, sink=True):
 
     def pred(q, k):
         d = abs(coords(shape, q)[0] - coords(shape, k)[0])
-        halvings = int(math.floor(math.log2(d + 1)))
+        halvings = math.floor(math.log2(d + 1))
         window = spatial_window // (2**halvings)
         near = abs(spatial_index(shape, q) - spatial_index(shape, k)) <= window
         return near or (sink and coords(shape, k)[0] == 0)
@@ -244,7 +244,9 @@ def brute_layout(dense, valid, block_q, block_kv):
                     kinds[h, qi, ki] = FULL
                 else:
                     kinds[h, qi, ki] = PARTIAL
-    row_lists = [[[ki for ki in range(nk) if kinds[h, qi, ki] != EMPTY] for qi in range(nq)] for h in range(heads)]
+    row_lists = [
+        [[ki for ki in range(nk) if kinds[h, qi, ki] != EMPTY] for qi in range(nq)] for h in range(heads)
+    ]
     steps = []
     for h in range(heads):
         for qi in range(nq):

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import functools
 
+import _brute as bf
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import _brute as bf
 from stlib import VideoGrid, masks, tiled_order, token_major_order
 
 FEW = settings(max_examples=20, deadline=None)
@@ -39,12 +39,15 @@ def _catalogue():
         "band_wide": (lambda: masks.band(9, 50), lambda: np.ones((9, 9), bool)),
         "nbhd_333": (lambda: masks.neighborhood(VideoGrid(*m), 3), lambda: bf.neighborhood_dense(m, 3)),
         "nbhd_mixed": (
-            lambda: masks.neighborhood(VideoGrid(*m), (2, 3, 4), stride=(1, 2, 3), dilation=(2, 1, 1),
-                                       causal=(True, False, False)),
+            lambda: masks.neighborhood(
+                VideoGrid(*m), (2, 3, 4), stride=(1, 2, 3), dilation=(2, 1, 1), causal=(True, False, False)
+            ),
             lambda: bf.neighborhood_dense(m, (2, 3, 4), (1, 2, 3), (2, 1, 1), (True, False, False)),
         ),
         "nbhd_dilx": (
-            lambda: masks.neighborhood(VideoGrid(*m), (1, 2, 3), dilation=(1, 2, 2), causal=(False, False, True)),
+            lambda: masks.neighborhood(
+                VideoGrid(*m), (1, 2, 3), dilation=(1, 2, 2), causal=(False, False, True)
+            ),
             lambda: bf.neighborhood_dense(m, (1, 2, 3), 1, (1, 2, 2), (False, False, True)),
         ),
         "sta_ragged": (
@@ -56,24 +59,35 @@ def _catalogue():
             lambda: bf.sliding_tile_dense((3, 6, 6), (1, 2, 2), (3, 1, 3)),
         ),
         "spatial0": (lambda: masks.spatial(VideoGrid(*s)), lambda: bf.spatial_dense(s, 0)),
-        "spatial1_anchor": (lambda: masks.spatial(VideoGrid(*m), 1, anchor=True), lambda: bf.spatial_dense(m, 1, True)),
+        "spatial1_anchor": (
+            lambda: masks.spatial(VideoGrid(*m), 1, anchor=True),
+            lambda: bf.spatial_dense(m, 1, True),
+        ),
         "temporal0": (lambda: masks.temporal(VideoGrid(*s)), lambda: bf.temporal_dense(s, 0)),
         "temporal3_anchor": (
-            lambda: masks.temporal(VideoGrid(*m), 3, anchor=True), lambda: bf.temporal_dense(m, 3, True)
+            lambda: masks.temporal(VideoGrid(*m), 3, anchor=True),
+            lambda: bf.temporal_dense(m, 3, True),
         ),
-        "spatial_band": (lambda: masks.spatial_band(VideoGrid(*m), 0.1), lambda: bf.spatial_band_dense(m, 0.1)),
+        "spatial_band": (
+            lambda: masks.spatial_band(VideoGrid(*m), 0.1),
+            lambda: bf.spatial_band_dense(m, 0.1),
+        ),
         "spatial_band_anchor": (
             lambda: masks.spatial_band(VideoGrid(*G_BAND), 0.6, anchor=True),
             lambda: bf.spatial_band_dense(G_BAND, 0.6, True),
         ),
-        "temporal_band": (lambda: masks.temporal_band(VideoGrid(*m), 0.2), lambda: bf.temporal_band_dense(m, 0.2)),
+        "temporal_band": (
+            lambda: masks.temporal_band(VideoGrid(*m), 0.2),
+            lambda: bf.temporal_band_dense(m, 0.2),
+        ),
         "temporal_band_anchor": (
             lambda: masks.temporal_band(VideoGrid(*G_BAND), 0.3, anchor=True),
             lambda: bf.temporal_band_dense(G_BAND, 0.3, True),
         ),
         "radial": (lambda: masks.radial(VideoGrid(8, 2, 5), 9), lambda: bf.radial_dense((8, 2, 5), 9)),
         "radial_nosink": (
-            lambda: masks.radial(VideoGrid(*m), 20, sink=False), lambda: bf.radial_dense(m, 20, sink=False)
+            lambda: masks.radial(VideoGrid(*m), 20, sink=False),
+            lambda: bf.radial_dense(m, 20, sink=False),
         ),
         "radial_w0": (lambda: masks.radial(VideoGrid(*s), 0), lambda: bf.radial_dense(s, 0)),
         "frame_causal": (lambda: masks.frame_causal(VideoGrid(*s)), lambda: bf.frame_causal_dense(s)),
@@ -91,8 +105,10 @@ def _catalogue():
         ),
         "or_and_nested": (
             lambda: (masks.band(60, 4) | masks.radial(VideoGrid(*s), 6)) & masks.frame_causal(VideoGrid(*s)),
-            lambda: (bf.dense_from_pred(60, lambda q, k: abs(q - k) <= 4) | bf.radial_dense(s, 6))
-            & bf.frame_causal_dense(s),
+            lambda: (
+                (bf.dense_from_pred(60, lambda q, k: abs(q - k) <= 4) | bf.radial_dense(s, 6))
+                & bf.frame_causal_dense(s)
+            ),
         ),
     }
 
@@ -101,7 +117,7 @@ CATALOGUE = _catalogue()
 NAMES = sorted(CATALOGUE)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def expected(name):
     return CATALOGUE[name][1]()
 
@@ -170,7 +186,9 @@ def test_allowed_on_index_arrays(name):
     q = rng.integers(0, length, 50)
     k = rng.integers(0, length, 50)
     np.testing.assert_array_equal(np.asarray(mask.allowed(q, k)), want[q, k])
-    np.testing.assert_array_equal(np.asarray(mask.allowed(q[:, None], k[None, :])), want[q[:, None], k[None, :]])
+    np.testing.assert_array_equal(
+        np.asarray(mask.allowed(q[:, None], k[None, :])), want[q[:, None], k[None, :]]
+    )
     if mask.traceable:  # a kernel evaluates it from jax iotas
         got = mask.allowed(jnp.asarray(q)[:, None], jnp.asarray(k)[None, :])
         np.testing.assert_array_equal(np.asarray(got), want[q[:, None], k[None, :]])
@@ -187,14 +205,24 @@ def test_oracle_matches_natten_legacy_formula():
             for d in range(1, n // k + 1):
                 for i in range(n):
                     start = bf.natten_legacy_window_start(i, n, k, d)
-                    assert bf.natten_axis_keys(i, n, k, 1, d) == {start + m * d for m in range(k)}, (n, k, d, i)
+                    assert bf.natten_axis_keys(i, n, k, 1, d) == {start + m * d for m in range(k)}, (
+                        n,
+                        k,
+                        d,
+                        i,
+                    )
 
 
 def axis_rows(n, **kw):
     """Rows of a 1-D neighbourhood mask on a (1, 1, n) grid, as sorted key lists."""
     ks = kw.pop("kernel_size")
-    d = dense(masks.neighborhood(VideoGrid(1, 1, n), (1, 1, ks), **{key: (1, 1, v) if not isinstance(v, bool)
-                                                                     else (False, False, v) for key, v in kw.items()}))
+    d = dense(
+        masks.neighborhood(
+            VideoGrid(1, 1, n),
+            (1, 1, ks),
+            **{key: (1, 1, v) if not isinstance(v, bool) else (False, False, v) for key, v in kw.items()},
+        )
+    )
     return [np.flatnonzero(row).tolist() for row in d]
 
 
@@ -253,8 +281,10 @@ def test_neighborhood_property(params):
 
 def test_neighborhood_int_and_triple_agree():
     g = VideoGrid(3, 5, 5)
-    np.testing.assert_array_equal(dense(masks.neighborhood(g, 3, 1, 1, False)),
-                                  dense(masks.neighborhood(g, (3, 3, 3), (1, 1, 1), (1, 1, 1), (False,) * 3)))
+    np.testing.assert_array_equal(
+        dense(masks.neighborhood(g, 3, 1, 1, False)),
+        dense(masks.neighborhood(g, (3, 3, 3), (1, 1, 1), (1, 1, 1), (False,) * 3)),
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -263,13 +293,19 @@ def test_neighborhood_int_and_triple_agree():
 
 @pytest.mark.parametrize(
     "shape,tile,window",
-    [((4, 6, 7), (2, 2, 2), (1, 3, 3)), ((4, 6, 7), (3, 4, 5), (1, 1, 1)), ((5, 5, 7), (2, 2, 3), (3, 3, 3)),
-     ((3, 6, 7), 2, (1, 3, 1)), ((2, 3, 3), 1, (1, 3, 3))],
+    [
+        ((4, 6, 7), (2, 2, 2), (1, 3, 3)),
+        ((4, 6, 7), (3, 4, 5), (1, 1, 1)),
+        ((5, 5, 7), (2, 2, 3), (3, 3, 3)),
+        ((3, 6, 7), 2, (1, 3, 1)),
+        ((2, 3, 3), 1, (1, 3, 3)),
+    ],
     ids=str,
 )
 def test_sliding_tile_ragged(shape, tile, window):
-    np.testing.assert_array_equal(dense(masks.sliding_tile(VideoGrid(*shape), tile, window)),
-                                  bf.sliding_tile_dense(shape, tile, window))
+    np.testing.assert_array_equal(
+        dense(masks.sliding_tile(VideoGrid(*shape), tile, window)), bf.sliding_tile_dense(shape, tile, window)
+    )
 
 
 @st.composite
@@ -295,8 +331,10 @@ def test_sliding_tile_equals_strided_neighborhood(params):
 # SVG bands
 
 
-@pytest.mark.parametrize("length,density", [(168, 0.1), (360, 0.3), (360, 0.6), (1000, 0.25), (100, 0.5),
-                                            (75600, 0.25), (500, 1.0)])
+@pytest.mark.parametrize(
+    "length,density",
+    [(168, 0.1), (360, 0.3), (360, 0.6), (1000, 0.25), (100, 0.5), (75600, 0.25), (500, 1.0)],
+)
 def test_band_width_for_density(length, density):
     w = masks.band_width_for_density(length, density)
     assert w == bf.band_width(length, density)
@@ -353,11 +391,15 @@ def test_per_head():
     np.testing.assert_array_equal(dense(m), np.stack(wants))
     for h in range(3):
         np.testing.assert_array_equal(m.block(5, 40, 0, 60, head=h), wants[h][5:40])
-        np.testing.assert_array_equal(np.asarray(m.allowed(np.arange(60)[:, None], np.arange(60)[None], h)), wants[h])
+        np.testing.assert_array_equal(
+            np.asarray(m.allowed(np.arange(60)[:, None], np.arange(60)[None], h)), wants[h]
+        )
     # per-head composed with a head-uniform mask keeps its heads
     causal_band = m & masks.band(60, 10)
     assert causal_band.num_heads == 3
-    np.testing.assert_array_equal(dense(causal_band), np.stack(wants) & (np.abs(np.subtract.outer(range(60), range(60))) <= 10))
+    np.testing.assert_array_equal(
+        dense(causal_band), np.stack(wants) & (np.abs(np.subtract.outer(range(60), range(60))) <= 10)
+    )
     both = m | masks.per_head([masks.band(60, 0)] * 3)
     np.testing.assert_array_equal(dense(both), np.stack(wants) | np.eye(60, dtype=bool))
 
@@ -373,9 +415,12 @@ def test_global_tokens_on_per_head():
 
 @pytest.mark.parametrize(
     "name,order_of",
-    [("sta_ragged", lambda g: tiled_order(g, (3, 4, 3))), ("nbhd_333", lambda g: token_major_order(g)),
-     ("temporal3_anchor", lambda g: tiled_order(g, (2, 4, 4))),
-     ("nbhd_mixed", lambda g: tiled_order(g, (3, 4, 3), pad=False))],
+    [
+        ("sta_ragged", lambda g: tiled_order(g, (3, 4, 3))),
+        ("nbhd_333", lambda g: token_major_order(g)),
+        ("temporal3_anchor", lambda g: tiled_order(g, (2, 4, 4))),
+        ("nbhd_mixed", lambda g: tiled_order(g, (3, 4, 3), pad=False)),
+    ],
     ids=["sta-tiled", "nbhd-token-major", "temporal-tiled", "nbhd-tiled-unpadded"],
 )
 def test_permute(name, order_of):
@@ -389,6 +434,9 @@ def test_permute(name, order_of):
     pad = ~np.asarray(order.valid)
     assert not got[pad].any() and not got[:, pad].any(), "padding slots see and are seen by nothing"
     np.testing.assert_array_equal(m.block(10, 70, 30, 100), want[10:70, 30:100])
+    if m.traceable:  # evaluated from jax iotas through the order's arithmetic form
+        pos = jnp.arange(order.length, dtype=jnp.int32)
+        np.testing.assert_array_equal(np.asarray(m.allowed(pos[:, None], pos[None, :])), want)
 
 
 def test_permute_per_head():
@@ -475,7 +523,11 @@ BAD = [
     ("from_array 4-D", lambda: masks.from_array(np.ones((1, 2, 3, 3), bool)), ValueError),
     ("& lengths", lambda: masks.full(4) & masks.full(5), ValueError),
     ("| lengths", lambda: masks.band(4, 1) | masks.full(5), ValueError),
-    ("& heads", lambda: masks.per_head([masks.full(4)] * 2) & masks.per_head([masks.full(4)] * 3), ValueError),
+    (
+        "& heads",
+        lambda: masks.per_head([masks.full(4)] * 2) & masks.per_head([masks.full(4)] * 3),
+        ValueError,
+    ),
     ("& non-mask", lambda: masks.full(4) & np.ones((4, 4), bool), TypeError),
     ("per_head lengths", lambda: masks.per_head([masks.full(4), masks.full(5)]), ValueError),
     ("per_head empty", lambda: masks.per_head([]), ValueError),

@@ -8,12 +8,12 @@ outputs are O(1) since v ~ N(0, 1)):
 
 from __future__ import annotations
 
+import _brute as bf
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import _brute as bf
 import stlib
 from stlib import VideoGrid, masks, tiled_order
 
@@ -83,7 +83,9 @@ def test_two_head_array_mask_with_empty_head(impl, dtype):
 @pytest.mark.parametrize("impl", IMPLS)
 def test_per_head_video_masks(impl):
     g = VideoGrid(3, 4, 5)
-    m = masks.per_head([masks.spatial(g), masks.temporal(g, 1), masks.neighborhood(g, (1, 3, 3), causal=True)])
+    m = masks.per_head(
+        [masks.spatial(g), masks.temporal(g, 1), masks.neighborhood(g, (1, 3, 3), causal=True)]
+    )
     q, k, v = qkv(3, 3, g.num_tokens, 16)
     out = stlib.attention(q, k, v, m, impl=impl, block_q=16, block_kv=24)
     check(out, q, k, v, m.to_dense(), jnp.float32)
@@ -93,8 +95,15 @@ def test_per_head_video_masks(impl):
 def test_no_mask_and_explicit_scale(impl):
     q, k, v = qkv(5, 2, 30, 8)
     check(stlib.attention(q, k, v, impl=impl), q, k, v, None, jnp.float32)
-    check(stlib.attention(q, k, v, masks.band(30, 4), impl=impl, scale=0.7, block_q=8, block_kv=8), q, k, v,
-          np.abs(np.subtract.outer(np.arange(30), np.arange(30))) <= 4, jnp.float32, scale=0.7)
+    check(
+        stlib.attention(q, k, v, masks.band(30, 4), impl=impl, scale=0.7, block_q=8, block_kv=8),
+        q,
+        k,
+        v,
+        np.abs(np.subtract.outer(np.arange(30), np.arange(30))) <= 4,
+        jnp.float32,
+        scale=0.7,
+    )
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -123,13 +132,12 @@ def test_tiled_order_attention_round_trip():
     want = bf.attention_f64(as64(q), as64(k), as64(v), base.to_dense())
     permuted = base.permute(order)
     for impl in IMPLS:
-        out = stlib.attention(*(order.apply(x) for x in (q, k, v)), permuted, impl=impl, block_q=8, block_kv=8)
+        out = stlib.attention(
+            *(order.apply(x) for x in (q, k, v)), permuted, impl=impl, block_q=8, block_kv=8
+        )
         np.testing.assert_allclose(as64(order.restore(out)), want, atol=2e-5, rtol=0)
 
 
-@pytest.mark.xfail(strict=True, reason="impl='xla' runs FULL tiles mask-free even when the q tile holds padding "
-                   "slots of a permuted mask, so fully masked padding query rows get non-zero output (the "
-                   "reference gives zeros as the spec requires)")
 def test_xla_padding_rows_are_zero():
     g = VideoGrid(3, 5, 6)
     order = tiled_order(g, (1, 2, 2))
@@ -139,13 +147,12 @@ def test_xla_padding_rows_are_zero():
     assert np.all(out[:, ~np.asarray(order.valid)] == 0.0)
 
 
-@pytest.mark.xfail(strict=True, reason="block_layout mixes up heads >= 2 of a multi-head from_array mask "
-                   "(per-head counts cached by id() of transient head views), so impl='xla' attends to the wrong tiles")
-def test_xla_three_head_array_mask():
+def test_xla_many_head_array_mask():
+    """Regression for the per-head layout cache (see test_layout): head h sees exactly kv tile h."""
     heads, length = 6, 48
     arr = np.zeros((heads, length, length), bool)
     for h in range(heads):
-        arr[h, :, 8 * h : 8 * h + 8] = True  # head h sees exactly kv tile h
+        arr[h, :, 8 * h : 8 * h + 8] = True
     q, k, v = qkv(12, heads, length, 8)
     out = stlib.attention(q, k, v, masks.from_array(arr), impl="xla", block_q=8, block_kv=8)
     check(out, q, k, v, arr, jnp.float32)
@@ -175,22 +182,55 @@ def _bad_cases():
     yield "list q", lambda: stlib.attention(np.asarray(Q).tolist(), K, V), TypeError
     yield "unknown impl", lambda: stlib.attention(Q, K, V, impl="flash"), ValueError
     for impl in IMPLS:
-        yield f"block_q 12 {impl}", lambda impl=impl: stlib.attention(Q, K, V, impl=impl, block_q=12), ValueError
-        yield f"block_kv 4 {impl}", lambda impl=impl: stlib.attention(Q, K, V, impl=impl, block_kv=4), ValueError
-        yield f"block_q 0 {impl}", lambda impl=impl: stlib.attention(Q, K, V, impl=impl, block_q=0), ValueError
-        yield f"block_kv -8 {impl}", lambda impl=impl: stlib.attention(Q, K, V, impl=impl, block_kv=-8), ValueError
-        yield f"block_q 8.0 {impl}", lambda impl=impl: stlib.attention(Q, K, V, impl=impl, block_q=8.0), TypeError
-        yield f"mask length {impl}", lambda impl=impl: stlib.attention(Q, K, V, masks.full(15), impl=impl), ValueError
-        yield (f"mask heads {impl}",
-               lambda impl=impl: stlib.attention(Q, K, V, masks.per_head([masks.full(16)] * 3), impl=impl), ValueError)
-        yield (f"mask array {impl}",
-               lambda impl=impl: stlib.attention(Q, K, V, np.ones((16, 16), bool), impl=impl), TypeError)
+        yield (
+            f"block_q 12 {impl}",
+            lambda impl=impl: stlib.attention(Q, K, V, impl=impl, block_q=12),
+            ValueError,
+        )
+        yield (
+            f"block_kv 4 {impl}",
+            lambda impl=impl: stlib.attention(Q, K, V, impl=impl, block_kv=4),
+            ValueError,
+        )
+        yield (
+            f"block_q 0 {impl}",
+            lambda impl=impl: stlib.attention(Q, K, V, impl=impl, block_q=0),
+            ValueError,
+        )
+        yield (
+            f"block_kv -8 {impl}",
+            lambda impl=impl: stlib.attention(Q, K, V, impl=impl, block_kv=-8),
+            ValueError,
+        )
+        yield (
+            f"block_q 8.0 {impl}",
+            lambda impl=impl: stlib.attention(Q, K, V, impl=impl, block_q=8.0),
+            TypeError,
+        )
+        yield (
+            f"mask length {impl}",
+            lambda impl=impl: stlib.attention(Q, K, V, masks.full(15), impl=impl),
+            ValueError,
+        )
+        yield (
+            f"mask heads {impl}",
+            lambda impl=impl: stlib.attention(Q, K, V, masks.per_head([masks.full(16)] * 3), impl=impl),
+            ValueError,
+        )
+        yield (
+            f"mask array {impl}",
+            lambda impl=impl: stlib.attention(Q, K, V, np.ones((16, 16), bool), impl=impl),
+            TypeError,
+        )
     yield "scale str", lambda: stlib.attention(Q, K, V, scale="1"), TypeError
     yield "scale nan", lambda: stlib.attention(Q, K, V, scale=float("nan")), TypeError
     yield "video grid L", lambda: stlib.video_attention(Q, K, V, VideoGrid(2, 2, 3)), ValueError
     yield "video grid type", lambda: stlib.video_attention(Q, K, V, (2, 2, 4)), TypeError
-    yield ("video mask grid", lambda: stlib.video_attention(Q, K, V, g, masks.frame_causal(VideoGrid(2, 2, 3))),
-           ValueError)
+    yield (
+        "video mask grid",
+        lambda: stlib.video_attention(Q, K, V, g, masks.frame_causal(VideoGrid(2, 2, 3))),
+        ValueError,
+    )
     yield "video int", lambda: stlib.video_attention(Q.astype(jnp.int8), K, V, g), TypeError
     yield "video unknown impl", lambda: stlib.video_attention(Q, K, V, g, impl="nope"), ValueError
 

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import pytest
 
 import stlib
-import stlib.kernels  # noqa: F401
+import stlib.kernels
 from stlib import masks
 from stlib.configs import CASE_STUDY
 from stlib.device import compile_for_tpu
@@ -63,7 +63,8 @@ def test_tile_flat_grid_and_balanced_boundary_compile(chip):
     layout = stlib.block_layout(case_mask("band"), 512, 1024)
     for options in (TileOptions(form="flat", block_kv_compute=512), TileOptions(boundary="balanced", exp2=False)):
         compiled = compile_for_tpu(
-            lambda q, k, v: tile_attention(q, k, v, layout, scale=128**-0.5, options=options, interpret=False),
+            lambda q, k, v, options=options: tile_attention(q, k, v, layout, scale=128**-0.5, options=options,
+                                                          interpret=False),
             SHAPE, SHAPE, SHAPE, chip=chip)
         assert_pallas_kernel(compiled, "pallas_tile")
 

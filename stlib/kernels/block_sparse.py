@@ -94,9 +94,9 @@ def block_sparse_attention(q, k, v, layout: BlockLayout, *, scale: float, interp
 
         if plan.mode != "none":
             if plan.mode == "iota":
-                mask_fn = lambda c0, shape: common.iota_mask(plan, i * bq, j * bkv + c0, shape, h)  # noqa: E731
+                mask_fn = lambda c0, shape: common.iota_mask(plan, i * bq, j * bkv + c0, shape, h)
             else:
-                mask_fn = lambda c0, shape: mask_ref[:, pl.ds(c0, shape[1])] != 0  # noqa: E731
+                mask_fn = lambda c0, shape: mask_ref[:, pl.ds(c0, shape[1])] != 0
 
             @pl.when(kind == MASKED)
             def _():

@@ -22,12 +22,11 @@ from stlib._checks import check_positive_int
 from stlib.device import current_chip, resolve_interpret
 from stlib.layout import BlockLayout
 from stlib.masks import Mask
+from stlib.reference import MASK_VALUE
 
 LANES = 128
 SUBLANES = 8
 LOG2_E = math.log2(math.e)
-#: Finite "minus infinity": exp(MASK_VALUE - m) underflows to 0 and never produces inf - inf.
-MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 
 
 @dataclass(frozen=True)

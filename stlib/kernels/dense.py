@@ -51,10 +51,10 @@ def dense_attention(q, k, v, mask: Mask | None, *, scale: float, block_sizes: co
             common.init_row(m_ref, l_ref, acc_ref)
 
         if dense_mask is not None:
-            mask_fn = lambda c0, shape: mask_ref[:, pl.ds(c0, shape[1])] != 0  # noqa: E731
+            mask_fn = lambda c0, shape: mask_ref[:, pl.ds(c0, shape[1])] != 0
         elif mask is not None or ragged:
             plan = common.MaskPlan("iota", mask if mask is not None else full(length), length)
-            mask_fn = lambda c0, shape: common.iota_mask(plan, i * bq, j * bkv + c0, shape, h)  # noqa: E731
+            mask_fn = lambda c0, shape: common.iota_mask(plan, i * bq, j * bkv + c0, shape, h)
         else:
             mask_fn = None
         common.update_tile(common.scaled_q(q_ref, options), k_ref, v_ref, m_ref, l_ref, acc_ref,

@@ -193,9 +193,9 @@ def _run_pass(qp, kp, vp, selected, plan, *, bq, bkv, options: TileOptions, soft
         if not masked:
             mask_fn = None
         elif plan.mode == "iota":
-            mask_fn = lambda c0, shape: common.iota_mask(plan, qi * bq, ki * bkv + c0, shape, head)  # noqa: E731
+            mask_fn = lambda c0, shape: common.iota_mask(plan, qi * bq, ki * bkv + c0, shape, head)
         else:
-            mask_fn = lambda c0, shape: mask_ref[:, pl.ds(c0, shape[1])] != 0  # noqa: E731
+            mask_fn = lambda c0, shape: mask_ref[:, pl.ds(c0, shape[1])] != 0
 
         @pl.when(active)
         def _():
@@ -246,7 +246,7 @@ def tile_attention(q, k, v, layout: BlockLayout, *, scale: float, options: TileO
                    interpret: bool | None = None, return_lse: bool = False):
     """q, k, v [H, L, D] -> o [H, L, D] (and lse [H, L] natural log, -inf for rows that see
     nothing, when ``return_lse``). ``layout`` is the tile layout of the mask for these tokens."""
-    num_heads, length, head_dim = q.shape
+    num_heads, length, _ = q.shape
     bq, bkv = layout.block_q, layout.block_kv
     common.BlockSizes(bq, bkv, options.block_kv_compute)  # validates the tiling rule
     passes = split_passes(layout, options.boundary)

@@ -1,0 +1,160 @@
+"""Figures of the notebooks and benchmarks: one palette, labelled axes and units, backend and shape
+in every title. Everything that depends on hardware is drawn from records (``stlib.bench``), so a
+figure can be redrawn without the hardware. Interpret-mode times are labelled as such; static
+estimates are hatched.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import seaborn as sns
+from matplotlib.colors import ListedColormap
+from matplotlib.patches import Patch
+
+from stlib.layout import BlockLayout, TileKind
+
+PALETTE = sns.color_palette("colorblind")
+KIND_COLORS = ["#f2f2f2", PALETTE[1], PALETTE[0]]  # EMPTY, PARTIAL, FULL
+ESTIMATE_HATCH = "//"
+FIGURES_DIR = Path(__file__).resolve().parent.parent / "figures"
+
+sns.set_theme(style="whitegrid", palette=PALETTE, font_scale=0.9)
+
+
+def save(fig, path) -> Path:
+    """Write ``fig`` as PNG (creating the folder) and return the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=130, bbox_inches="tight")
+    return path
+
+
+def _color_of(labels):
+    unique = list(dict.fromkeys(labels))
+    return {label: PALETTE[i % len(PALETTE)] for i, label in enumerate(unique)}
+
+
+def where_measured(record: dict) -> str:
+    """'TPU v6e lite', or 'CPU, Pallas interpret mode (not TPU times)'."""
+    if record.get("interpret"):
+        return f"{record.get('backend', 'cpu').upper()}, Pallas interpret mode (not TPU times)"
+    return record.get("device_kind", record.get("backend", "?"))
+
+
+def occupancy_heatmap(layout: BlockLayout, title: str, head: int = 0, ax_pair=None):
+    """Tile kinds (EMPTY / PARTIAL / FULL) and the allowed fraction of each tile, side by side."""
+    if ax_pair is None:
+        fig, ax_pair = plt.subplots(1, 2, figsize=(10.5, 4.6), constrained_layout=True)
+    else:
+        fig = ax_pair[0].figure
+    kinds = layout.kinds[head]
+    fill = layout.counts[head] / np.maximum(layout.valid_pairs, 1)
+    ax_kind, ax_fill = ax_pair
+    ax_kind.imshow(kinds, cmap=ListedColormap(KIND_COLORS), vmin=0, vmax=2, interpolation="nearest", aspect="auto")
+    counts = layout.kind_counts()
+    ax_kind.legend(handles=[Patch(color=KIND_COLORS[k], label=f"{k.name} ({counts[k.name]:,})") for k in TileKind],
+                   loc="upper right", fontsize=7, framealpha=0.9)
+    ax_kind.set(title="tile kind", xlabel=f"kv tile ({layout.block_kv} keys)", ylabel=f"q tile ({layout.block_q} queries)")
+    image = ax_fill.imshow(fill, cmap="viridis", vmin=0, vmax=1, interpolation="nearest", aspect="auto")
+    fig.colorbar(image, ax=ax_fill, label="allowed pairs / tile pairs")
+    ax_fill.set(title="work per tile", xlabel=f"kv tile ({layout.block_kv} keys)", ylabel="q tile")
+    ax_kind.grid(False)
+    ax_fill.grid(False)
+    fig.suptitle(f"{title}\ndensity {layout.density:.3f}, tile occupancy {layout.occupancy:.3f}, "
+                 f"partial {layout.partial_fraction:.3f} of non-empty, work efficiency {layout.work_efficiency:.3f}",
+                 fontsize=10)
+    return fig
+
+
+def latency_bars(records: list[dict], title: str, published: dict | None = None, estimates: list[dict] | None = None):
+    """Median latency per label with min-max whiskers; the published v6e bars and hatched static
+    estimates (``{"label", "ms"}``) in a panel of their own, never on the same axis as CPU times."""
+    panels = 1 + (published is not None or bool(estimates))
+    fig, axes = plt.subplots(1, panels, figsize=(6.2 * panels, 0.42 * max(len(records), 4) + 1.6),
+                             constrained_layout=True, squeeze=False)
+    ax = axes[0, 0]
+    labels = [r["label"] for r in records]
+    colors = _color_of(labels)
+    y = np.arange(len(records))
+    med = np.array([r["median_ms"] for r in records])
+    err = np.array([[r["median_ms"] - r["min_ms"], r["max_ms"] - r["median_ms"]] for r in records]).T
+    ax.barh(y, med, xerr=err, color=[colors[lab] for lab in labels], capsize=2)
+    ax.set_yticks(y, labels)
+    ax.invert_yaxis()
+    ax.set(xlabel="median latency (ms)", title=f"measured: {where_measured(records[0])}")
+    if panels == 2:
+        ax2 = axes[0, 1]
+        rows = []
+        if published:
+            rows += [("published: dense Splash", published["dense_splash_ms"], False),
+                     ("published: tile-aligned sparse", published["tile_aligned_sparse_ms"], False)]
+        rows += [(f"estimate: {e['label']}", e["ms"], True) for e in (estimates or [])]
+        y2 = np.arange(len(rows))
+        bars = ax2.barh(y2, [r[1] for r in rows], color=[PALETTE[7] if r[2] else PALETTE[3] for r in rows])
+        for bar, row in zip(bars, rows):
+            if row[2]:
+                bar.set_hatch(ESTIMATE_HATCH)
+                bar.set_facecolor("white")
+                bar.set_edgecolor(PALETTE[7])
+            ax2.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {row[1]:.2f}", va="center", fontsize=8)
+        ax2.set_yticks(y2, [r[0] for r in rows])
+        ax2.invert_yaxis()
+        ax2.set(xlabel="latency (ms)", title="one TPU v6e, 75,600 tokens x 10 heads x 128"
+                + ("\n(hatched: static estimate, not a measurement)" if estimates else ""))
+    fig.suptitle(title, fontsize=11)
+    return fig
+
+
+def speedup_vs_density(records: list[dict], baseline_ms: float, title: str, ax=None):
+    """Speed-up over a dense baseline against density, one line per label, with the ideal 1/density."""
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(6.8, 4.6), constrained_layout=True)
+    else:
+        fig = ax.figure
+    labels = list(dict.fromkeys(r["label"] for r in records))
+    colors = _color_of(labels)
+    for label in labels:
+        rows = sorted((r for r in records if r["label"] == label), key=lambda r: r["density"])
+        ax.plot([r["density"] for r in rows], [baseline_ms / r["median_ms"] for r in rows], "o-", label=label,
+                color=colors[label])
+    grid = np.linspace(min(r["density"] for r in records) * 0.9, 1.0, 100)
+    ax.plot(grid, 1 / grid, "k--", lw=1, label="ideal 1 / density")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set(xlabel="density (allowed pairs / L²)", ylabel="speed-up over dense", yscale="log", title=title)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def work_bars(work_records: list[dict], title: str):
+    """Executed vs useful flops and grid steps per kernel (hardware-independent work)."""
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 0.4 * max(len(work_records), 4) + 1.6), constrained_layout=True)
+    labels = [r["label"] for r in work_records]
+    y = np.arange(len(labels))
+    ax1.barh(y - 0.2, [r["executed_flops"] / 1e12 for r in work_records], 0.4, label="executed", color=PALETTE[0])
+    ax1.barh(y + 0.2, [r["useful_flops"] / 1e12 for r in work_records], 0.4, label="useful (allowed pairs)",
+             color=PALETTE[2])
+    ax1.set_yticks(y, labels)
+    ax1.invert_yaxis()
+    ax1.set(xlabel="TFLOP per call", title="flops")
+    ax1.legend(fontsize=8)
+    ax2.barh(y, [r["grid_steps"] for r in work_records], color=PALETTE[4])
+    ax2.set_yticks(y, [])
+    ax2.invert_yaxis()
+    ax2.set(xlabel="grid steps per call", title="grid steps (every step pays loop overhead)")
+    fig.suptitle(title, fontsize=11)
+    return fig
+
+
+def roofline_fraction(records: list[dict], chip: str, title: str):
+    """Roofline time on ``chip`` (executed flops / bytes) over the measured median, per label."""
+    fig, ax = plt.subplots(figsize=(6.8, 0.42 * max(len(records), 4) + 1.4), constrained_layout=True)
+    labels = [r["label"] for r in records]
+    frac = [r[f"roofline_{chip}_ms"] / r["median_ms"] for r in records]
+    ax.barh(np.arange(len(labels)), frac, color=[_color_of(labels)[lab] for lab in labels])
+    ax.set_yticks(np.arange(len(labels)), labels)
+    ax.invert_yaxis()
+    ax.set(xlabel=f"fraction of the {chip} roofline reached", title=title)
+    return fig
