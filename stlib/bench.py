@@ -33,15 +33,14 @@ import numpy as np
 import stlib
 import stlib.kernels
 from stlib import masks
-from stlib.configs import CASE_STUDY, PUBLISHED, Workload
+from stlib.configs import CASE_STUDY, PUBLISHED, SMALL_CPU, Workload
 from stlib.device import backend, compile_for_tpu, device_kind, on_tpu, resolve_interpret
 from stlib.geometry import VideoGrid, tiled_order
 from stlib.roofline import work_summary
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 DENSITIES = (0.15, 0.25, 0.35, 0.45, 0.55, 0.65)
-#: The CPU stand-in for the case study: small enough for interpret mode, ragged-free 128-token tiles.
-CPU_CASE = Workload("case-study stand-in (CPU)", VideoGrid(3, 8, 48), num_heads=2, head_dim=128, dtype=jnp.float32)
+CPU_CASE = SMALL_CPU
 CPU_STA_TILE = (1, 8, 16)
 CASE_STA_TILE = (3, 8, 16)
 

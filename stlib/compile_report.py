@@ -6,12 +6,16 @@ internal format of the pinned libtpu (0.0.42.1); if it changes, ``compile_report
 than guessing.
 
 Usage: python -m stlib.compile_report '{"impl": "pallas_tile", "mask": "band (density 0.25)"}'
+
+``compile_with_dump`` is the shared step (``stlib.estimate`` reads the scheduled bundles from the
+same dump).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pickle
 import re
 import subprocess
 import sys
@@ -21,12 +25,15 @@ from dataclasses import asdict, dataclass, field
 
 _ALLOCATION = re.compile(r"#allocation(\d+) \[shape = '[^']*', space=(\w+), size = (0x[0-9a-f]+)")
 _STEP = re.compile(r"^\d+-(?P<kernel>.+?)-(?P<step>\d+)-(?P<what>.+)\.txt$")
+_BAND = re.compile(r"^band \((density|width) ([0-9.]+)\)$")
 
 
 @dataclass(frozen=True)
 class KernelConfig:
     """A kernel call at a named workload: ``mask`` names an entry of
-    ``stlib.layout_catalog.case_study_masks()`` (or "none" for dense attention)."""
+    ``stlib.layout_catalog.case_study_masks()``, or is "none" (dense attention), "full",
+    "band (density X)" or "band (width W)" on ``length`` tokens (default: the case study's);
+    ``mask_file``: a pickled stlib mask used instead of ``mask``."""
 
     impl: str
     mask: str = "none"
@@ -37,6 +44,38 @@ class KernelConfig:
     block_kv: int | None = None
     chip: str = "v6e"
     options: dict = field(default_factory=dict)  # TileOptions fields for impl "pallas_tile"
+    length: int | None = None
+    mask_file: str | None = None
+
+
+def resolve_mask(config: KernelConfig):
+    """The stlib mask of ``config`` (None for "none"). Raises KeyError for an unknown name."""
+    from stlib import masks
+    from stlib.configs import CASE_STUDY
+    from stlib.layout_catalog import case_study_masks
+
+    if config.mask_file is not None:
+        with open(config.mask_file, "rb") as handle:
+            return pickle.load(handle)
+    length = config.length or CASE_STUDY.num_tokens
+    if config.mask == "none":
+        return None
+    if config.mask == "full":
+        return masks.full(length)
+    band = _BAND.match(config.mask)
+    if band:
+        if band[1] == "density":
+            return masks.band(length, masks.band_width_for_density(length, float(band[2])))
+        if not band[2].isdigit():
+            raise KeyError(f"band width {band[2]!r} must be an integer")
+        return masks.band(length, int(band[2]))
+    if config.length not in (None, CASE_STUDY.num_tokens):
+        raise KeyError(f"mask {config.mask!r} is a case-study mask; it has no form at length={config.length}")
+    catalog = case_study_masks()
+    if config.mask not in catalog:
+        raise KeyError(f"unknown mask {config.mask!r}: use 'none', 'full', 'band (density X)', "
+                       f"'band (width W)' or one of {sorted(catalog)}")
+    return catalog[config.mask]
 
 
 def _build_and_compile(config: KernelConfig) -> float:
@@ -46,10 +85,9 @@ def _build_and_compile(config: KernelConfig) -> float:
     import stlib
     import stlib.kernels
     from stlib.device import compile_for_tpu
-    from stlib.layout_catalog import case_study_masks
 
-    mask = None if config.mask == "none" else case_study_masks()[config.mask]
-    length = stlib.CASE_STUDY.num_tokens if mask is None else mask.length
+    mask = resolve_mask(config)
+    length = (config.length or stlib.CASE_STUDY.num_tokens) if mask is None else mask.length
     shape = jax.ShapeDtypeStruct((config.num_heads, length, config.head_dim), jnp.dtype(config.dtype))
 
     if config.impl == "pallas_tile" and config.options:
@@ -101,19 +139,25 @@ def parse_dump(directory: str) -> dict[str, dict[str, int]]:
     return report
 
 
+def compile_with_dump(config: KernelConfig, directory: str, timeout: float = 600) -> float:
+    """Compile ``config`` for its chip in a subprocess with libtpu's dump written to ``directory``;
+    return the compile seconds. Raises RuntimeError if compilation fails."""
+    env = dict(os.environ)
+    env["LIBTPU_INIT_ARGS"] = (env.get("LIBTPU_INIT_ARGS", "") + f" --xla_jf_dump_to={directory}").strip()
+    env.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    proc = subprocess.run([sys.executable, "-m", "stlib.compile_report", json.dumps(asdict(config))],
+                          capture_output=True, text=True, env=env, timeout=timeout, check=False)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"compiling {config} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(lines[-1])["compile_seconds"]
+
+
 def compile_report(config: KernelConfig, timeout: float = 600) -> dict:
     """Compile ``config`` for its chip in a subprocess; return {"compile_seconds", "kernels":
     {kernel name: {"vmem": bytes, "smem": bytes, ...}}}. Raises RuntimeError if compilation fails."""
     with tempfile.TemporaryDirectory(prefix="stlib-dump-") as dump:
-        env = dict(os.environ)
-        env["LIBTPU_INIT_ARGS"] = (env.get("LIBTPU_INIT_ARGS", "") + f" --xla_jf_dump_to={dump}").strip()
-        env.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-        proc = subprocess.run([sys.executable, "-m", "stlib.compile_report", json.dumps(asdict(config))],
-                              capture_output=True, text=True, env=env, timeout=timeout, check=False)
-        lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-        if proc.returncode != 0 or not lines:
-            raise RuntimeError(f"compiling {config} failed:\n{proc.stderr[-3000:]}")
-        seconds = json.loads(lines[-1])["compile_seconds"]
+        seconds = compile_with_dump(config, dump, timeout)
         return {"compile_seconds": seconds, "kernels": parse_dump(dump)}
 
 

@@ -1,0 +1,143 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 00 · The problem and the hardware
+#
+# Video diffusion transformers spend most of their time in self-attention over tens of thousands
+# of tokens. This notebook counts that cost for the workload of the case study this project
+# reproduces (Google for Developers blog, 2026-09-30, "Accelerating Spatio-Temporal Attention for
+# Video Diffusion on TPUs": one TPU v6e, 75,600 tokens, 10 heads, head dim 128; dense Splash
+# 78.70 ms, tile-aligned sparse kernel 32.76 ms) and sets it against what a v5e and a v6e can do.
+#
+# Every number here comes from `stlib`; the notebook only explains.
+
+# %% tags=["parameters"]
+SIZE = None  # "full", "small" or None (automatic: case-study sizes on a TPU, small elsewhere); env STLIB_SIZE wins
+
+# %%
+import sys
+from pathlib import Path
+
+# find stlib when the repository is cloned but not installed
+repo = next((p for p in [Path.cwd(), *Path.cwd().parents] if (p / "stlib" / "__init__.py").is_file()), None)
+if repo is not None and str(repo) not in sys.path:
+    sys.path.insert(0, str(repo))
+
+import jax
+import jax.numpy as jnp
+
+import stlib
+from stlib import configs, notebook, plotting
+from stlib.device import chip_spec
+from stlib.roofline import roofline
+
+cfg = notebook.setup(SIZE)
+
+# %% [markdown]
+# ## Where 75,600 tokens come from
+#
+# Wan 2.1 / 2.2 generate 81 frames at 720 x 1280. The causal VAE keeps the first frame and
+# compresses the rest 4x in time and 8x in space; 2 x 2 patchification halves each spatial side
+# again. Every token attends to every other token in every one of the 40 blocks, at every one of
+# the ~40 denoising steps.
+
+# %%
+grid_720p = configs.wan_latent_grid(81, 720, 1280)
+grid_480p = configs.wan_latent_grid(81, 480, 832)
+for name, grid in [("720p", grid_720p), ("480p", grid_480p)]:
+    print(f"{name}: T x Y x X = {grid.shape} -> {grid.num_tokens:,} tokens ({grid.tokens_per_frame:,} per frame)")
+print(f"75,600 = {grid_720p.num_tokens}: not a multiple of 128 -> every kernel meets a ragged last tile "
+      f"({grid_720p.num_tokens % 128} tokens)")
+
+# %% [markdown]
+# ## Attention's share of the cost
+#
+# A Wan 14B block has width 5,120 (40 heads of 128). Its linear layers cost O(L d²); its
+# self-attention costs O(L² d). At 75,600 tokens the quadratic term wins by a wide margin.
+
+# %%
+shares = {f"{name} ({g.num_tokens:,} tokens)": configs.WAN_14B.flops(g.num_tokens)
+          for name, g in [("480p", grid_480p), ("720p", grid_720p)]}
+for label, parts in shares.items():
+    total = sum(parts.values())
+    print(f"{label}: {total / 1e12:,.0f} TFLOP per block, self-attention {parts['self-attention (QK^T and PV)'] / total:.0%}")
+fig = plotting.cost_breakdown(shares, "Wan 14B block, forward flops by part (computed, hardware-independent)")
+plotting.save(fig, cfg.figure("00_cost_share"))
+
+# %% [markdown]
+# ## Flops and bytes of dense attention at the case-study shape
+#
+# Per head, QK^T and PV are two L x L x D matrix products: 4 L² D flops (two per multiply-add).
+# The inputs and the output are only 4 x H x L x D values. First, a check that the formula is
+# the count XLA itself reports for plain attention on a small shape.
+
+# %%
+H, L, D = 2, 512, 128
+shape = jax.ShapeDtypeStruct((H, L, D), jnp.float32)
+xla_flops = jax.jit(lambda q, k, v: stlib.attention(q, k, v)).lower(shape, shape, shape).cost_analysis()["flops"]
+formula = 4 * L * L * D * H
+rel_err = abs(xla_flops - formula) / formula
+assert rel_err < 0.02, rel_err  # XLA also counts the softmax's few elementwise flops per score
+print(f"PASSED  4 L^2 D H = {formula:.4g} vs XLA cost analysis {xla_flops:.4g} (relative difference {rel_err:.2e})")
+
+# %%
+case = configs.CASE_STUDY
+flops = case.dense_flops()
+nbytes = 4 * case.num_heads * case.num_tokens * case.head_dim * 2  # q, k, v, o in bf16
+print(f"case study: {case.num_heads} heads x {case.num_tokens:,} tokens x {case.head_dim}: "
+      f"{flops:.3g} flop, {nbytes / 1e6:.0f} MB moved at least -> {flops / nbytes:,.0f} flop per byte")
+for chip in ("v5e", "v6e"):
+    bound = roofline(chip, flops, nbytes)
+    print(f"  {chip}: compute floor {bound.compute_seconds * 1e3:6.1f} ms, memory floor {bound.memory_seconds * 1e3:5.3f} ms "
+          f"-> {bound.bound}-bound; published dense Splash on v6e: {configs.PUBLISHED['dense_splash_ms']} ms")
+v6e_floor = roofline("v6e", flops, nbytes).seconds * 1e3
+print(f"dense Splash reaches {v6e_floor / configs.PUBLISHED['dense_splash_ms']:.0%} of the v6e peak; "
+      f"the sparse kernel's 32.76 ms is {v6e_floor / configs.PUBLISHED['tile_aligned_sparse_ms']:.2f}x the dense floor's speed")
+
+# %%
+points = [
+    {"label": "dense attention, case study", "flops": flops, "bytes": nbytes},
+    {"label": "one 128 x 128 tile (q, k, v re-read)", "flops": 4 * 128 * 128 * 128, "bytes": 3 * 128 * 128 * 2},
+]
+fig = plotting.roofline_chart(["v5e", "v6e"], points, "Dense attention sits far right of the ridge: compute-bound")
+plotting.save(fig, cfg.figure("00_roofline"))
+
+# %% [markdown]
+# ## Takeaway
+#
+# Self-attention is 72% of a 720p Wan block's flops, and it is compute-bound: the
+# v6e cannot do dense attention at this shape in less than 31.8 ms, and dense Splash takes 78.70 ms
+# (40% of peak; much of the rest goes to the softmax's exponentials on the vector units). The only
+# way below the 31.8 ms floor is to compute fewer pairs: sparsity. The next notebooks show why
+# a sparse mask alone does not deliver that.
+#
+# ## Exercises
+#
+# 1. How many tokens does Wan produce for 121 frames at 720p, and how much more does dense
+#    attention cost than at 81 frames?
+# 2. At what sequence length does self-attention become half of a Wan 14B block's flops?
+# 3. Which chip is further from its dense floor on this workload if a v5e takes 4x the v6e time?
+#
+# <details><summary>Answers</summary>
+#
+# 1. `configs.wan_latent_grid(121, 720, 1280)` gives 31 x 45 x 80 = 111,600 tokens; attention
+#    grows with L², so (111,600 / 75,600)² = 2.18x.
+# 2. Attention is 4 L² d; the rest is L d (12 d + 4 f + 4 x 512) + 4 x 512 x d². Setting them
+#    equal gives L ≈ (12 d + 4 f + 2048) / 4 ≈ 29,700 tokens: just below 480p, where
+#    `configs.WAN_14B.flops` gives 52%.
+# 3. The v5e floor is 148.6 ms (197 TFLOP/s): 4 x 78.7 = 315 ms would be 47% of its peak against
+#    the v6e's 40%, so the v6e would be further from its floor (its exponentials and vector work
+#    did not grow as much as its matrix units).
+#
+# </details>
