@@ -764,17 +764,25 @@ def band_width_for_density(length: int, density: float) -> int:
     return int(min(math.ceil(width / 128.0) * 128, length))
 
 
-def spatial_band(grid: VideoGrid, density: float, *, anchor: bool = False) -> Mask:
-    """SVG spatial head in its TPU band form: |q - k| <= w in frame-major (raster) order."""
-    width = band_width_for_density(grid.num_tokens, density)
-    return _with_anchor(_VideoBand(grid, width), anchor)
+def _band_width(grid: VideoGrid, density, width) -> int:
+    if (density is None) == (width is None):
+        raise ValueError(f"give exactly one of density={density!r} and width={width!r}")
+    return band_width_for_density(grid.num_tokens, density) if width is None else width
 
 
-def temporal_band(grid: VideoGrid, density: float, *, anchor: bool = False) -> Mask:
-    """SVG temporal head in its TPU band form: a band of width w in token-major (y, x, t) order,
-    expressed on raster indices. ``.permute(token_major_order(grid))`` turns it into a plain band."""
-    width = band_width_for_density(grid.num_tokens, density)
-    return _with_anchor(TokenMajorBandMask(grid, width), anchor)
+def spatial_band(grid: VideoGrid, density: float | None = None, *, width: int | None = None,
+                 anchor: bool = False) -> Mask:
+    """SVG spatial head in its TPU band form: |q - k| <= w in frame-major (raster) order, with
+    w from ``density`` (``band_width_for_density``) or given as ``width``."""
+    return _with_anchor(_VideoBand(grid, _band_width(grid, density, width)), anchor)
+
+
+def temporal_band(grid: VideoGrid, density: float | None = None, *, width: int | None = None,
+                  anchor: bool = False) -> Mask:
+    """SVG temporal head in its TPU band form: a band of width w (from ``density`` or ``width``)
+    in token-major (y, x, t) order, expressed on raster indices.
+    ``.permute(token_major_order(grid))`` turns it into a plain band."""
+    return _with_anchor(TokenMajorBandMask(grid, _band_width(grid, density, width)), anchor)
 
 
 class _VideoBand(VideoMask):

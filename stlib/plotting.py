@@ -200,3 +200,83 @@ def roofline_chart(chips: list[str], points: list[dict], title: str):
            ylabel="attainable bf16 TFLOP/s", title=title)
     ax.legend(fontsize=8, loc="lower right")
     return fig
+
+
+def mask_gallery(named_masks: dict, title: str, columns: int = 4, head: int = 0):
+    """Each (small) mask as a black-and-white L x L image: row = query, column = key."""
+    rows = -(-len(named_masks) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(3.0 * columns, 3.1 * rows), constrained_layout=True,
+                             squeeze=False)
+    for ax, (name, mask) in zip(axes.flat, named_masks.items()):
+        dense = mask.to_dense()
+        dense = dense[head] if dense.ndim == 3 else dense
+        ax.imshow(dense, cmap="Greys", interpolation="nearest", vmin=0, vmax=1)
+        ax.set_title(f"{name}\ndensity {dense.mean():.2f}", fontsize=8)
+        ax.set_xticks([])
+        ax.set_yticks([])
+        ax.grid(False)
+    for ax in list(axes.flat)[len(named_masks):]:
+        ax.axis("off")
+    fig.suptitle(title, fontsize=11)
+    return fig
+
+
+def kind_gallery(named_layouts: dict, title: str, columns: int = 4, head: int = 0):
+    """The tile kinds (EMPTY / PARTIAL / FULL) of several layouts, one small map each."""
+    rows = -(-len(named_layouts) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(3.2 * columns, 3.4 * rows), constrained_layout=True,
+                             squeeze=False)
+    for ax, (name, layout) in zip(axes.flat, named_layouts.items()):
+        ax.imshow(layout.kinds[head], cmap=ListedColormap(KIND_COLORS), vmin=0, vmax=2, interpolation="nearest")
+        counts = layout.kind_counts()
+        nonempty = counts["PARTIAL"] + counts["FULL"]
+        ax.set_title(f"{name}\ndensity {layout.density:.3f}, occupied {layout.occupancy:.3f}\n"
+                     f"partial {counts['PARTIAL'] / max(nonempty, 1):.0%} of occupied", fontsize=8)
+        ax.set_xticks([])
+        ax.set_yticks([])
+        ax.grid(False)
+    for ax in list(axes.flat)[len(named_layouts):]:
+        ax.axis("off")
+    fig.legend(handles=[Patch(color=KIND_COLORS[k], label=k.name) for k in TileKind], loc="lower center", ncol=3,
+               bbox_to_anchor=(0.5, -0.03))
+    fig.suptitle(title, fontsize=11)
+    return fig
+
+
+def density_vs_work(named_layouts: dict, title: str):
+    """Per mask: density (useful work) against the fraction of tiles a tile-skipping kernel computes."""
+    fig, ax = plt.subplots(figsize=(8.5, 0.42 * len(named_layouts) + 1.6), constrained_layout=True)
+    names = list(named_layouts)
+    y = np.arange(len(names))
+    ax.barh(y - 0.2, [named_layouts[n].density for n in names], 0.4, color=PALETTE[2], label="density (useful pairs)")
+    ax.barh(y + 0.2, [named_layouts[n].occupancy for n in names], 0.4, color=PALETTE[0],
+            label="tile occupancy (pairs computed by a tile-skipping kernel)")
+    ax.set_yticks(y, names)
+    ax.invert_yaxis()
+    ax.set(xlabel="fraction of all L² pairs", xlim=(0, 1), title=title)
+    ax.legend(fontsize=8, loc="lower right")
+    return fig
+
+
+def timing_lines(series: dict[str, list[tuple[float, float]]], title: str, xlabel: str, ylabel: str = "median time (ms)"):
+    """One line per series of (x, y) points."""
+    fig, ax = plt.subplots(figsize=(6.8, 4.4), constrained_layout=True)
+    for i, (name, points) in enumerate(series.items()):
+        xs, ys = zip(*sorted(points))
+        ax.plot(xs, ys, "o-", color=PALETTE[i % len(PALETTE)], label=name)
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def named_bars(values: dict[str, float], title: str, xlabel: str, sort: bool = True):
+    """One horizontal bar per name (sorted by value)."""
+    names = sorted(values, key=values.get) if sort else list(values)
+    fig, ax = plt.subplots(figsize=(7.5, 0.34 * len(names) + 1.4), constrained_layout=True)
+    bars = ax.barh(np.arange(len(names)), [values[n] for n in names], color=PALETTE[0])
+    for bar, name in zip(bars, names):
+        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {values[name]:.3f}", va="center", fontsize=8)
+    ax.set_yticks(np.arange(len(names)), names, fontsize=8)
+    ax.set(xlabel=xlabel, title=title)
+    return fig

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -65,8 +66,8 @@ def main(argv=None) -> int:
             status = "ok"
         except Exception as error:  # noqa: BLE001 - report every notebook, then fail at the end
             status = "FAILED"
-            print(f"    {type(error).__name__}: {str(error).strip().splitlines()[-1] if str(error).strip() else ''}",
-                  flush=True)
+            message = re.sub(r"\x1b\[[0-9;]*m", "", str(error)).strip().splitlines()
+            print(f"    {type(error).__name__}: {message[-1] if message else ''}", flush=True)
         seconds = time.perf_counter() - start
         written = sorted(p.name for p, t in _figure_times().items() if before.get(p) != t)
         rows.append((path.name, status, seconds, written))

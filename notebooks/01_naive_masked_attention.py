@@ -1,0 +1,146 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 00 · The problem and the hardware
+#
+# %% [markdown]
+# # 01 · Naive masked attention
+#
+# Attention is softmax(q kᵀ / √D) v. A *mask* says which query may see which key. The obvious way
+# to use a sparse mask is to compute every score and then throw the forbidden ones away. This
+# notebook shows, by measurement, that this saves nothing: the cost of a masked dense kernel does
+# not drop with the mask's density.
+
+# %% tags=["parameters"]
+SIZE = None  # "full", "small" or None (automatic: case-study sizes on a TPU, small elsewhere); env STLIB_SIZE wins
+
+# %%
+import sys
+from pathlib import Path
+
+# find stlib when the repository is cloned but not installed
+repo = next((p for p in [Path.cwd(), *Path.cwd().parents] if (p / "stlib" / "__init__.py").is_file()), None)
+if repo is not None and str(repo) not in sys.path:
+    sys.path.insert(0, str(repo))
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import stlib
+from stlib import bench, masks, notebook, plotting
+
+cfg = notebook.setup(SIZE)
+
+# %% [markdown]
+# ## Dense attention, written out
+#
+# A teaching version in a few lines of jnp: scores, a mask as a boolean matrix (masked scores
+# become -inf, so their probability is exactly 0), a softmax per query row, and the weighted sum
+# of values. Rows that see no key at all are defined to return zeros. We check it against
+# `stlib.attention(impl="reference")`, the library's plain implementation.
+
+# %%
+def naive_attention(q, k, v, mask):
+    """q, k, v [H, L, D]; mask bool [L, L]."""
+    s = jnp.einsum("hqd,hkd->hqk", q, k) / jnp.sqrt(q.shape[-1])  # [H, L, L]
+    s = jnp.where(mask, s, -jnp.inf)
+    m = jnp.max(s, axis=-1, keepdims=True)
+    p = jnp.exp(s - jnp.where(jnp.isfinite(m), m, 0.0))  # [H, L, L]
+    l = p.sum(-1, keepdims=True)
+    return jnp.einsum("hqk,hkd->hqd", p, v) / jnp.where(l > 0, l, 1.0)
+
+
+length = 256
+band = masks.band(length, 20)
+q, k, v = stlib.random_qkv((2, length, 64), jnp.float32, seed=0)
+mine = naive_attention(q, k, v, band.to_dense())
+lib = stlib.attention(q, k, v, band, impl="reference")
+err = float(jnp.abs(mine - lib).max())
+assert err < 1e-5, err
+print(f"PASSED  naive masked attention == stlib reference (max error {err:.1e})")
+
+# %% [markdown]
+# The mask itself is an L x L boolean matrix. At 256 tokens that is 65,536 entries; at the
+# case-study length it would be 5.7 billion per head, which is why `stlib.masks` never builds it
+# (more in notebook 02).
+
+# %%
+fig = plotting.mask_gallery({"band |q - k| <= 20": band, "frame-causal (4 frames)": masks.frame_causal(stlib.VideoGrid(4, 8, 8)),
+                             "full": masks.full(length)}, "Masks as boolean matrices (black: query may see key)", columns=3)
+plotting.save(fig, cfg.figure("01_masks"))
+
+# %% [markdown]
+# ## A mask inside a dense kernel saves nothing
+#
+# Measure it. `impl="reference"` computes every score and applies the mask element by element;
+# `impl="xla"` walks the same scores tile by tile but skips tiles where the mask allows nothing.
+# Both are plain XLA, so on a CPU this is an honest CPU measurement (on a TPU the notebook uses
+# the case-study shape and the Pallas dense kernel instead).
+
+# %%
+if cfg.on_tpu:
+    H, L, D, dtype = cfg.workload.num_heads, cfg.workload.num_tokens, cfg.workload.head_dim, jnp.bfloat16
+    dense_impl, skip_impl, block = "pallas_dense", "pallas_block_sparse", {"block_q": 512, "block_kv": 1024}
+else:
+    H, L, D, dtype = 2, 4096, 64, jnp.float32  # big enough to time on a CPU, small enough to materialise
+    dense_impl, skip_impl, block = "reference", "xla", {"block_q": 256, "block_kv": 256}
+q, k, v = stlib.random_qkv((H, L, D), dtype, seed=1)
+series = {f"{dense_impl}: every score, then the mask": [], f"{skip_impl}: skips empty tiles": []}
+work = []
+for density in (0.1, 0.25, 0.5, 1.0):
+    mask = masks.full(L) if density == 1.0 else masks.band(L, masks.band_width_for_density(L, density))
+    layout = stlib.block_layout(mask, block["block_q"], block["block_kv"])
+    for impl, name in zip((dense_impl, skip_impl), series):
+        fn = functools.partial(stlib.attention, mask=mask, impl=impl, **(block if impl != "reference" else {}))
+        timing = bench.time_function(fn, q, k, v, trials=3)
+        series[name].append((layout.density, timing.median_ms))
+    work.append((layout.density, layout.occupancy))
+    print(f"density {layout.density:.3f}: " + ", ".join(f"{n.split(':')[0]} {pts[-1][1]:8.1f} ms" for n, pts in series.items())
+          + f"  | tiles computed by the skipping kernel: {layout.occupancy:.0%}")
+
+fig = plotting.timing_lines(series, f"Masked dense vs tile-skipping, {H} heads x {L:,} tokens x {D}\n"
+                            f"measured on {jax.devices()[0].device_kind} ({jax.default_backend()})",
+                            "density (allowed pairs / L²)")
+plotting.save(fig, cfg.figure("01_mask_saves_nothing"))
+
+# %% [markdown]
+# ## Takeaway
+#
+# The masked dense computation costs the same at density 0.1 as at density 1.0: it computes every
+# score, exponentiates every score, and then multiplies the forbidden ones by zero. Work is only
+# saved where whole tiles of scores are never computed, and then only in proportion to the tiles
+# skipped, not to the pairs allowed (compare the skipping kernel's time with the tile-occupancy
+# column). The rest of the sequence is about making those two numbers meet.
+#
+# ## Exercises
+#
+# 1. In `naive_attention`, why subtract the row maximum, and why replace a non-finite maximum by 0?
+# 2. The band at density 0.1 leaves how many of the 16 x 16 tiles of 256 x 256 non-empty at
+#    L = 4,096? Check with `stlib.block_layout(mask, 256, 256).kind_counts()`.
+# 3. Would a mask that allows a random 10% of pairs make `impl="xla"` faster than dense? Why not?
+#
+# <details><summary>Answers</summary>
+#
+# 1. exp of large scores overflows; subtracting the row maximum keeps every exponent <= 0 without
+#    changing the softmax. A row with no allowed key has maximum -inf, and -inf - (-inf) is NaN:
+#    replacing it by 0 makes every exp(-inf) = 0, the row sum 0, and the output 0.
+# 2. A band of half-width w touches about 1 + 2 w / 256 tiles per row of tiles: at density 0.1,
+#    w = 256, so 3 per row, 46 of 256 tiles (the ends have fewer): occupancy 0.18, not 0.1.
+# 3. No: a random 10% of pairs touches every tile, so no tile can be skipped; every tile is
+#    PARTIAL and the kernel pays full tiles plus the masking.
+#
+# </details>
