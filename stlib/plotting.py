@@ -227,7 +227,8 @@ def kind_gallery(named_layouts: dict, title: str, columns: int = 4, head: int = 
     fig, axes = plt.subplots(rows, columns, figsize=(3.2 * columns, 3.4 * rows), constrained_layout=True,
                              squeeze=False)
     for ax, (name, layout) in zip(axes.flat, named_layouts.items()):
-        ax.imshow(layout.kinds[head], cmap=ListedColormap(KIND_COLORS), vmin=0, vmax=2, interpolation="nearest")
+        ax.imshow(layout.kinds[head], cmap=ListedColormap(KIND_COLORS), vmin=0, vmax=2, interpolation="nearest",
+                  aspect="auto")
         counts = layout.kind_counts()
         nonempty = counts["PARTIAL"] + counts["FULL"]
         ax.set_title(f"{name}\ndensity {layout.density:.3f}, occupied {layout.occupancy:.3f}\n"
