@@ -3,8 +3,6 @@ small configuration (Pallas interpret mode on CPU)."""
 
 from __future__ import annotations
 
-import os
-
 import jupytext
 import nbformat
 import pytest
@@ -39,7 +37,6 @@ def test_py_twin_in_sync(path):
 @pytest.mark.parametrize("path", PATHS, ids=[p.stem for p in PATHS])
 def test_runs_at_small_configuration(path, monkeypatch):
     monkeypatch.setenv("STLIB_SIZE", "small")
-    monkeypatch.setenv("ALLOW_MULTIPLE_LIBTPU_LOAD", os.environ.get("ALLOW_MULTIPLE_LIBTPU_LOAD", "1"))
     execute(path)
 
 
