@@ -3,6 +3,7 @@
     python -m stlib.bench case-study   # dense Splash vs every stlib kernel across densities
     python -m stlib.bench cpu-scaling  # xla block-sparse vs dense xla for growing L (honest on CPU)
     python -m stlib.bench layout       # mask + layout construction time and peak memory
+    python -m stlib.bench figures      # redraw the figures from data/ (no hardware needed)
 
 Records are JSON lines appended to ``data/<command>.jsonl`` (flushed per record, so a crashed run
 loses nothing already written). Off a TPU, Pallas kernels run in interpret mode: those times say
@@ -66,6 +67,10 @@ def environment() -> dict:
             "libtpu": version("libtpu"), "git_rev": rev}
 
 
+#: Identifies the records of one benchmark process (figures draw the latest run of each file).
+RUN_ID = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%S") + f"-{os.getpid()}"
+
+
 class Recorder:
     """Appends one JSON object per line to ``path``; each record is flushed and synced at once."""
 
@@ -74,8 +79,8 @@ class Recorder:
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def write(self, record: dict) -> dict:
-        full = {**environment(), "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                **record}
+        full = {**environment(), "run": RUN_ID,
+                "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), **record}
         with open(self.path, "a") as handle:
             handle.write(json.dumps(full, default=_jsonable) + "\n")
             handle.flush()
@@ -91,11 +96,16 @@ def _jsonable(value):
     return str(value)
 
 
-def read_records(path: Path) -> list[dict]:
+def read_records(path: Path, latest_run: bool = False) -> list[dict]:
+    """The records of a .jsonl file (only those of its most recent run with ``latest_run``)."""
     path = Path(path)
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if latest_run and records:
+        last = records[-1].get("run")
+        records = [r for r in records if r.get("run") == last]
+    return records
 
 
 # --------------------------------------------------------------------------------------------
@@ -332,10 +342,66 @@ def run_layout(out_dir: Path = DATA_DIR, block_q: int = 128, block_kv: int = 128
     return recorder.path
 
 
+def _near_density(records: list[dict], density: float = 0.25) -> list[dict]:
+    return [r for r in records if r["pattern"] == "dense" or (r["pattern"] == "band" and abs(r["density"] - density) < 0.06)]
+
+
+def draw_figures(data_dir: Path = DATA_DIR, figures_dir: Path | None = None) -> list[Path]:
+    """Redraw the benchmark figures from the latest run of each record file (no hardware needed)."""
+    from stlib import plotting
+
+    data_dir = Path(data_dir)
+    figures_dir = Path(figures_dir or plotting.FIGURES_DIR)
+    written = []
+    reference = data_dir / "case_study_reference.json"
+    published = json.loads(reference.read_text()) if reference.exists() else None
+    case = read_records(data_dir / "case_study.jsonl", latest_run=True)
+    if case:
+        where = plotting.where_measured(case[0])
+        shape = " x ".join(str(n) for n in case[0]["shape"])
+        dense = next(r for r in case if r["label"] == "Splash (dense)")
+        fig = plotting.latency_bars(_near_density(case), f"Case study, [H, L, D] = [{shape}]: dense and band density "
+                                                         "~0.25", published)
+        written.append(plotting.save(fig, figures_dir / "bench_case_study_latency.png"))
+        fig = plotting.speedup_vs_density([r for r in case if r["pattern"] != "dense"], dense["median_ms"],
+                                          f"Speed-up over dense Splash, [{shape}]\n{where}")
+        written.append(plotting.save(fig, figures_dir / "bench_case_study_speedup.png"))
+        if not case[0].get("interpret"):
+            chip = "v6e" if "v6" in case[0].get("device_kind", "").lower() else "v5e"
+            fig = plotting.roofline_fraction(_near_density(case), chip, f"Fraction of the {chip} roofline, [{shape}]")
+            written.append(plotting.save(fig, figures_dir / "bench_case_study_roofline.png"))
+    work = read_records(data_dir / "case_study_work.jsonl", latest_run=True)
+    if work:
+        fig = plotting.work_bars(_near_density(work), "Work per call at the case-study shape [10 x 75,600 x 128], dense "
+                                                      "and band density ~0.25 (computed, hardware-independent)")
+        written.append(plotting.save(fig, figures_dir / "bench_case_study_work.png"))
+    scaling = read_records(data_dir / "cpu_scaling.jsonl", latest_run=True)
+    if scaling:
+        series = {}
+        for r in scaling:
+            if r["density"] < 1.0:
+                series.setdefault(f"L = {r['length']:,}", []).append((r["density"], r["speedup_vs_dense"]))
+        fig = plotting.timing_lines(series, f"xla block-sparse vs dense xla, measured on {scaling[0]['device_kind']} "
+                                            f"({scaling[0]['heads']} heads, head dim {scaling[0]['head_dim']})",
+                                    "density (allowed pairs / L²)", "speed-up over dense")
+        ax = fig.axes[0]
+        xs = np.linspace(min(r["density"] for r in scaling) * 0.9, 0.6, 50)
+        ax.plot(xs, 1 / xs, "k--", lw=1, label="ideal 1 / density")
+        ax.legend(fontsize=8)
+        written.append(plotting.save(fig, figures_dir / "bench_cpu_scaling.png"))
+    layout = read_records(data_dir / "layout.jsonl", latest_run=True)
+    if layout:
+        fig = plotting.named_bars({r["mask"]: r["seconds"] for r in layout},
+                                  f"Mask + layout construction at 21 x 45 x 80, {layout[0]['block_q']} x "
+                                  f"{layout[0]['block_kv']} tiles, 10 heads (CPU, one process each)", "seconds")
+        written.append(plotting.save(fig, figures_dir / "bench_layout_time.png"))
+    return written
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m stlib.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["case-study", "cpu-scaling", "layout", "all"])
+    parser.add_argument("command", choices=["case-study", "cpu-scaling", "layout", "figures", "all"])
     parser.add_argument("--out", type=Path, default=DATA_DIR, help="directory of the .jsonl records")
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--no-compile-check", action="store_true", help="skip the v6e compile checks")
@@ -347,6 +413,8 @@ def main(argv=None) -> None:
         run_cpu_scaling(args.out, trials=args.trials)
     if args.command in ("layout", "all"):
         run_layout(args.out)
+    for path in draw_figures(args.out):
+        print(f"figure: {path}")
 
 
 if __name__ == "__main__":

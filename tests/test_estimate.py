@@ -1,0 +1,176 @@
+"""The static TPU time estimate (stlib.estimate): the dump parser on a synthetic schedule (and its
+loud failures on formats it does not know), then self-consistency of estimates from real
+deviceless compilations for v6e at small shapes (libtpu's dump, no TPU needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from stlib import estimate as E
+
+# --------------------------------------------------------------------------------------------
+# a synthetic final_bundles dump: prologue, grid loop (trip 6 = 4 steps + 2) holding a step region
+# with init / compute (an inner loop of 4 trips inside) / finalise regions, epilogue
+
+
+def _bundle(address: int, body: str, marker: str = "", note: str = "") -> str:
+    addr = f"{address:#x}" if address else "0"
+    head = f"{marker}:" if marker else "  :"
+    return f"  {addr:>5} {head} > {{ {body} }}" + (f" /* {note} */" if note else "")
+
+
+def _program() -> list[tuple[str, str, str]]:
+    nop = ("", "", "")
+    p = {
+        0: ("%s0 = smov 0", "", ""),
+        1: ("%s1 = smov 0", "", "Start region 1"),
+        2: ("%s5 = sadd.s32 1, %s4", "LB", "Start region 10 :: Start region 11"),
+        3: ("%p1 = scmp.eq.s32.totalorder %s5, 0", "", ""),
+        4: ("%9 = sbr.rel (%p1) target = $region20", "", ""),
+        8: ("", "", "End region 11 :: Start region 12"),
+        9: ("%10 = sbr.rel (%p2) target = $region30", "", ""),
+        13: ("", "", "End region 12"),
+        14: ("%20 = vst [vmem:[#allocation1]] %v0", "", "Start region 31"),
+        15: ("%21 = vst [vmem:[#allocation1 + $0x8]] %v0", "", ""),
+        16: ("%22 = vst [vmem:[#allocation1 + $0x10]] %v0", "", "End region 31"),
+        17: ("%s9 = smov 1", "PF", "Start/End empty region 30 :: Start region 13"),
+        18: ("%11 = sbr.rel (%p3) target = $region40", "", ""),
+        22: ("", "", "End region 13"),
+        23: ("%v2 = vmatmul.mubr.bf16.gmra.mxu0 %v1", "", "Start region 41"),
+        24: ("%s21 = sadd.s32 1, %s20", "LB", "Start region 50"),
+        25: ("%p5 = scmp.ge.s32.totalorder %s21, 4 /* loop exit test */", "", ""),
+        26: ("%12 = sbr.rel (!%p5) target = $region50", "", ""),
+        30: ("", "", "End region 50"),
+        31: ("%v3 = vpow2.f32 %v2", "", "End region 41"),
+        32: ("%s10 = smov 2", "PF", "Start/End empty region 40 :: Start region 14"),
+        33: ("%13 = sbr.rel (%p4) target = $region60", "", ""),
+        37: ("", "", "End region 14"),
+        38: ("%v4 = vrcp.f32 %v3", "", "Start region 61"),
+        39: ("%23 = vst [vmem:[#allocation2]] %v4", "", "End region 61"),
+        40: ("%s11 = smov 3", "PF", "Start/End empty region 60"),
+        42: ("%s12 = smov 4", "PF", "Start/End empty region 20"),
+        43: ("%p9 = scmp.ge.s32.totalorder %s5, 6 /* loop exit test */", "", ""),
+        44: ("%14 = sbr.rel (!%p9) target = $region10", "", ""),
+        48: ("", "", "End region 10"),
+        49: ("%s13 = smov 0", "", ""),
+    }
+    return [p.get(i, nop) for i in range(50)]
+
+
+def _dump(program, key=E._KEY) -> str:
+    lines = [*key, ""]
+    for address, (body, marker, note) in enumerate(program):
+        lines.append(_bundle(address, body, marker, note))
+    return "\n".join(lines) + "\n"
+
+
+def _analysis(n: int) -> str:
+    return f"Schedule analysis:\n\ttotal scheduled bundles:    {n}\n\tempty scheduled bundles:    0\n"
+
+
+def test_parser_attributes_synthetic_schedule():
+    schedule = E.parse_schedule(_dump(_program()), _analysis(50))
+    (grid,) = schedule.roots
+    assert (grid.kind, grid.first, grid.last, grid.trip) == ("loop", 2, 48, 6)
+    att = E.attribute(schedule, "splash", "splash_synthetic")
+    assert att.trip == 6 and att.grid_steps == 4 and att.grid is None
+    # step region: bundles 9..41 (33); init 14..16; compute 23..31 with 7 bundles x 4 trips inside
+    assert att.paths == {"call": 3, "iteration": 47 - 33, "step": 33 - 3 - 9 - 2, "init": 3,
+                         "compute": 9 + 3 * 7, "finalise": 2}
+    assert att.ops["compute"]["mxu"] == 1 and att.ops["finalise"]["eup"] == 1
+
+
+@pytest.mark.parametrize("change, message", [
+    ({0: ("%s0 = sjmp 7", "", "")}, "unknown control op"),
+    ({43: ("%p9 = scmp.ge.s32.totalorder %s5, 6", "", "")}, "loop exit test"),
+    ({8: ("", "", "")}, "delay slots"),
+    ({9: ("%10 = sbr.rel (%p2) target = $region99", "", "")}, "never starts"),
+    ({17: ("%s9 = smov 1", "", "Start/End empty region 30 :: Start region 13")}, "not a PF bundle"),
+    ({3: ("%p1 = scmp.eq.s32.totalorder %s5, 0", "LH", "")}, "marker LH"),
+])
+def test_parser_fails_loudly_on_unknown_structure(change, message):
+    with pytest.raises(E.ScheduleFormatError, match=message):
+        E.parse_schedule(_dump(_program_with(change)), _analysis(50))
+
+
+def _program_with(change):
+    program = _program()
+    for k, v in change.items():
+        program[k] = v
+    return program
+
+
+def test_parser_fails_loudly_on_unknown_format():
+    with pytest.raises(E.ScheduleFormatError, match="control-target key"):
+        E.parse_schedule(_dump(_program(), key=E._KEY[:-2] + E._KEY[-1:]))
+    with pytest.raises(E.ScheduleFormatError, match="schedule analysis counts 49"):
+        E.parse_schedule(_dump(_program()), _analysis(49))
+    with pytest.raises(E.ScheduleFormatError, match="total scheduled bundles"):
+        E.parse_schedule(_dump(_program()), "Schedule analysis:\n\tbundles: 50\n")
+    # a branch inside the compute region cannot be attributed to a path
+    nop = ("", "", "")
+    nested = _program_with({24: ("%15 = sbr.rel (%p7) target = $region70", "", ""), 25: nop, 26: nop,
+                            28: ("", "", "End region 72"), 29: ("%v9 = vadd.f32 %v2, %v2", "", ""), 30: nop,
+                            31: ("%v3 = vpow2.f32 %v2", "PF", "Start/End empty region 70")})
+    with pytest.raises(E.ScheduleFormatError, match="unattributed branch"):
+        E.attribute(E.parse_schedule(_dump(nested), _analysis(50)), "splash", "x")
+
+
+def test_libtpu_version_is_pinned(monkeypatch):
+    monkeypatch.setattr(E, "libtpu_version", lambda: "0.0.99")
+    with pytest.raises(E.ScheduleFormatError, match="0.0.99"):
+        E.estimate("pallas_dense", "none", "v6e", length=1024, num_heads=1, clock=1e9)
+
+
+# --------------------------------------------------------------------------------------------
+# real compilations (deviceless, v6e) at small shapes: 2 heads x 8,192 tokens x 128, bf16
+
+SMALL = {"length": 8192, "clock": 1e9}
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    import os
+
+    old = os.environ.get("STLIB_CACHE_DIR")
+    os.environ["STLIB_CACHE_DIR"] = str(tmp_path_factory.mktemp("estimate-cache"))
+    yield
+    if old is None:
+        del os.environ["STLIB_CACHE_DIR"]
+    else:
+        os.environ["STLIB_CACHE_DIR"] = old
+
+
+@pytest.mark.tpu_compile
+def test_estimate_scales_with_grid_steps(cache):
+    small = E.estimate("pallas_dense", "none", "v6e", num_heads=2, **SMALL)
+    large = E.estimate("pallas_dense", "none", "v6e", num_heads=8, **SMALL)
+    assert large.kernels[0].grid_steps == 4 * small.kernels[0].grid_steps
+    assert large.cycles / small.cycles == pytest.approx(4.0, rel=0.05)
+    assert large.seconds / small.seconds == pytest.approx(4.0, rel=0.05)
+
+
+@pytest.mark.tpu_compile
+def test_skipped_masked_and_full_steps(cache):
+    est = E.estimate("pallas_block_sparse", "band (width 1500)", "v6e", num_heads=2, **SMALL)
+    paths = est.path_bundles()
+    assert paths["skipped step"] < 0.1 * paths["FULL tile"]
+    assert paths["masked tile"] > paths["FULL tile"]
+    counts = {p: v["count"] for p, v in est.kernels[0].breakdown.items()}
+    assert counts["compute_full"] + counts["compute_masked"] < counts["step"]  # some steps skipped
+    assert est.kernels[0].dma_bytes > 0 or est.kernels[0].memory_seconds == 0
+    tile = E.estimate("pallas_tile", "band (width 1500)", "v6e", num_heads=2, **SMALL)
+    full, masked = (k.breakdown for k in sorted(tile.kernels, key=lambda k: "masked" in k.kernel))
+    assert masked["compute_masked"]["bundles"] > full["compute_full"]["bundles"]
+
+
+@pytest.mark.tpu_compile
+def test_estimate_is_deterministic_and_cached(cache):
+    first = E.estimate("pallas_tile", "band (width 1500)", "v6e", num_heads=2, options={"form": "flat"},
+                       use_cache=False, **SMALL)
+    second = E.estimate("pallas_tile", "band (width 1500)", "v6e", num_heads=2, options={"form": "flat"}, **SMALL)
+    assert first.cycles == second.cycles and first.kernels == second.kernels
+    assert any(E.cache_dir().rglob("*.json"))
+    record = second.as_record()
+    assert record["estimate_static"] and record["estimate_libtpu"] == E.PINNED_LIBTPU
+    assert "static estimate" in record["estimate_method"] and "STATIC ESTIMATE" in str(second)
