@@ -340,7 +340,7 @@ def _compute_names(impl: str, kernel: str, n: int) -> list[str]:
     elif impl == "pallas_block_sparse":
         expected = ["compute_full", "compute_masked"][:n] if n in (1, 2) else ["?"]
     elif impl == "pallas_tile":
-        expected = ["compute_masked" if "masked" in kernel else "compute_full"]
+        expected = ["compute_full" if kernel.startswith("stlib_tile_full") else "compute_masked"]
     else:
         raise ValueError(f"no attribution rules for impl={impl!r}")
     if len(expected) != n:
@@ -576,9 +576,10 @@ def _stlib_counts(setup: Setup, kernel: str):
 
     options = TileOptions(**setup.options)
     passes = split_passes(layout, options.boundary)
-    selected = passes.masked if "masked" in kernel else passes.clean
-    out_item = 4 if passes.clean.any() and passes.masked.any() else item  # f32 partial results to merge
-    name = "compute_masked" if "masked" in kernel else "compute_full"
+    this = next(p for p in passes if kernel.startswith(f"stlib_tile_{p.name}"))
+    selected = this.selected
+    out_item = 4 if len(passes) > 1 else item  # f32 partial results to merge
+    name = "compute_full" if this.name == "full" else "compute_masked"
     if options.form == "rows":
         tiles, row_counts = row_tables(selected)
         kv = heads * nk + np.broadcast_to(tiles, (h,) + tiles.shape[1:])

@@ -154,14 +154,16 @@ def test_estimate_scales_with_grid_steps(cache):
 def test_skipped_masked_and_full_steps(cache):
     est = E.estimate("pallas_block_sparse", "band (width 1500)", "v6e", num_heads=2, **SMALL)
     paths = est.path_bundles()
-    assert paths["skipped step"] < 0.1 * paths["FULL tile"]
+    # a skipped step pays only the grid-loop overhead: measured 0.12 of a FULL tile with the
+    # lane-replicated softmax statistics (0.06 when the tile itself was twice as expensive)
+    assert paths["skipped step"] < 0.2 * paths["FULL tile"]
     assert paths["masked tile"] > paths["FULL tile"]
     counts = {p: v["count"] for p, v in est.kernels[0].breakdown.items()}
     assert counts["compute_full"] + counts["compute_masked"] < counts["step"]  # some steps skipped
     assert est.kernels[0].dma_bytes > 0 or est.kernels[0].memory_seconds == 0
     tile = E.estimate("pallas_tile", "band (width 1500)", "v6e", num_heads=2, **SMALL)
-    full, masked = (k.breakdown for k in sorted(tile.kernels, key=lambda k: "masked" in k.kernel))
-    assert masked["compute_masked"]["bundles"] > full["compute_full"]["bundles"]
+    by_pass = {k.kernel.split(".")[0].removeprefix("stlib_tile_"): k.breakdown for k in tile.kernels}
+    assert by_pass["masked"]["compute_masked"]["bundles"] > by_pass["full"]["compute_full"]["bundles"]
 
 
 @pytest.mark.tpu_compile

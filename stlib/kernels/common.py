@@ -107,7 +107,8 @@ class MaskPlan:
     mode ``"none"``: no tile needs a mask; ``"iota"``: evaluated from row / column indices with the
     mask's own predicate (lazy, traceable masks, also permuted by an arithmetic token order), ANDed
     with ``key < length`` (the sequence padding a kernel adds);
-    ``"table"``: a [P, block_q, block_kv] int8 table of deduplicated tile masks, one per masked tile.
+    ``"table"``: a [P, block_q, block_kv] int8 table of deduplicated tile masks, one per masked tile;
+    ``"prefix"``: only padding to hide, and each kv tile's real keys come first (``kv_valid``).
     """
 
     mode: str
@@ -115,6 +116,7 @@ class MaskPlan:
     length: int
     table: np.ndarray | None = None  # int8 [P, block_q, block_kv]
     index: np.ndarray | None = None  # int32 [Hl, nq, nk], -1 where no table entry
+    kv_valid: np.ndarray | None = None  # int32 [nk] real keys per kv tile (mode "prefix")
 
 
 def plan_mask(mask: Mask, layout: BlockLayout, masked: np.ndarray) -> MaskPlan:
@@ -166,6 +168,13 @@ def scaled_q(q_ref, options: SoftmaxOptions):
     return (q.astype(jnp.float32) * options.score_scale).astype(q.dtype)
 
 
+def _lanes(x, width: int):
+    """A lane-replicated [rows, 128] array widened (or cut) to [rows, width] without lane shuffles."""
+    if width % LANES == 0:
+        return jnp.tile(x, (1, width // LANES))
+    return x[:, :width] if width < LANES else jnp.tile(x, (1, -(-width // LANES)))[:, :width]
+
+
 def update_tile(q, k_ref, v_ref, m_ref, l_ref, acc_ref, options: SoftmaxOptions, chunk: int, mask_fn=None):
     """Fold one kv tile into the running softmax of a q tile, ``chunk`` keys at a time.
 
@@ -185,15 +194,15 @@ def update_tile(q, k_ref, v_ref, m_ref, l_ref, acc_ref, options: SoftmaxOptions,
             s = jnp.where(allowed, s, MASK_VALUE)
         m_prev = m_ref[...]  # [bq, 128]
         m_next = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))  # [bq, 128]
-        p = options.exp(s - m_next[:, :1])  # [bq, chunk]
+        p = options.exp(s - _lanes(m_next, chunk))  # [bq, chunk]
         if allowed is not None:
             p = jnp.where(allowed, p, 0.0)
         alpha = options.exp(m_prev - m_next)  # [bq, 128]
         l_ref[...] = alpha * l_ref[...] + jnp.sum(p, axis=1, keepdims=True)
         m_ref[...] = m_next
-        pv = jax.lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())),
+        pv = jax.lax.dot_general(p, v.astype(jnp.float32), (((1,), (0,)), ((), ())),
                                  preferred_element_type=jnp.float32)  # [bq, D]
-        acc_ref[...] = alpha[:, :1] * acc_ref[...] + pv
+        acc_ref[...] = _lanes(alpha, acc_ref.shape[1]) * acc_ref[...] + pv
         return carry
 
     jax.lax.fori_loop(0, block_kv // chunk, body, 0, unroll=True)

@@ -8,9 +8,10 @@ Two grid forms, driven by scalar-prefetched tables built from the layout:
   width (causal, radial) waste no steps; first / last flags open and close each row.
 
 The mask mode of a pass is fixed at trace time: the main pass runs FULL tiles with no mask work
-at all; the tiles that need a mask (PARTIAL tiles, and tiles whose keys include padding such as
-the ragged sequence end) run in a separate masked pass, and the two results are merged with a
-log-sum-exp merge. ``boundary="balanced"`` instead rounds PARTIAL tiles in or out, keeping the
+at all; FULL tiles whose keys end in padding (the ragged sequence end, or the padded 3-D tiles of
+a tiled order) run in a "ragged" pass that only compares each key's position with the tile's
+count of real keys; PARTIAL tiles run in a masked pass that evaluates the mask. The passes'
+results are merged with a numerically stable log-sum-exp merge. ``boundary="balanced"`` instead rounds PARTIAL tiles in or out, keeping the
 computed pairs close to the allowed-pair budget (the Sparse VideoGen TPU design): faster, and
 approximate. Each computed step costs 4 * block_q * block_kv * D flops.
 """
@@ -74,30 +75,54 @@ def balanced_keep(layout: BlockLayout) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class Passes:
-    """The tiles of the mask-free main pass and of the masked pass, and the masked pass's mask."""
+class Pass:
+    """The tiles one pallas_call computes and how it masks them: ``"full"`` (mask-free),
+    ``"ragged"`` (FULL tiles whose kv tile ends in padding: one compare against the tile's count of
+    real keys) or ``"masked"`` (PARTIAL tiles: the mask itself)."""
 
-    clean: np.ndarray  # bool [Hl, nq, nk]
-    masked: np.ndarray  # bool [Hl, nq, nk]
+    name: str
+    selected: np.ndarray  # bool [Hl, nq, nk]
     plan: common.MaskPlan
 
 
-def split_passes(layout: BlockLayout, boundary: str) -> Passes:
+def split_passes(layout: BlockLayout, boundary: str) -> list[Pass]:
+    """The non-empty passes of a call, in merge order."""
     padded_kv = (layout.kv_valid < layout.block_kv)[None, None, :]
+    length = layout.mask.length
     if boundary == "exact":
-        masked = layout.masked_tiles
-        clean = (layout.kinds == TileKind.FULL) & ~masked
-        return Passes(clean, masked, common.plan_mask(layout.mask, layout, masked))
-    keep = balanced_keep(layout)
-    masked = keep & padded_kv
-    # kept tiles count as FULL: the masked pass only hides padding keys
-    mask = layout.mask
-    validity = full(mask.base.length).permute(mask.order) if isinstance(mask, PermutedMask) else full(mask.length)
-    plan = common.MaskPlan("none", None, mask.length)
-    if masked.any():
-        validity_layout = block_layout(validity, layout.block_q, layout.block_kv)
-        plan = common.plan_mask(validity, validity_layout, masked.any(axis=0, keepdims=True))
-    return Passes(keep & ~padded_kv, masked, plan)
+        computed, partial = layout.kinds == TileKind.FULL, layout.kinds == TileKind.PARTIAL
+    else:  # balanced: kept PARTIAL tiles run as FULL, the rest are dropped
+        computed, partial = balanced_keep(layout), np.zeros(layout.kinds.shape, bool)
+    ragged = computed & padded_kv
+    if ragged.any() and not layout.kv_valid_is_prefix:
+        # padding inside kv tiles, not only at their ends: hide it with the exact mask instead
+        if boundary == "exact":
+            partial, ragged = partial | ragged, np.zeros_like(ragged)
+        else:
+            validity = _validity_mask(layout.mask)
+            plan = common.plan_mask(validity, block_layout(validity, layout.block_q, layout.block_kv),
+                                    ragged.any(axis=0, keepdims=True))
+            passes = [Pass("full", computed & ~padded_kv, common.MaskPlan("none", None, length)),
+                      Pass("masked", ragged, plan)]
+            return [p for p in passes if p.selected.any()]
+    passes = [
+        Pass("full", computed & ~padded_kv, common.MaskPlan("none", None, length)),
+        Pass("ragged", ragged, common.MaskPlan("prefix", None, length, kv_valid=layout.kv_valid)),
+        Pass("masked", partial, common.plan_mask(layout.mask, layout, partial)),
+    ]
+    return [p for p in passes if p.selected.any()]
+
+
+def _validity_mask(mask: Mask) -> Mask:
+    """A mask that allows every pair of real tokens (hides the padding slots of permuted views)."""
+    if isinstance(mask, PermutedMask):
+        return full(mask.base.length).permute(mask.order)
+    valid = mask.token_validity()
+    if valid is None:
+        return full(mask.length)
+    from stlib.masks import from_array
+
+    return from_array(np.outer(valid, valid))
 
 
 # --------------------------------------------------------------------------------------------
@@ -114,6 +139,8 @@ def _pass_tables(selected: np.ndarray, plan: common.MaskPlan, form: str) -> tupl
             idx = np.take_along_axis(np.broadcast_to(plan.index, selected.shape), tiles, axis=2)
             idx = np.where(np.arange(extent) < counts[:, :, None], idx, -1)
             tables.append(_carried(idx).reshape(-1))
+        if plan.mode == "prefix":
+            tables.append(plan.kv_valid.astype(np.int32))
         return tables, extent
     steps = flat_steps(selected)
     head_q = (steps["step_head"] << 16) | steps["step_q"]
@@ -122,6 +149,8 @@ def _pass_tables(selected: np.ndarray, plan: common.MaskPlan, form: str) -> tupl
     if plan.mode == "table":
         idx = np.broadcast_to(plan.index, selected.shape)[steps["step_head"], steps["step_q"], steps["step_kv"]]
         tables.append(_carried(np.where(steps["step_active"] > 0, idx, -1)))
+    if plan.mode == "prefix":
+        tables.append(plan.kv_valid.astype(np.int32))
     return tables, int(head_q.shape[0])
 
 
@@ -194,6 +223,9 @@ def _run_pass(qp, kp, vp, selected, plan, *, bq, bkv, options: TileOptions, soft
             mask_fn = None
         elif plan.mode == "iota":
             mask_fn = lambda c0, shape: common.iota_mask(plan, qi * bq, ki * bkv + c0, shape, head)
+        elif plan.mode == "prefix":  # the tile's real keys come first: one compare per score
+            real_keys = tab[-1][ki]
+            mask_fn = lambda c0, shape: c0 + jax.lax.broadcasted_iota(jnp.int32, shape, 1) < real_keys
         else:
             mask_fn = lambda c0, shape: mask_ref[:, pl.ds(c0, shape[1])] != 0
 
@@ -252,22 +284,14 @@ def tile_attention(q, k, v, layout: BlockLayout, *, scale: float, options: TileO
     passes = split_passes(layout, options.boundary)
     qp, kp, vp = common.pad_sequence(q, bq), common.pad_sequence(k, bkv), common.pad_sequence(v, bkv)
     softmax = common.SoftmaxOptions(scale, options.exp2)
-    runs = [(passes.clean, common.MaskPlan("none", None, layout.length), "stlib_tile_full"),
-            (passes.masked, passes.plan, "stlib_tile_masked")]
-    runs = [r for r in runs if r[0].any()]
-    merging = len(runs) == 2
-    out_dtype = jnp.float32 if merging else q.dtype
-    results = [
-        _run_pass(qp, kp, vp, selected, plan, bq=bq, bkv=bkv, options=options, softmax=softmax,
-                  interpret=interpret, out_dtype=out_dtype, name=name)
-        for selected, plan, name in runs
-    ]
-    if not results:
+    out_dtype = jnp.float32 if len(passes) > 1 else q.dtype
+    o = lse = None
+    for p in passes:
+        o_p, lse_p = _run_pass(qp, kp, vp, p.selected, p.plan, bq=bq, bkv=bkv, options=options, softmax=softmax,
+                               interpret=interpret, out_dtype=out_dtype, name=f"stlib_tile_{p.name}")
+        o, lse = (o_p, lse_p) if o is None else common.merge_partials(o, lse, o_p, lse_p)
+    if o is None:  # nothing to compute: every row sees nothing
         o, lse = jnp.zeros(qp.shape, q.dtype), jnp.full((num_heads, qp.shape[1], 1), -jnp.inf, jnp.float32)
-    elif merging:
-        o, lse = common.merge_partials(*results[0], *results[1])
-    else:
-        o, lse = results[0]
     o = o[:, :length].astype(q.dtype)
     if return_lse:
         return o, lse[:, :length, 0]
@@ -278,16 +302,14 @@ def tile_work(layout: BlockLayout, num_heads: int, head_dim: int, options: TileO
     """Grid steps and flops of ``tile_attention`` (both passes) for this layout."""
     passes = split_passes(layout, options.boundary)
     mult = num_heads if layout.num_heads == 1 else 1
-    steps = computed = 0
-    for selected in (passes.clean, passes.masked):
-        if not selected.any():
-            continue
-        computed += int(selected.sum()) * mult
+    steps = computed = masked = 0
+    for p in passes:
+        computed += int(p.selected.sum()) * mult
+        masked += int(p.selected.sum()) * mult if p.name != "full" else 0
         if options.form == "rows":
-            steps += num_heads * selected.shape[1] * row_tables(selected)[0].shape[2]
+            steps += num_heads * p.selected.shape[1] * row_tables(p.selected)[0].shape[2]
         else:
-            steps += mult * int(flat_steps(selected)["step_q"].shape[0])
-    masked = int(passes.masked.sum()) * mult
+            steps += mult * int(flat_steps(p.selected)["step_q"].shape[0])
     return common.work_from_counts(layout, num_heads, head_dim, steps, computed, masked)
 
 
