@@ -12,9 +12,6 @@
 # ---
 
 # %% [markdown]
-# # 00 · The problem and the hardware
-#
-# %% [markdown]
 # # 01 · Naive masked attention
 #
 # Attention is softmax(q kᵀ / √D) v. A *mask* says which query may see which key. The obvious way

@@ -12,9 +12,6 @@
 # ---
 
 # %% [markdown]
-# # 00 · The problem and the hardware
-#
-# %% [markdown]
 # # 02 · Video masks
 #
 # A video token has coordinates (t, y, x): frame, row, column. Most of what a video diffusion

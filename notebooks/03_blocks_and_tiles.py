@@ -12,9 +12,6 @@
 # ---
 
 # %% [markdown]
-# # 00 · The problem and the hardware
-#
-# %% [markdown]
 # # 03 · Blocks and tiles
 #
 # A TPU does not compute one score at a time: a flash-attention kernel loads a block of

@@ -14,6 +14,8 @@ from stlib.geometry import (
 )
 from stlib.layout import BlockLayout, TileKind, block_layout
 
+from stlib import kernels  # noqa: E402  (registers pallas_dense, pallas_block_sparse, pallas_tile, splash)
+
 __all__ = [
     "CASE_STUDY",
     "IMPLEMENTATIONS",

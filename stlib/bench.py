@@ -224,14 +224,17 @@ def case_work(case: Case, workload: Workload) -> dict:
 
 
 def run_case_study(out_dir: Path = DATA_DIR, trials: int = 3, compile_check: bool = True,
-                   densities=DENSITIES) -> Path:
-    """Time every case on this backend (interpret mode off a TPU), record times and work."""
-    tpu = on_tpu()
+                   densities=DENSITIES, size: str | None = None) -> Path:
+    """Time every case on this backend (interpret mode off a TPU), record times and work.
+    ``size``: "full" (the case-study shape), "small" (the CPU stand-in) or None (full on a TPU)."""
+    if size not in (None, "full", "small"):
+        raise ValueError(f"size={size!r} must be 'full', 'small' or None")
+    tpu = on_tpu() if size is None else size == "full"
     workload = CASE_STUDY if tpu else CPU_CASE
     recorder = Recorder(Path(out_dir) / "case_study.jsonl")
     interpret = resolve_interpret(None)
     cases = case_study_cases(workload, CASE_STA_TILE if tpu else CPU_STA_TILE, tpu, densities)
-    if not tpu:
+    if interpret:
         print(f"No TPU ({backend()}): Pallas kernels run in INTERPRET mode at {workload.grid.shape} "
               f"x {workload.num_heads} heads; these times say nothing about TPU speed.", flush=True)
     q, k, v = stlib.random_qkv(workload.qkv_shape, workload.dtype, seed=0)
@@ -248,7 +251,7 @@ def run_case_study(out_dir: Path = DATA_DIR, trials: int = 3, compile_check: boo
         })
         print(f"[{n}/{len(cases)}] {case.label:<30} {case.pattern:<13} density {record['density']:.3f}  "
               f"median {timing.median_ms:9.2f} ms{' (interpret)' if interpret else ''}", flush=True)
-    if not tpu:
+    if interpret:
         record_full_scale_work(out_dir, compile_check=compile_check)
     return recorder.path
 

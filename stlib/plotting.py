@@ -281,3 +281,77 @@ def named_bars(values: dict[str, float], title: str, xlabel: str, sort: bool = T
     ax.set_yticks(np.arange(len(names)), names, fontsize=8)
     ax.set(xlabel=xlabel, title=title)
     return fig
+
+
+def vmem_bars(rows: list[dict], title: str, limit_bytes: float | None = None, limit_label: str = "limit"):
+    """VMEM of kernel configurations, stacked by part. ``rows``: ``{"label", "parts": {name: bytes},
+    "compiler": bytes or None, "compiler_total": bytes or None}``; the compiler's figures are drawn
+    as markers, ``limit_bytes`` as a line."""
+    fig, ax = plt.subplots(figsize=(8.8, 0.75 * len(rows) + 2.0), constrained_layout=True)
+    names = list(dict.fromkeys(name for row in rows for name in row["parts"]))
+    y = np.arange(len(rows))
+    left = np.zeros(len(rows))
+    mib = float(1 << 20)
+    for i, name in enumerate(names):
+        widths = np.array([row["parts"].get(name, 0) / mib for row in rows])
+        ax.barh(y, widths, left=left, color=PALETTE[i % len(PALETTE)], label=name, height=0.55)
+        left += widths
+    for yi, total, row in zip(y, left, rows):
+        right = max(total, (row.get("compiler_total") or 0) / mib)
+        ax.text(right, yi, f"   {total:.2f} MiB", va="center", fontsize=8)
+    for key, style, label in [("compiler", "kD", "allocated by the compiler (buffers + scratch)"),
+                              ("compiler_total", "kX", "scoped VMEM the compiler asked for (its error message)")]:
+        marked = [(yi, row[key] / mib) for yi, row in zip(y, rows) if row.get(key) is not None]
+        if marked:
+            ax.plot([m[1] for m in marked], [m[0] for m in marked], style, markersize=8, label=label)
+    if limit_bytes is not None:
+        ax.axvline(limit_bytes / mib, color="black", ls="--", lw=1.2, label=limit_label)
+    ax.set_yticks(y, [row["label"] for row in rows])
+    ax.invert_yaxis()
+    ax.set(xlabel="VMEM (MiB)", title=title)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2)
+    return fig
+
+
+def step_table_map(table, title: str, head: int = 0, annotate_max: int = 24):
+    """A block-sparse step table (int32 [Hl, nq, nk], entry = fetch_kv << 2 | kind, kind 0 skip /
+    1 masked / 2 mask-free): each grid step's kind as a colour, and (for small grids) the kv tile
+    it fetches as a number, bold where the step needs a new DMA, grey where the tile is already there."""
+    table = np.asarray(table)[head]
+    kind, fetch = table & 3, table >> 2
+    nq, nk = table.shape
+    fig, ax = plt.subplots(figsize=(min(0.5 * nk + 2.5, 10), min(0.45 * nq + 1.8, 9)), constrained_layout=True)
+    ax.imshow(kind, cmap=ListedColormap(KIND_COLORS), vmin=0, vmax=2, interpolation="nearest", aspect="auto")
+    if max(nq, nk) <= annotate_max:
+        flat = fetch.reshape(-1)
+        new = np.ones(flat.shape, bool)
+        new[1:] = flat[1:] != flat[:-1]  # grid order: kv fastest, then the next q row
+        new = new.reshape(nq, nk)
+        for i in range(nq):
+            for j in range(nk):
+                ax.text(j, i, str(fetch[i, j]), ha="center", va="center", fontsize=8,
+                        fontweight="bold" if new[i, j] else "normal", color="black" if new[i, j] else "grey")
+    if nk <= annotate_max:
+        ax.set_xticks(range(nk))
+    if nq <= annotate_max:
+        ax.set_yticks(range(nq))
+    ax.grid(False)
+    names = ["skip (pl.when: no compute)", "masked tile", "mask-free tile"]
+    ax.legend(handles=[Patch(color=KIND_COLORS[k], label=names[k]) for k in range(3)], fontsize=8,
+              loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3)
+    ax.set(xlabel="grid step j along the kv axis", ylabel="q tile i", title=title)
+    return fig
+
+
+def occupancy_comparison(layouts: dict, title: str, head: int = 0):
+    """``occupancy_heatmap`` of several layouts (e.g. one mask before and after reordering), one row each."""
+    fig, axes = plt.subplots(len(layouts), 2, figsize=(10.5, 4.2 * len(layouts)), constrained_layout=True,
+                             squeeze=False)
+    for row, (name, layout) in zip(axes, layouts.items()):
+        occupancy_heatmap(layout, name, head=head, ax_pair=row)
+        row[0].set_title(f"{name}: tile kind", fontsize=9)
+        row[1].set_title(f"density {layout.density:.3f}, occupied {layout.occupancy:.3f}, "
+                         f"partial {layout.partial_fraction:.0%} of occupied, work efficiency "
+                         f"{layout.work_efficiency:.2f}", fontsize=8)
+    fig.suptitle(title, fontsize=11)
+    return fig

@@ -47,11 +47,13 @@ def nonempty_tiles(mask: Mask, block_q: int, block_kv: int) -> int:
 def choose_orders(grid: VideoGrid, mask: Mask, block_q: int = 128, block_kv: int = 128) -> list[TokenOrder]:
     """One order for a head-uniform mask, else one order (of length L) per head."""
     if isinstance(mask, MultiHeadMask) or mask.num_heads is not None:
+        shared: dict[str, TokenOrder] = {}  # one object per distinct order, so kernels see few distinct views
         chosen = []
         for h in range(mask.num_heads):
             head = mask.head(h)
             options = candidate_orders(grid, head, same_length=True)
-            chosen.append(min(options, key=lambda o: nonempty_tiles(head.permute(o), block_q, block_kv)))
+            best = min(options, key=lambda o: nonempty_tiles(head.permute(o), block_q, block_kv))
+            chosen.append(shared.setdefault(best.name, best))
         return chosen
     options = candidate_orders(grid, mask)
     return [min(options, key=lambda o: nonempty_tiles(mask.permute(o), block_q, block_kv))]

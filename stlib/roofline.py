@@ -17,16 +17,20 @@ from stlib.layout import BlockLayout
 def kernel_work(impl: str, layout: BlockLayout, num_heads: int, head_dim: int, options=None) -> KernelWork:
     """Grid steps, computed / masked tiles and flops of ``impl`` on ``layout``.
 
-    ``"splash"`` and ``"xla"`` skip empty tiles like the block-sparse kernel; ``"pallas_tile"``
-    takes its TileOptions (grid form, boundary policy) from ``options``."""
+    ``"xla"`` skips empty tiles like the block-sparse kernel; ``"splash"`` shrinks its grid as
+    ``splash_work`` says; ``"pallas_tile"`` takes its TileOptions (grid form, boundary policy)
+    from ``options``."""
     from stlib.kernels.block_sparse import block_sparse_work
     from stlib.kernels.dense import dense_work
+    from stlib.kernels.splash import splash_work
     from stlib.kernels.tile import TileOptions, tile_work
 
     if impl in ("pallas_dense", "reference"):
         return dense_work(layout, num_heads, head_dim)
-    if impl in ("pallas_block_sparse", "splash", "xla"):
+    if impl in ("pallas_block_sparse", "xla"):
         return block_sparse_work(layout, num_heads, head_dim)
+    if impl == "splash":
+        return splash_work(layout, num_heads, head_dim)
     if impl == "pallas_tile":
         return tile_work(layout, num_heads, head_dim, options or TileOptions())
     raise ValueError(f"no work model for impl={impl!r}")

@@ -202,3 +202,22 @@ def splash_attention(q, k, v, mask, *, scale, block_q, block_kv, interpret):
 def _pad(x, padded: int):
     extra = padded - x.shape[1]
     return x if extra == 0 else jnp.pad(x, ((0, 0), (0, extra), (0, 0)))
+
+
+def splash_work(layout, num_heads: int, head_dim: int):
+    """Work of the Splash forward pass on ``layout`` (built for Splash's block sizes).
+
+    Splash shrinks its grid's kv axis to the widest row of non-empty tiles when every head shares
+    one mask (per-head masks keep the full kv axis here, an upper bound), computes every non-empty
+    tile, and masks every computed tile when the sequence needs padding (the adapter's segment ids
+    are compared on every tile) or else its PARTIAL tiles."""
+    from stlib.kernels.common import work_from_counts
+    from stlib.layout import TileKind
+
+    nq, nk = layout.grid_shape
+    mult = num_heads if layout.num_heads == 1 else 1
+    width = layout.max_row_width if layout.num_heads == 1 else nk
+    computed = int(np.sum(layout.kinds != TileKind.EMPTY)) * mult
+    padded = layout.num_tokens % layout.block_kv != 0 or layout.num_tokens % layout.block_q != 0
+    masked = computed if padded else int(np.sum(layout.kinds == TileKind.PARTIAL)) * mult
+    return work_from_counts(layout, num_heads, head_dim, num_heads * nq * width, computed, masked)
