@@ -224,7 +224,7 @@ def case_work(case: Case, workload: Workload) -> dict:
 
 
 def run_case_study(out_dir: Path = DATA_DIR, trials: int = 3, compile_check: bool = True,
-                   densities=DENSITIES, size: str | None = None) -> Path:
+                   densities=DENSITIES, size: str | None = None, estimates: bool = False) -> Path:
     """Time every case on this backend (interpret mode off a TPU), record times and work.
     ``size``: "full" (the case-study shape), "small" (the CPU stand-in) or None (full on a TPU)."""
     if size not in (None, "full", "small"):
@@ -243,6 +243,8 @@ def run_case_study(out_dir: Path = DATA_DIR, trials: int = 3, compile_check: boo
         qq, kk, vv = (q, k, v) if case.order is None else (case.order.apply(x) for x in (q, k, v))
         timing = time_function(_case_fn(case, scale, interpret), qq, kk, vv, trials=trials)
         work = case_work(case, workload)
+        if estimates and not interpret and workload is CASE_STUDY:
+            work.update(estimate_fields(case))
         record = recorder.write({
             "benchmark": "case-study", "impl": case.impl, "label": case.label, "pattern": case.pattern,
             "mask": repr(case.mask), "block_q": case.block_q, "block_kv": case.block_kv, "options": case.options,
@@ -252,13 +254,33 @@ def run_case_study(out_dir: Path = DATA_DIR, trials: int = 3, compile_check: boo
         print(f"[{n}/{len(cases)}] {case.label:<30} {case.pattern:<13} density {record['density']:.3f}  "
               f"median {timing.median_ms:9.2f} ms{' (interpret)' if interpret else ''}", flush=True)
     if interpret:
-        record_full_scale_work(out_dir, compile_check=compile_check)
+        record_full_scale_work(out_dir, compile_check=compile_check, estimates=estimates)
     return recorder.path
 
 
-def record_full_scale_work(out_dir: Path = DATA_DIR, compile_check: bool = True) -> Path:
-    """Hardware-independent work of every case at the full case-study shape, and (optionally) a
-    v6e compile check of one configuration per kernel."""
+def estimate_fields(case: Case) -> dict:
+    """Static v6e and v5e time estimates of a Pallas / Splash case at the full case-study shape
+    (``stlib.estimate``; labelled as estimates, with method, clock and libtpu version), or the
+    reason there is none."""
+    from stlib import estimate
+
+    out = {}
+    mask = "full" if case.pattern == "dense" else case.mask
+    for chip in ("v6e", "v5e"):
+        try:
+            record = estimate.estimate(case.impl, mask, chip, block_q=case.block_q, block_kv=case.block_kv,
+                                       options=case.options or None).as_record()
+        except Exception as error:  # noqa: BLE001 - recorded, never silently replaced by a number
+            out[f"estimate_{chip}_error"] = f"{type(error).__name__}: {error}"[:500]
+            continue
+        record.pop("estimate_breakdown", None)
+        out.update({key.replace("estimate_", f"estimate_{chip}_", 1): value for key, value in record.items()})
+    return out
+
+
+def record_full_scale_work(out_dir: Path = DATA_DIR, compile_check: bool = True, estimates: bool = False) -> Path:
+    """Hardware-independent work of every case at the full case-study shape, (optionally) a v6e
+    compile check of one configuration per kernel, and (optionally) static v6e / v5e estimates."""
     recorder = Recorder(Path(out_dir) / "case_study_work.jsonl")
     cases = case_study_cases(CASE_STUDY, CASE_STA_TILE, tpu=True)
     compiled = set()
@@ -273,13 +295,16 @@ def record_full_scale_work(out_dir: Path = DATA_DIR, compile_check: bool = True)
             start = time.perf_counter()
             compile_for_tpu(_case_fn(case, 128**-0.5, False), shape, shape, shape, chip="v6e")
             compiles = {"chip": "v6e", "seconds": time.perf_counter() - start}
+        extra = estimate_fields(case) if estimates else {}
         recorder.write({"benchmark": "case-study-work", "impl": case.impl, "label": case.label,
                         "pattern": case.pattern, "mask": repr(case.mask), "block_q": case.block_q,
                         "block_kv": case.block_kv, "options": case.options, "shape": list(CASE_STUDY.qkv_shape),
-                        "compiled_for": compiles, **work})
+                        "compiled_for": compiles, **work, **extra})
         print(f"[work {n}/{len(cases)}] {case.label:<30} density {work['density']:.3f}  steps {work['grid_steps']:>8,}"
               f"  executed/useful {work['flop_ratio']:.2f}  v6e roofline {work['roofline_v6e_ms']:.2f} ms"
-              + ("  compiled for v6e" if compiles else ""), flush=True)
+              + ("  compiled for v6e" if compiles else "")
+              + (f"  static v6e estimate {extra['estimate_v6e_ms']:.2f} ms" if "estimate_v6e_ms" in extra else ""),
+              flush=True)
     return recorder.path
 
 
@@ -340,7 +365,8 @@ def run_layout(out_dir: Path = DATA_DIR, block_q: int = 128, block_kv: int = 128
         result = json.loads(proc.stdout.strip().splitlines()[-1])
         recorder.write({"benchmark": "layout", "grid": list(CASE_STUDY.grid.shape), "heads": CASE_STUDY.num_heads,
                         "block_q": block_q, "block_kv": block_kv, **result})
-        print(f"[{n}/{len(names)}] {name:<38} build {result['seconds']:6.3f} s  peak {result['peak_rss_mb']:6.0f} MB  "
+        print(f"[{n}/{len(names)}] {name:<38} build {result['seconds']:6.3f} s  peak {result['peak_rss_mb']:6.0f} MB "
+              f"(+{result['layout_peak_growth_mb']:4.0f} MB over the imports)  "
               f"density {result['density']:.3f}  occupancy {result['occupancy']:.3f}", flush=True)
     return recorder.path
 
@@ -363,8 +389,11 @@ def draw_figures(data_dir: Path = DATA_DIR, figures_dir: Path | None = None) -> 
         where = plotting.where_measured(case[0])
         shape = " x ".join(str(n) for n in case[0]["shape"])
         dense = next(r for r in case if r["label"] == "Splash (dense)")
+        work = read_records(data_dir / "case_study_work.jsonl", latest_run=True)
+        estimates = [{"label": f"{r['label']}, density {r['density']:.2f}", "ms": r["estimate_v6e_ms"]}
+                     for r in _near_density(work) if "estimate_v6e_ms" in r]
         fig = plotting.latency_bars(_near_density(case), f"Case study, [H, L, D] = [{shape}]: dense and band density "
-                                                         "~0.25", published)
+                                                         "~0.25", published, estimates=estimates)
         written.append(plotting.save(fig, figures_dir / "bench_case_study_latency.png"))
         fig = plotting.speedup_vs_density([r for r in case if r["pattern"] != "dense"], dense["median_ms"],
                                           f"Speed-up over dense Splash, [{shape}]\n{where}")
@@ -408,10 +437,13 @@ def main(argv=None) -> None:
     parser.add_argument("--out", type=Path, default=DATA_DIR, help="directory of the .jsonl records")
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--no-compile-check", action="store_true", help="skip the v6e compile checks")
+    parser.add_argument("--no-estimates", action="store_true",
+                        help="skip the static v6e / v5e estimates of the full-shape records (stlib.estimate)")
     args = parser.parse_args(argv)
     write_published_reference(args.out)
     if args.command in ("case-study", "all"):
-        run_case_study(args.out, trials=args.trials, compile_check=not args.no_compile_check)
+        run_case_study(args.out, trials=args.trials, compile_check=not args.no_compile_check,
+                       estimates=not args.no_estimates)
     if args.command in ("cpu-scaling", "all"):
         run_cpu_scaling(args.out, trials=args.trials)
     if args.command in ("layout", "all"):
