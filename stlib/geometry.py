@@ -116,15 +116,7 @@ class TokenOrder:
         check_positive_int("count", count, allow_zero=True)
         shifted = np.where(self.perm >= 0, self.perm + count, -1)
         perm = np.concatenate([np.arange(count), shifted]).astype(np.int32)
-        formula = None
-        if self.raster_of is not None:
-            inner = self.raster_of
-
-            def formula(pos):
-                xp = _xp(pos)
-                raster = inner(xp.maximum(pos - count, 0))
-                return xp.where(pos < count, pos, xp.where(raster >= 0, raster + count, -1))
-
+        formula = None if self.raster_of is None else _PrefixFormula(self.raster_of, count)
         return TokenOrder(f"{count} prefix + {self.name}", perm, self.num_tokens + count, formula)
 
 
@@ -152,7 +144,7 @@ def raster_order(grid: VideoGrid) -> TokenOrder:
     """Frame-major (t, y, x): the model's native order (the identity permutation)."""
     _check_grid(grid)
     return TokenOrder("raster (t, y, x)", np.arange(grid.num_tokens, dtype=np.int32), grid.num_tokens,
-                      lambda pos: pos)
+                      _RasterFormula())
 
 
 def token_major_order(grid: VideoGrid) -> TokenOrder:
@@ -160,11 +152,7 @@ def token_major_order(grid: VideoGrid) -> TokenOrder:
     _check_grid(grid)
     t, y, x = np.meshgrid(*(np.arange(n) for n in grid.shape), indexing="ij")
     perm = grid.raster_index(t, y, x).transpose(1, 2, 0).reshape(-1)
-
-    def formula(pos):  # pos = (y * X + x) * T + t
-        return mod(pos, grid.frames) * grid.tokens_per_frame + div(pos, grid.frames)
-
-    return TokenOrder("token-major (y, x, t)", perm.astype(np.int32), grid.num_tokens, formula)
+    return TokenOrder("token-major (y, x, t)", perm.astype(np.int32), grid.num_tokens, _TokenMajorFormula(grid))
 
 
 def tiled_order(grid: VideoGrid, tile, *, pad: bool = True) -> TokenOrder:
@@ -192,19 +180,53 @@ def tiled_order(grid: VideoGrid, tile, *, pad: bool = True) -> TokenOrder:
     if not pad:
         perm = perm[perm >= 0]
     name = f"tiled {tile[0]}x{tile[1]}x{tile[2]}" + (" (padded)" if pad and perm.size > grid.num_tokens else "")
-    return TokenOrder(name, perm.astype(np.int32), grid.num_tokens, _tiled_formula(grid, tile, counts) if pad else None)
+    formula = _TiledFormula(grid, tile, tuple(counts)) if pad else None
+    return TokenOrder(name, perm.astype(np.int32), grid.num_tokens, formula)
 
 
-def _tiled_formula(grid: VideoGrid, tile, counts):
-    """Arithmetic form of the padded tiled order: position -> raster index (-1 at padding)."""
-    (tt, ty, tx), (_, n_y, n_x) = tile, counts
-    volume = tt * ty * tx
+# Arithmetic forms of the orders (position -> raster index, -1 at padding): small picklable
+# callables that work on numpy arrays and, inside a kernel, on jax arrays.
 
-    def formula(pos):
+
+@dataclass(frozen=True)
+class _RasterFormula:
+    def __call__(self, pos):
+        return pos
+
+
+@dataclass(frozen=True)
+class _TokenMajorFormula:
+    grid: VideoGrid
+
+    def __call__(self, pos):  # pos = (y * X + x) * T + t
+        return mod(pos, self.grid.frames) * self.grid.tokens_per_frame + div(pos, self.grid.frames)
+
+
+@dataclass(frozen=True)
+class _PrefixFormula:
+    inner: Callable
+    count: int
+
+    def __call__(self, pos):
         xp = _xp(pos)
-        tile_id, within = div(pos, volume), mod(pos, volume)
+        raster = self.inner(xp.maximum(pos - self.count, 0))
+        return xp.where(pos < self.count, pos, xp.where(raster >= 0, raster + self.count, -1))
+
+
+@dataclass(frozen=True)
+class _TiledFormula:
+    """The padded tiled order: tile id and offset, the tile's (possibly ragged) extents, and the
+    offset's coordinates inside the tile's real tokens (which come first, in raster order)."""
+
+    grid: VideoGrid
+    tile: tuple
+    counts: tuple
+
+    def __call__(self, pos):
+        xp = _xp(pos)
+        (tt, ty, tx), (_, n_y, n_x), grid = self.tile, self.counts, self.grid
+        tile_id, within = div(pos, tt * ty * tx), mod(pos, tt * ty * tx)
         a, b, c = div(tile_id, n_y * n_x), mod(div(tile_id, n_x), n_y), mod(tile_id, n_x)
-        # extents of this (possibly ragged) tile; its real tokens come first, in raster order
         et = xp.minimum(tt, grid.frames - a * tt)
         ey = xp.minimum(ty, grid.height - b * ty)
         ex = xp.minimum(tx, grid.width - c * tx)
@@ -213,8 +235,6 @@ def _tiled_formula(grid: VideoGrid, tile, counts):
         y = b * ty + div(mod(within, plane), ex)
         x = c * tx + mod(within, ex)
         return xp.where(within < et * plane, grid.raster_index(t, y, x), -1)
-
-    return formula
 
 
 def padded_length(length: int, block: int) -> int:
