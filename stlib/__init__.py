@@ -1,6 +1,6 @@
 """stlib: sparse spatio-temporal attention for video diffusion transformers on TPUs."""
 
-from stlib import masks
+from stlib import kernels, masks  # importing kernels registers pallas_dense, _block_sparse, _tile, splash
 from stlib.api import IMPLEMENTATIONS, attention, random_qkv, register, video_attention
 from stlib.configs import CASE_STUDY, SMALL_CPU, WAN_480P, Workload
 from stlib.geometry import (
@@ -14,8 +14,6 @@ from stlib.geometry import (
 )
 from stlib.layout import BlockLayout, TileKind, block_layout
 
-from stlib import kernels  # noqa: E402  (registers pallas_dense, pallas_block_sparse, pallas_tile, splash)
-
 __all__ = [
     "CASE_STUDY",
     "IMPLEMENTATIONS",
@@ -28,6 +26,7 @@ __all__ = [
     "Workload",
     "attention",
     "block_layout",
+    "kernels",
     "masks",
     "pad_tokens",
     "padded_length",
