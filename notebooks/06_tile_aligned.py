@@ -42,43 +42,18 @@ repo = next((p for p in [Path.cwd(), *Path.cwd().parents] if (p / "stlib" / "__i
 if repo is not None and str(repo) not in sys.path:
     sys.path.insert(0, str(repo))
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 import stlib
 import stlib.kernels  # registers the Pallas kernels with stlib.attention
 from stlib import configs, masks, notebook, plotting
-from stlib.api import REFERENCE_LIMIT
 from stlib.kernels.common import merge_partials
 from stlib.kernels.tile import TileOptions, balanced_keep, split_passes, tile_attention, tile_work
-from stlib.reference import reference_attention
 from stlib.reorder import choose_orders
 
 cfg = notebook.setup(SIZE)
-
-
-def max_error(out, q, k, v, mask=None, rows=384):
-    """max |out - reference|: over every row when L fits the materialising reference, else over
-    ``rows`` query rows at the start, middle and end of the sequence (the reference on those rows)."""
-    length, n = q.shape[1], rows // 3
-    if length <= REFERENCE_LIMIT:
-        ref = stlib.attention(q, k, v, mask)
-        return float(jnp.max(jnp.abs(out.astype(jnp.float32) - ref.astype(jnp.float32))))
-    err = 0.0
-    for q0 in (0, (length - n) // 2, length - n):
-        heads = [0] if mask is None or mask.num_heads is None else range(mask.num_heads)
-        dense = None if mask is None else np.stack([mask.block(q0, q0 + n, 0, length, h) for h in heads])
-        ref = reference_attention(q[:, q0:q0 + n], k, v, dense, q.shape[2] ** -0.5)
-        err = max(err, float(jnp.max(jnp.abs(out[:, q0:q0 + n].astype(jnp.float32) - ref.astype(jnp.float32)))))
-    return err
-
-
-def tolerance(dtype):
-    """Max error allowed against the float32 reference: bf16 inputs meet bf16 probabilities on the
-    MXU; float32 is exact to rounding on a CPU, default-precision matmuls on a TPU."""
-    return 2e-2 if dtype == jnp.bfloat16 else (1e-4 if jax.default_backend() == "cpu" else 1e-2)
-
+max_error, tolerance = notebook.max_error, notebook.tolerance  # checks against the plain reference
 
 workload, case = cfg.workload, configs.CASE_STUDY
 H, L, D = workload.qkv_shape

@@ -43,50 +43,23 @@ if repo is not None and str(repo) not in sys.path:
 
 import json
 
-import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info
 
 import stlib
 import stlib.kernels  # registers the Pallas kernels with stlib.attention
 from stlib import bench, configs, notebook, plotting
-from stlib.api import REFERENCE_LIMIT
 from stlib.device import current_chip
 from stlib.kernels.splash import splash_blocks, splash_mask
 from stlib.kernels.tile import TileOptions, tile_attention
-from stlib.reference import reference_attention
 
 cfg = notebook.setup(SIZE)
-
-
-def max_error(out, q, k, v, mask=None, rows=384):
-    """max |out - reference|: over every row when L fits the materialising reference, else over
-    ``rows`` query rows at the start, middle and end of the sequence (the reference on those rows)."""
-    length, n = q.shape[1], rows // 3
-    if length <= REFERENCE_LIMIT:
-        ref = stlib.attention(q, k, v, mask)
-        return float(jnp.max(jnp.abs(out.astype(jnp.float32) - ref.astype(jnp.float32))))
-    err = 0.0
-    for q0 in (0, (length - n) // 2, length - n):
-        heads = [0] if mask is None or mask.num_heads is None else range(mask.num_heads)
-        dense = None if mask is None else np.stack([mask.block(q0, q0 + n, 0, length, h) for h in heads])
-        ref = reference_attention(q[:, q0:q0 + n], k, v, dense, q.shape[2] ** -0.5)
-        err = max(err, float(jnp.max(jnp.abs(out[:, q0:q0 + n].astype(jnp.float32) - ref.astype(jnp.float32)))))
-    return err
-
+max_error, tolerance = notebook.max_error, notebook.tolerance  # checks against the plain reference
 
 # The benchmark picks its shape from the backend: the case study on a TPU, the small shape elsewhere.
 workload = configs.CASE_STUDY if cfg.on_tpu else bench.CPU_CASE
 sta_tile = bench.CASE_STA_TILE if cfg.on_tpu else bench.CPU_STA_TILE
 densities = bench.DENSITIES if cfg.on_tpu else (0.15, 0.35, 0.65)  # fewer off a TPU: keeps the notebook fast
-
-
-def tolerance(dtype):
-    """Max error allowed against the float32 reference: bf16 inputs meet bf16 probabilities on the
-    MXU; float32 is exact to rounding on a CPU, default-precision matmuls on a TPU."""
-    return 2e-2 if dtype == jnp.bfloat16 else (1e-4 if jax.default_backend() == "cpu" else 1e-2)
-
 
 TOL = tolerance(workload.dtype)
 

@@ -1,0 +1,35 @@
+"""The notebooks' shared helpers: configuration and checks against the plain reference."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import pytest
+
+import stlib
+from stlib import masks, notebook
+from stlib.api import REFERENCE_LIMIT
+
+
+def test_setup_small_and_bad_size(monkeypatch):
+    monkeypatch.delenv("STLIB_SIZE", raising=False)
+    cfg = notebook.setup("small")
+    assert cfg.workload == stlib.SMALL_CPU and cfg.interpret and cfg.figure("00_x").name == "00_x.png"
+    with pytest.raises(ValueError, match="size="):
+        notebook.setup("medium")
+
+
+def test_max_error_small_length_uses_every_row():
+    q, k, v = stlib.random_qkv((2, 256, 32), jnp.float32, seed=1)
+    mask = masks.band(256, 9)
+    out = stlib.attention(q, k, v, mask)
+    assert notebook.max_error(out, q, k, v, mask) == 0.0
+    assert notebook.max_error(out.at[1, 200, 3].add(0.5), q, k, v, mask) == pytest.approx(0.5, abs=1e-6)
+
+
+def test_max_error_large_length_samples_rows_without_materialising():
+    length = REFERENCE_LIMIT + 64
+    q, k, v = stlib.random_qkv((1, length, 8), jnp.float32, seed=2)
+    mask = masks.band(length, 40)
+    out = stlib.attention(q, k, v, mask, impl="xla", block_q=256, block_kv=256)
+    assert notebook.max_error(out, q, k, v, mask) < notebook.tolerance(jnp.float32)
+    assert notebook.max_error(out.at[0, length - 1, 0].add(1.0), q, k, v, mask) > 0.5  # last rows are sampled
