@@ -45,6 +45,7 @@ import numpy as np
 
 from stlib.compile_report import _STEP, KernelConfig, compile_with_dump, resolve_mask
 from stlib.configs import CASE_STUDY, PUBLISHED
+from stlib.roofline import ComputeOrMemoryBound
 
 PINNED_LIBTPU = "0.0.42.1"
 METHOD = ("static estimate: VLIW bundles of the libtpu schedule per control path (1 bundle = 1 cycle, no "
@@ -689,7 +690,7 @@ def _clock(clock, chip: str, use_cache: bool) -> tuple[float, str]:
 
 
 @dataclass(frozen=True)
-class KernelEstimate:
+class KernelEstimate(ComputeOrMemoryBound):
     kernel: str
     grid_steps: int
     cycles: int
@@ -697,14 +698,6 @@ class KernelEstimate:
     compute_seconds: float
     dma_bytes: int
     memory_seconds: float
-
-    @property
-    def seconds(self) -> float:
-        return max(self.compute_seconds, self.memory_seconds)
-
-    @property
-    def bound(self) -> str:
-        return "compute" if self.compute_seconds >= self.memory_seconds else "memory"
 
 
 @dataclass(frozen=True)

@@ -43,11 +43,8 @@ def bytes_moved(work: KernelWork, layout: BlockLayout, num_heads: int, head_dim:
     return 2.0 * rows + work.computed_tiles * 2.0 * layout.block_kv * head_dim * itemsize
 
 
-@dataclass(frozen=True)
-class Roofline:
-    chip: str
-    compute_seconds: float
-    memory_seconds: float
+class ComputeOrMemoryBound:
+    """Mixin for anything with ``compute_seconds`` and ``memory_seconds``: the time is the larger."""
 
     @property
     def seconds(self) -> float:
@@ -56,6 +53,13 @@ class Roofline:
     @property
     def bound(self) -> str:
         return "compute" if self.compute_seconds >= self.memory_seconds else "memory"
+
+
+@dataclass(frozen=True)
+class Roofline(ComputeOrMemoryBound):
+    chip: str
+    compute_seconds: float
+    memory_seconds: float
 
 
 def roofline(chip: str, flops: float, nbytes: float) -> Roofline:
