@@ -51,7 +51,6 @@ import stlib.kernels  # registers the Pallas kernels with stlib.attention
 from stlib import bench, configs, notebook, plotting
 from stlib.device import current_chip
 from stlib.kernels.splash import splash_blocks, splash_mask
-from stlib.kernels.tile import TileOptions, tile_attention
 
 cfg = notebook.setup(SIZE)
 max_error, tolerance = notebook.max_error, notebook.tolerance  # checks against the plain reference
@@ -68,20 +67,15 @@ TOL = tolerance(workload.dtype)
 #
 # The benchmark times; it does not check. So first: every case at one density, against the plain
 # reference (`stlib.bench.case_study_cases` is the list the benchmark runs; tile-aligned cases with
-# a token order get permuted inputs, as in the benchmark, and are compared in that order).
+# a token order get permuted inputs, as in the benchmark, and are compared in that order; the
+# "+ reordering" case runs `video_attention` on raster inputs, permutation and restore included).
 
 # %%
 q, k, v = stlib.random_qkv(workload.qkv_shape, workload.dtype, seed=0)
 scale = workload.head_dim**-0.5
 for case in bench.case_study_cases(workload, sta_tile, cfg.on_tpu, densities=(0.35,)):
-    qq, kk, vv = (q, k, v) if case.order is None else (case.order.apply(x) for x in (q, k, v))
-    if case.options:  # a TileOptions variant of pallas_tile (grid form, boundary policy)
-        layout = stlib.block_layout(case.mask, case.block_q, case.block_kv)
-        out = tile_attention(qq, kk, vv, layout, scale=scale, options=TileOptions(**case.options),
-                             interpret=cfg.interpret)
-    else:
-        out = stlib.attention(qq, kk, vv, case.mask, impl=case.impl, block_q=case.block_q, block_kv=case.block_kv,
-                              interpret=cfg.interpret)
+    qq, kk, vv = bench.case_inputs(case, q, k, v)  # permuted for cases whose order is applied outside the call
+    out = bench.case_function(case, scale, cfg.interpret)(qq, kk, vv)
     approximate = case.options.get("boundary") == "balanced"
     err = max_error(out, qq, kk, vv, case.mask)
     if approximate:

@@ -152,7 +152,17 @@ class Case:
     block_q: int | None = None
     block_kv: int | None = None
     options: dict = dataclasses.field(default_factory=dict)
-    order: object = None  # TokenOrder applied outside the kernel (excluded from kernel time)
+    order: object = None  # TokenOrder applied outside the kernel (excluded from kernel time) ...
+    grid: object = None  # ... or, with a grid, inside the timed call: video_attention on raster inputs
+
+    @property
+    def reorders_in_timing(self) -> bool:
+        return self.grid is not None
+
+    @property
+    def kernel_mask(self):
+        """The mask in the order the kernel sees."""
+        return self.mask.permute(self.order) if self.reorders_in_timing else self.mask
 
 
 def sta_windows(grid: VideoGrid, tile) -> list[tuple[int, int, int]]:
@@ -195,11 +205,18 @@ def case_study_cases(workload: Workload, sta_tile, tpu: bool, densities=DENSITIE
             Case("pallas_block_sparse", "sliding tile", sta, "pallas_block_sparse (raster)", **big),
             Case("pallas_tile", "sliding tile", sta.permute(order), "pallas_tile (3-D tiled)",
                  block_q=tile_bq, block_kv=tile_bkv, order=order),
+            Case("pallas_tile", "sliding tile", sta, "pallas_tile (3-D tiled) + reordering",
+                 block_q=tile_bq, block_kv=tile_bkv, order=order, grid=grid),
         ]
     return cases
 
 
-def _case_fn(case: Case, scale: float, interpret: bool):
+def case_function(case: Case, scale: float, interpret: bool):
+    """The call a case times: (q, k, v) -> o, in the order ``case_inputs`` gives."""
+    if case.reorders_in_timing:
+        return functools.partial(stlib.video_attention, grid=case.grid, mask=case.mask, impl=case.impl,
+                                 orders=case.order, scale=scale, block_q=case.block_q, block_kv=case.block_kv,
+                                 interpret=interpret)
     if case.impl == "pallas_tile" and case.options:
         from stlib.kernels.common import block_sizes_for
         from stlib.kernels.tile import TileOptions, tile_attention
@@ -212,12 +229,20 @@ def _case_fn(case: Case, scale: float, interpret: bool):
                              block_kv=case.block_kv, interpret=interpret)
 
 
+def case_inputs(case: Case, q, k, v):
+    """Raster-order q, k, v as the case's call takes them (permuted when the order is applied
+    outside the timed call)."""
+    if case.order is None or case.reorders_in_timing:
+        return q, k, v
+    return tuple(case.order.apply(x) for x in (q, k, v))
+
+
 def case_work(case: Case, workload: Workload) -> dict:
     from stlib.kernels.tile import TileOptions
 
     bq = case.block_q or 128
     bkv = case.block_kv or 128
-    layout = stlib.block_layout(case.mask, bq, bkv)
+    layout = stlib.block_layout(case.kernel_mask, bq, bkv)
     options = TileOptions(**case.options) if case.options else None
     return work_summary(case.impl, layout, workload.num_heads, workload.head_dim,
                         jnp.dtype(workload.dtype).itemsize, options)
@@ -240,8 +265,8 @@ def run_case_study(out_dir: Path = DATA_DIR, trials: int = 3, compile_check: boo
     q, k, v = stlib.random_qkv(workload.qkv_shape, workload.dtype, seed=0)
     scale = workload.head_dim**-0.5
     for n, case in enumerate(cases, 1):
-        qq, kk, vv = (q, k, v) if case.order is None else (case.order.apply(x) for x in (q, k, v))
-        timing = time_function(_case_fn(case, scale, interpret), qq, kk, vv, trials=trials)
+        qq, kk, vv = case_inputs(case, q, k, v)
+        timing = time_function(case_function(case, scale, interpret), qq, kk, vv, trials=trials)
         work = case_work(case, workload)
         if estimates and not interpret and workload is CASE_STUDY:
             work.update(estimate_fields(case))
@@ -265,7 +290,7 @@ def estimate_fields(case: Case) -> dict:
     from stlib import estimate
 
     out = {}
-    mask = "full" if case.pattern == "dense" else case.mask
+    mask = "full" if case.pattern == "dense" else case.kernel_mask
     for chip in ("v6e", "v5e"):
         try:
             record = estimate.estimate(case.impl, mask, chip, block_q=case.block_q, block_kv=case.block_kv,
@@ -293,7 +318,7 @@ def record_full_scale_work(out_dir: Path = DATA_DIR, compile_check: bool = True,
             shape = jax.ShapeDtypeStruct(CASE_STUDY.qkv_shape[:1] + (case.mask.length,) + CASE_STUDY.qkv_shape[2:],
                                          jnp.bfloat16)
             start = time.perf_counter()
-            compile_for_tpu(_case_fn(case, 128**-0.5, False), shape, shape, shape, chip="v6e")
+            compile_for_tpu(case_function(case, 128**-0.5, False), shape, shape, shape, chip="v6e")
             compiles = {"chip": "v6e", "seconds": time.perf_counter() - start}
         extra = estimate_fields(case) if estimates else {}
         recorder.write({"benchmark": "case-study-work", "impl": case.impl, "label": case.label,
