@@ -111,13 +111,18 @@ def _build_and_compile(config: KernelConfig) -> float:
     return time.perf_counter() - start
 
 
+def is_pallas_kernel(name: str) -> bool:
+    """Whether a dumped program is one of our Pallas kernels (stlib's or Splash's)."""
+    return name.startswith("stlib_") or "splash" in name
+
+
 def parse_dump(directory: str) -> dict[str, dict[str, int]]:
     """Per Pallas kernel in a libtpu dump directory: bytes of scoped allocations by memory space
     (``vmem``, ``smem``, ...), read from the last compiler pass that lists them."""
     latest: dict[str, tuple[int, str]] = {}
     for name in os.listdir(directory):
         match = _STEP.match(name)
-        if not match or not match["kernel"].startswith("stlib_") and "splash" not in match["kernel"]:
+        if not match or not is_pallas_kernel(match["kernel"]):
             continue
         path = os.path.join(directory, name)
         with open(path, errors="replace") as handle:

@@ -43,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stlib.compile_report import _STEP, KernelConfig, compile_with_dump, resolve_mask
+from stlib.compile_report import _STEP, KernelConfig, compile_with_dump, is_pallas_kernel, resolve_mask
 from stlib.configs import CASE_STUDY, PUBLISHED
 from stlib.roofline import ComputeOrMemoryBound
 
@@ -378,10 +378,6 @@ def _source_hash() -> str:
     return digest.hexdigest()[:16]
 
 
-def _is_kernel(name: str) -> bool:
-    return name.startswith("stlib_") or "splash" in name
-
-
 def compiled_attributions(impl: str, config: KernelConfig, mask_bytes: bytes | None = None,
                           use_cache: bool = True) -> dict:
     """{"kernels": [Attribution as dict], "glue_bytes": int, "compile_seconds": float} of ``config``,
@@ -418,7 +414,7 @@ def _dump_files(directory: str) -> dict[str, tuple[str, str]]:
     files: dict[str, dict[str, str]] = {}
     for name in os.listdir(directory):
         match = _STEP.match(name)
-        if match and _is_kernel(match["kernel"]) and match["what"] in ("final_bundles",
+        if match and is_pallas_kernel(match["kernel"]) and match["what"] in ("final_bundles",
                                                                         "schedule-analysis_final_bundles"):
             entry = files.setdefault(match["kernel"], {})
             if match["what"] in entry:

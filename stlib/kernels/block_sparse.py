@@ -19,7 +19,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from stlib.api import register
 from stlib.kernels import common
-from stlib.layout import SMEM_BYTES, BlockLayout, TileKind, block_layout, smem_bytes
+from stlib.layout import BlockLayout, TileKind, block_layout
 from stlib.masks import Mask, full
 
 SKIP, MASKED, MASK_FREE = 0, 1, 2
@@ -38,15 +38,6 @@ def step_table(layout: BlockLayout) -> np.ndarray:
     return (fetch << 2 | kind).astype(np.int32)
 
 
-def carried_index(index: np.ndarray) -> np.ndarray:
-    """Replace -1 entries by the last valid entry before them in flat order (0 before any), so an
-    index map fed with it only changes block where a real entry starts."""
-    flat = index.reshape(-1)
-    pos = np.where(flat >= 0, np.arange(flat.size), -1)
-    pos = np.maximum.accumulate(pos)
-    return np.where(pos >= 0, flat[np.maximum(pos, 0)], 0).astype(np.int32).reshape(index.shape)
-
-
 def block_sparse_attention(q, k, v, layout: BlockLayout, *, scale: float, interpret: bool | None = None,
                            block_kv_compute: int | None = None, exp2: bool = False):
     """q, k, v [H, L, D] -> [H, L, D] with the tiles of ``layout`` (built for L, block_q, block_kv)."""
@@ -59,15 +50,9 @@ def block_sparse_attention(q, k, v, layout: BlockLayout, *, scale: float, interp
     table = step_table(layout).reshape(-1)
     prefetch = [table]
     if plan.mode == "table":
-        if bq % 32:
-            raise ValueError(f"block_q={bq} must be a multiple of 32 for an int8 mask table")
-        prefetch.append(carried_index(plan.index).reshape(-1))
-    table_bytes = sum(smem_bytes(t.shape) for t in prefetch)
-    if table_bytes > SMEM_BYTES:
-        raise ValueError(
-            f"pallas_block_sparse prefetches {table_bytes:,} bytes of tables into {SMEM_BYTES:,} bytes of "
-            f"SMEM ({layout.num_heads} heads x {nq} x {nk} tiles); use larger tiles than {bq}x{bkv}"
-        )
+        prefetch.append(common.carried_index(plan.index).reshape(-1))
+    common.check_prefetch(prefetch, plan, bq, f"pallas_block_sparse ({layout.num_heads} heads x {nq} x {nk} "
+                          f"tiles of {bq}x{bkv})", "use larger tiles")
 
     qp, kp, vp = common.pad_sequence(q, bq), common.pad_sequence(k, bkv), common.pad_sequence(v, bkv)
     options = common.SoftmaxOptions(scale, exp2)

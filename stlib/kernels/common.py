@@ -20,7 +20,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from stlib._checks import check_positive_int
 from stlib.device import current_chip, resolve_interpret
-from stlib.layout import BlockLayout
+from stlib.layout import SMEM_BYTES, BlockLayout, smem_bytes
 from stlib.masks import Mask
 from stlib.reference import MASK_VALUE
 
@@ -127,6 +127,25 @@ def plan_mask(mask: Mask, layout: BlockLayout, masked: np.ndarray) -> MaskPlan:
         return MaskPlan("iota", mask, mask.length)
     table, index = layout.tile_mask_table(masked)
     return MaskPlan("table", mask, mask.length, table.astype(np.int8), index)
+
+
+def carried_index(index: np.ndarray) -> np.ndarray:
+    """Replace -1 entries by the last valid entry before them in flat order (0 before any), so an
+    index map fed with it only changes block where a real entry starts."""
+    flat = index.reshape(-1)
+    pos = np.where(flat >= 0, np.arange(flat.size), -1)
+    pos = np.maximum.accumulate(pos)
+    return np.where(pos >= 0, flat[np.maximum(pos, 0)], 0).astype(np.int32).reshape(index.shape)
+
+
+def check_prefetch(tables, plan: MaskPlan, block_q: int, what: str, hint: str) -> None:
+    """Refuse scalar-prefetch tables that overflow TPU SMEM, and int8 mask tables whose rows break
+    the (32, 128) int8 tiling, with messages that name the fix."""
+    table_bytes = sum(smem_bytes(t.shape) for t in tables)
+    if table_bytes > SMEM_BYTES:
+        raise ValueError(f"{what} prefetches {table_bytes:,} bytes of tables into {SMEM_BYTES:,} bytes of SMEM; {hint}")
+    if plan.mode == "table" and block_q % 32:
+        raise ValueError(f"{block_q=} must be a multiple of 32 for an int8 mask table")
 
 
 def iota_mask(plan: MaskPlan, q0, k0, shape, head):

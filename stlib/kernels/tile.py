@@ -28,7 +28,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from stlib.api import register
 from stlib.kernels import common
-from stlib.layout import SMEM_BYTES, BlockLayout, TileKind, block_layout, flat_steps, row_tables, smem_bytes
+from stlib.layout import BlockLayout, TileKind, block_layout, flat_steps, row_tables
 from stlib.masks import Mask, PermutedMask, full
 
 FORMS = ("rows", "flat")
@@ -138,7 +138,7 @@ def _pass_tables(selected: np.ndarray, plan: common.MaskPlan, form: str) -> tupl
         if plan.mode == "table":
             idx = np.take_along_axis(np.broadcast_to(plan.index, selected.shape), tiles, axis=2)
             idx = np.where(np.arange(extent) < counts[:, :, None], idx, -1)
-            tables.append(_carried(idx).reshape(-1))
+            tables.append(common.carried_index(idx).reshape(-1))
         if plan.mode == "prefix":
             tables.append(plan.kv_valid.astype(np.int32))
         return tables, extent
@@ -148,16 +148,10 @@ def _pass_tables(selected: np.ndarray, plan: common.MaskPlan, form: str) -> tupl
     tables = [head_q.astype(np.int32), ((steps["step_kv"] << 3) | flags).astype(np.int32)]
     if plan.mode == "table":
         idx = np.broadcast_to(plan.index, selected.shape)[steps["step_head"], steps["step_q"], steps["step_kv"]]
-        tables.append(_carried(np.where(steps["step_active"] > 0, idx, -1)))
+        tables.append(common.carried_index(np.where(steps["step_active"] > 0, idx, -1)))
     if plan.mode == "prefix":
         tables.append(plan.kv_valid.astype(np.int32))
     return tables, int(head_q.shape[0])
-
-
-def _carried(index: np.ndarray) -> np.ndarray:
-    from stlib.kernels.block_sparse import carried_index
-
-    return carried_index(index)
 
 
 def _run_pass(qp, kp, vp, selected, plan, *, bq, bkv, options: TileOptions, softmax: common.SoftmaxOptions,
@@ -167,15 +161,9 @@ def _run_pass(qp, kp, vp, selected, plan, *, bq, bkv, options: TileOptions, soft
     nq = lq // bq
     shared = selected.shape[0] == 1
     tables, extent = _pass_tables(selected, plan, options.form)
-    table_bytes = sum(smem_bytes(t.shape) for t in tables)
-    if table_bytes > SMEM_BYTES:
-        raise ValueError(
-            f"pallas_tile ({options.form}) prefetches {table_bytes:,} bytes of tables into {SMEM_BYTES:,} bytes "
-            f"of SMEM ({selected.shape[0]} heads x {selected.shape[1]} x {selected.shape[2]} tiles of "
-            f"{bq}x{bkv}); use larger tiles, the other grid form, or fewer heads per call"
-        )
-    if plan.mode == "table" and bq % 32:
-        raise ValueError(f"block_q={bq} must be a multiple of 32 for an int8 mask table")
+    common.check_prefetch(tables, plan, bq, f"pallas_tile {options.form} ({selected.shape[0]} heads x "
+                          f"{selected.shape[1]} x {selected.shape[2]} tiles of {bq}x{bkv})",
+                          "use larger tiles, the other grid form, or fewer heads per call")
     chunk = options.block_kv_compute or bkv
     masked = plan.mode != "none"
 
