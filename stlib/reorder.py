@@ -48,12 +48,13 @@ def choose_orders(grid: VideoGrid, mask: Mask, block_q: int = 128, block_kv: int
     """One order for a head-uniform mask, else one order (of length L) per head."""
     if isinstance(mask, MultiHeadMask) or mask.num_heads is not None:
         shared: dict[str, TokenOrder] = {}  # one object per distinct order, so kernels see few distinct views
-        chosen = []
-        for h in range(mask.num_heads):
-            head = mask.head(h)
-            options = candidate_orders(grid, head, same_length=True)
-            best = min(options, key=lambda o: nonempty_tiles(head.permute(o), block_q, block_kv))
-            chosen.append(shared.setdefault(best.name, best))
-        return chosen
+        heads = [mask.head(h) for h in range(mask.num_heads)]  # kept alive: ids below stay unique
+        best_of: dict[int, TokenOrder] = {}  # heads that share a mask object are measured once
+        for head in heads:
+            if id(head) not in best_of:
+                options = candidate_orders(grid, head, same_length=True)
+                best = min(options, key=lambda o, m=head: nonempty_tiles(m.permute(o), block_q, block_kv))
+                best_of[id(head)] = shared.setdefault(best.name, best)
+        return [best_of[id(head)] for head in heads]
     options = candidate_orders(grid, mask)
     return [min(options, key=lambda o: nonempty_tiles(mask.permute(o), block_q, block_kv))]
