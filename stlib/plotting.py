@@ -255,7 +255,7 @@ def density_vs_work(named_layouts: dict, title: str):
     ax.set_yticks(y, names)
     ax.invert_yaxis()
     ax.set(xlabel="fraction of all L² pairs", xlim=(0, 1), title=title)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.09), ncol=2)
     return fig
 
 
