@@ -16,6 +16,9 @@ class Workload:
     num_heads: int
     head_dim: int
     dtype: object = jnp.bfloat16
+    #: sliding tile attention on this grid: 3-D token tiles (T, Y, X) and the window in tiles
+    sta_tile: tuple[int, int, int] = (3, 8, 16)
+    sta_window: tuple[int, int, int] = (3, 3, 3)
 
     @property
     def num_tokens(self) -> int:
@@ -37,7 +40,10 @@ WAN_480P = Workload("Wan 480p", VideoGrid(21, 30, 52), num_heads=10, head_dim=12
 #: The CPU stand-in for the case study: small enough for Pallas interpret mode (1,152 tokens, 2 heads),
 #: with 3-D tiles of 1x8x16 = 128 tokens that fit the grid exactly.
 SMALL_CPU = Workload("small (CPU, interpret mode)", VideoGrid(3, 8, 48), num_heads=2, head_dim=128,
-                     dtype=jnp.float32)
+                     dtype=jnp.float32, sta_tile=(1, 8, 16))
+
+#: Band densities that every benchmark sweep and estimate table uses.
+DENSITIES = (0.15, 0.25, 0.35, 0.45, 0.55, 0.65)
 
 #: Published timings of the case study (one TPU v6e, kernel time only).
 PUBLISHED = {
