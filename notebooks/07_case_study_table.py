@@ -57,8 +57,7 @@ max_error, tolerance = notebook.max_error, notebook.tolerance  # checks against 
 
 # The benchmark picks its shape from the backend: the case study on a TPU, the small shape elsewhere.
 workload = configs.CASE_STUDY if cfg.on_tpu else bench.CPU_CASE
-sta_tile = bench.CASE_STA_TILE if cfg.on_tpu else bench.CPU_STA_TILE
-densities = bench.DENSITIES if cfg.on_tpu else (0.15, 0.35, 0.65)  # fewer off a TPU: keeps the notebook fast
+densities = configs.DENSITIES if cfg.on_tpu else (0.15, 0.35, 0.65)  # fewer off a TPU: keeps the notebook fast
 
 TOL = tolerance(workload.dtype)
 
@@ -73,7 +72,7 @@ TOL = tolerance(workload.dtype)
 # %%
 q, k, v = stlib.random_qkv(workload.qkv_shape, workload.dtype, seed=0)
 scale = workload.head_dim**-0.5
-for case in bench.case_study_cases(workload, sta_tile, cfg.on_tpu, densities=(0.35,)):
+for case in bench.case_study_cases(workload, cfg.on_tpu, densities=(0.35,)):
     qq, kk, vv = bench.case_inputs(case, q, k, v)  # permuted for cases whose order is applied outside the call
     out = bench.case_function(case, scale, cfg.interpret)(qq, kk, vv)
     approximate = case.options.get("boundary") == "balanced"
@@ -124,8 +123,8 @@ def splash_grid_steps(case, num_heads, length):
     return num_heads * info.block_mask.shape[1] * info.block_mask.shape[2]
 
 
-full_cases = bench.case_study_cases(configs.CASE_STUDY, bench.CASE_STA_TILE, tpu=True,
-                                    densities=densities if cfg.on_tpu else bench.DENSITIES)
+full_cases = bench.case_study_cases(configs.CASE_STUDY, tpu=True,
+                                    densities=densities if cfg.on_tpu else configs.DENSITIES)
 assert [c.label for c in full_cases] == [r["label"] for r in work_records]
 for case, record in zip(full_cases, work_records):
     if case.impl == "splash":

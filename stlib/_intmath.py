@@ -1,4 +1,5 @@
-"""Integer division that works on numpy arrays and inside Pallas TPU kernels.
+"""Integer helpers: host-side ``cdiv`` / ``round_up``, the is-this-a-jax-array test, and integer
+division that works on numpy arrays and inside Pallas TPU kernels.
 
 Inside a kernel, jnp's ``//`` and ``%`` lower through ``sign``, whose Mosaic rule asks the local
 device for its TPU generation and so fails when compiling for a TPU from a CPU machine; lax.div /
@@ -12,13 +13,24 @@ from __future__ import annotations
 _SHIFT = 1 << 24
 
 
-def _is_jax(x) -> bool:
+def is_jax_array(x) -> bool:
+    """Whether ``x`` is a jax array or tracer (inside a kernel), not a numpy array or a number."""
     return type(x).__module__.startswith("jax")
+
+
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for integers, b > 0."""
+    return -(-a // b)
+
+
+def round_up(a: int, b: int) -> int:
+    """The smallest multiple of b >= a, b > 0."""
+    return cdiv(a, b) * b
 
 
 def div(a, b):
     """a // b for non-negative a, positive b."""
-    if _is_jax(a) or _is_jax(b):
+    if is_jax_array(a) or is_jax_array(b):
         import jax
 
         return jax.lax.div(a, b)
@@ -27,7 +39,7 @@ def div(a, b):
 
 def mod(a, b):
     """a % b for non-negative a, positive b."""
-    if _is_jax(a) or _is_jax(b):
+    if is_jax_array(a) or is_jax_array(b):
         import jax
 
         return jax.lax.rem(a, b)
@@ -36,7 +48,7 @@ def mod(a, b):
 
 def floordiv(a, b: int):
     """floor(a / b) for any integer a with |a| < 2**24 and a positive constant b."""
-    if _is_jax(a):
+    if is_jax_array(a):
         shift = (_SHIFT // b + 1) * b
         return div(a + shift, b) - shift // b
     return a // b

@@ -1,38 +1,22 @@
 """``attention`` and ``video_attention``: one entry point over every implementation.
 
-Implementations register themselves by name in ``IMPLEMENTATIONS``; each receives validated
-inputs: q, k, v [H, L, D] float arrays, ``mask`` (a stlib mask or None), ``scale``, ``block_q``,
-``block_kv`` (None: the implementation's default) and ``interpret`` (None: interpret unless on TPU).
+Implementations are ``stlib.registry.Implementation`` objects registered by name (importing
+``stlib.kernels`` registers them all); each receives validated inputs: q, k, v [H, L, D] float
+arrays of one dtype, ``mask`` (a stlib mask or None), ``scale``, ``block_q``, ``block_kv`` (None:
+the implementation's default), its ``options`` and ``interpret`` (None: interpret unless on TPU).
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable
 
 import jax.numpy as jnp
 
 from stlib._checks import check_positive_int
 from stlib.geometry import TokenOrder, VideoGrid, apply_orders, restore_orders
-from stlib.layout import block_layout
 from stlib.masks import Mask, per_head
-from stlib.reference import reference_attention, xla_block_sparse_attention
-
-IMPLEMENTATIONS: dict[str, Callable] = {}
-
-#: Largest L the materialising reference accepts.
-REFERENCE_LIMIT = 16_384
-
-
-def register(name: str):
-    """Decorator: make ``fn`` available as ``attention(..., impl=name)``."""
-
-    def wrap(fn):
-        IMPLEMENTATIONS[name] = fn
-        return fn
-
-    return wrap
+from stlib.registry import IMPLEMENTATIONS, get, register
 
 
 def _check_block(name: str, value, multiple: int = 8) -> int | None:
@@ -44,7 +28,9 @@ def _check_block(name: str, value, multiple: int = 8) -> int | None:
     return int(value)
 
 
-def _check_qkv(q, k, v):
+def check_qkv(q, k, v) -> None:
+    """Raise TypeError / ValueError, naming the argument, unless q, k, v are [H, L, D] floating
+    arrays of one dtype with H, L, D > 0, equal shapes (self-attention)."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not hasattr(x, "shape") or not hasattr(x, "dtype"):
             raise TypeError(f"{name} must be an array, got {type(x).__name__}")
@@ -52,6 +38,12 @@ def _check_qkv(q, k, v):
             raise ValueError(f"{name} must be [H, L, D], got shape {tuple(x.shape)}")
         if not jnp.issubdtype(x.dtype, jnp.floating):
             raise TypeError(f"{name} must be a floating dtype, got {x.dtype}")
+        for axis, letter in enumerate("HLD"):
+            if x.shape[axis] == 0:
+                raise ValueError(f"{name} has {letter}=0 (shape {tuple(x.shape)}); every axis of [H, L, D] "
+                                 "must be at least 1")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype} and {v.dtype}")
     if k.shape != v.shape:
         raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must have the same shape")
     if q.shape[0] != k.shape[0]:
@@ -74,55 +66,34 @@ def check_mask(mask, num_heads: int, length: int) -> None:
 
 
 def attention(q, k, v, mask: Mask | None = None, *, impl: str = "reference", scale: float | None = None,
-              block_q: int | None = None, block_kv: int | None = None, interpret: bool | None = None):
+              block_q: int | None = None, block_kv: int | None = None, options=None,
+              interpret: bool | None = None):
     """Multi-head attention softmax(q k^T * scale, mask) v.
 
-    q, k, v: [H, L, D] floating arrays (bf16 / f32); mask: a stlib mask of shape (L, L), head-uniform
-    or with H heads, or None (dense). ``scale`` defaults to 1/sqrt(D). Returns [H, L, D] in q's dtype;
-    query rows that see no key are zeros. ``impl`` names an entry of ``IMPLEMENTATIONS``.
-    Raises TypeError / ValueError on bad input (shapes, dtypes, heads, unknown impl, block sizes).
+    q, k, v: [H, L, D] floating arrays of one dtype (bf16 / f32); mask: a stlib mask of shape (L, L),
+    head-uniform or with H heads, or None (dense). ``scale`` defaults to 1/sqrt(D). Returns [H, L, D]
+    in q's dtype; query rows that see no key are zeros. ``impl`` names an entry of
+    ``IMPLEMENTATIONS``; ``options``: that implementation's options (its ``options_type``, or a dict
+    of its fields; None: defaults). Raises TypeError / ValueError on bad input (shapes, dtypes,
+    heads, unknown impl or option, block sizes).
     """
-    _check_qkv(q, k, v)
+    check_qkv(q, k, v)
     check_mask(mask, q.shape[0], q.shape[1])
-    if impl not in IMPLEMENTATIONS:
-        raise ValueError(f"impl={impl!r} is unknown; choose one of {sorted(IMPLEMENTATIONS)}")
+    implementation = get(impl)
+    options = implementation.options(options)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[2])
     elif not isinstance(scale, numbers.Real) or isinstance(scale, bool) or not math.isfinite(scale):
         raise TypeError(f"scale={scale!r} must be a finite number")
     block_q = _check_block("block_q", block_q)
     block_kv = _check_block("block_kv", block_kv)
-    out = IMPLEMENTATIONS[impl](q, k, v, mask, scale=float(scale), block_q=block_q, block_kv=block_kv,
-                                interpret=interpret)
+    out = implementation.forward(q, k, v, mask, scale=float(scale), block_q=block_q, block_kv=block_kv,
+                                 options=options, interpret=interpret)
     valid = None if mask is None else mask.token_validity()
     if valid is not None and not valid.all():
         # padding slots of a permuted mask see nothing: zeros, whatever a kernel computed there
         out = jnp.where(jnp.asarray(valid)[None, :, None], out, jnp.zeros((), out.dtype))
     return out
-
-
-@register("reference")
-def _reference(q, k, v, mask, *, scale, block_q, block_kv, interpret):
-    length = q.shape[1]
-    if length > REFERENCE_LIMIT:
-        raise ValueError(f"impl='reference' materialises [H, L, L] scores; L={length} > {REFERENCE_LIMIT}")
-    dense = None if mask is None else mask.to_dense()
-    return reference_attention(q, k, v, dense, scale)
-
-
-@register("xla")
-def _xla(q, k, v, mask, *, scale, block_q, block_kv, interpret):
-    from stlib.masks import full
-
-    length = q.shape[1]
-    bq = block_q or min(128, _round_up(length, 8))
-    bkv = block_kv or min(128, _round_up(length, 8))
-    layout = block_layout(mask if mask is not None else full(length), bq, bkv)
-    return xla_block_sparse_attention(q, k, v, layout, scale)
-
-
-def _round_up(x: int, m: int) -> int:
-    return -(-x // m) * m
 
 
 def video_attention(q, k, v, grid: VideoGrid, mask: Mask | None = None, *, impl: str = "reference",
@@ -137,7 +108,7 @@ def video_attention(q, k, v, grid: VideoGrid, mask: Mask | None = None, *, impl:
 
     if not isinstance(grid, VideoGrid):
         raise TypeError(f"grid must be a stlib.VideoGrid, got {type(grid).__name__}")
-    _check_qkv(q, k, v)
+    check_qkv(q, k, v)
     grid.check_length(q.shape[1])
     check_mask(mask, q.shape[0], q.shape[1])
     if mask is None:
@@ -152,9 +123,8 @@ def video_attention(q, k, v, grid: VideoGrid, mask: Mask | None = None, *, impl:
     else:
         views: dict[tuple, Mask] = {}  # one view per distinct (head mask, order): kernels select among few
         for h, order in enumerate(orders):
-            head = mask.head(h)
-            views.setdefault((id(head), id(order)), head.permute(order))
-        permuted = per_head([views[(id(mask.head(h)), id(o))] for h, o in enumerate(orders)])
+            views.setdefault((mask.head(h), order), mask.head(h).permute(order))
+        permuted = per_head([views[(mask.head(h), o)] for h, o in enumerate(orders)])
     out = attention(apply_orders(q, orders), apply_orders(k, orders), apply_orders(v, orders), permuted,
                     impl=impl, **kwargs)
     return restore_orders(out, orders)
@@ -168,4 +138,4 @@ def random_qkv(shape, dtype=jnp.float32, seed: int = 0):
     return tuple(jax.random.normal(key, shape, jnp.float32).astype(dtype) for key in keys)
 
 
-__all__ = ["IMPLEMENTATIONS", "attention", "random_qkv", "register", "video_attention"]
+__all__ = ["IMPLEMENTATIONS", "attention", "check_qkv", "random_qkv", "register", "video_attention"]

@@ -1,8 +1,8 @@
 """The backend at hand, the TPU chip table, and compiling for a TPU without one.
 
 Hardware numbers come from ``pltpu.get_tpu_info_for_chip`` (one table, never retyped).
-Deviceless compilation (``compile_for_tpu``) runs the real Mosaic compiler for a v5e / v6e
-topology on a CPU-only machine through libtpu; it reports memory use but no time.
+Deviceless compilation (``compile_for_tpu``) runs the real Mosaic compiler for any chip of the
+table on a CPU-only machine through libtpu; it reports memory use but no time.
 """
 
 from __future__ import annotations
@@ -11,8 +11,6 @@ import functools
 from dataclasses import dataclass
 
 import jax
-
-CHIPS = ("v5e", "v6e")
 
 
 def backend() -> str:
@@ -37,54 +35,99 @@ def resolve_interpret(interpret: bool | None) -> bool:
 
 
 @dataclass(frozen=True)
-class ChipSpec:
-    name: str
-    bf16_flops: float  # FLOP/s
-    hbm_bandwidth: float  # bytes/s
-    vmem_bytes: int
-    smem_bytes: int
-    mxu_width: int
+class Chip:
+    """One row of the chip table. The peak numbers are read from JAX's own table
+    (``pltpu.get_tpu_info_for_chip``, per device: a TPU7x chip shows its two TensorCores as two
+    devices); the row adds what that table lacks: how libtpu names the chip, its deviceless
+    topology, the compiler's default scoped-VMEM limit, and the default kernel blocks."""
+
+    name: str  # our name: "v5e", "v6e", "tpu7x"
+    jax_version: str  # tpu_info.ChipVersion value
+    topology: str  # libtpu's deviceless topology name
+    device_kinds: tuple[str, ...]  # lower-case jax ``device_kind`` strings of this chip
+    devices_per_chip: int
+    scoped_vmem_default: int  # bytes a kernel may use without ``vmem_limit_bytes``
+    block_q: int = 512  # default kernel blocks (big tiles keep 10-head prefetch tables in SMEM)
+    block_kv: int = 1024
+    block_kv_compute: int | None = 512
+
+    @functools.cached_property
+    def _info(self):
+        from jax._src.pallas.mosaic import tpu_info
+        from jax.experimental.pallas import tpu as pltpu
+
+        return pltpu.get_tpu_info_for_chip(tpu_info.ChipVersion(self.jax_version), 1)
+
+    @property
+    def bf16_flops(self) -> float:  # FLOP/s per device
+        return float(self._info.bf16_ops_per_second)
+
+    @property
+    def hbm_bandwidth(self) -> float:  # bytes/s per device
+        return float(self._info.mem_bw_bytes_per_second)
+
+    @property
+    def vmem_bytes(self) -> int:
+        return int(self._info.vmem_capacity_bytes)
+
+    @property
+    def smem_bytes(self) -> int:
+        return int(self._info.smem_capacity_bytes)
+
+    @property
+    def mxu_width(self) -> int:  # an MXU is mxu_width x mxu_width
+        return int(self._info.mxu_column_size)
+
+    @property
+    def num_mxus(self) -> int:
+        return int(self._info.num_mxus)
 
 
-@functools.cache
-def chip_spec(chip: str) -> ChipSpec:
-    """Peak numbers of a TPU chip ("v5e" or "v6e") from JAX's own table."""
-    from jax._src.pallas.mosaic import tpu_info
-    from jax.experimental.pallas import tpu as pltpu
+_MIB = 1 << 20
 
-    if chip not in CHIPS:
-        raise ValueError(f"chip={chip!r} must be one of {CHIPS}")
-    info = pltpu.get_tpu_info_for_chip(tpu_info.ChipVersion(chip), 1)
-    return ChipSpec(
-        name=chip,
-        bf16_flops=float(info.bf16_ops_per_second),
-        hbm_bandwidth=float(info.mem_bw_bytes_per_second),
-        vmem_bytes=int(info.vmem_capacity_bytes),
-        smem_bytes=int(info.smem_capacity_bytes),
-        mxu_width=int(info.mxu_column_size),
+#: The chip table: adding a chip is one row. Scoped-VMEM defaults as the Mosaic compiler reports
+#: them in its "exceeded scoped vmem limit" errors (16 MiB on v5e, 32 MiB on v6e); TPU7x's is
+#: taken to be v6e's (no public statement found).
+CHIP_TABLE: dict[str, Chip] = {
+    chip.name: chip
+    for chip in (
+        Chip("v5e", "v5e", "v5e:2x2", ("tpu v5 lite", "tpu v5e", "tpu v5litepod"), 1, 16 * _MIB),
+        Chip("v6e", "v6e", "v6e:2x2", ("tpu v6 lite", "tpu v6e"), 1, 32 * _MIB),
+        Chip("tpu7x", "7x", "tpu7x:2x2x1", ("tpu7x",), 2, 32 * _MIB),
     )
+}
+#: Chip names, in table order.
+CHIPS = tuple(CHIP_TABLE)
+
+
+def chip_spec(chip: str) -> Chip:
+    """The chip table's row for ``chip``. Raises ValueError for a chip not in the table."""
+    if chip not in CHIP_TABLE:
+        raise ValueError(f"chip={chip!r} must be one of {CHIPS}")
+    return CHIP_TABLE[chip]
 
 
 def current_chip() -> str | None:
-    """"v5e" / "v6e" when running on one of them, else None."""
+    """The chip-table name of the TPU this process runs on, else None (CPU, GPU, an unknown TPU)."""
     if not on_tpu():
         return None
     kind = device_kind().lower()
-    if "v6" in kind:
-        return "v6e"
-    if "v5 lite" in kind or "v5e" in kind or "v5litepod" in kind:
-        return "v5e"
-    return None
+    return next((chip.name for chip in CHIP_TABLE.values() if kind in chip.device_kinds), None)
+
+
+def smem_limit() -> int:
+    """SMEM bytes a kernel's prefetched tables may use: the current chip's, else the smallest in the
+    table (a kernel traced off a TPU must fit every chip it may be compiled for)."""
+    chip = current_chip()
+    return chip_spec(chip).smem_bytes if chip else min(c.smem_bytes for c in CHIP_TABLE.values())
 
 
 @functools.cache
 def tpu_device(chip: str):
-    """A TPU device of ``chip`` to compile for, real or from a deviceless topology."""
+    """A TPU device of ``chip`` to compile for, from libtpu's deviceless topology."""
     from jax.experimental import topologies
 
-    if chip not in CHIPS:
-        raise ValueError(f"chip={chip!r} must be one of {CHIPS}")
-    topology = topologies.get_topology_desc(platform="tpu", topology_name=f"{chip}:2x2")
+    topology = topologies.get_topology_desc(platform="tpu", topology_name=chip_spec(chip).topology)
     return topology.devices[0]
 
 

@@ -66,11 +66,12 @@ def setup(size: str | None = None) -> NotebookConfig:
 
 def max_error(out, q, k, v, mask=None, rows: int = 384) -> float:
     """max |out - reference| for [H, L, D] attention output ``out``: over every row when L fits the
-    materialising reference (``stlib.api.REFERENCE_LIMIT``), else over ``rows`` query rows at the
+    materialising reference (``stlib.kernels.xla.REFERENCE_LIMIT``), else over ``rows`` query rows at the
     start, middle and end of the sequence (the reference on those rows only, never L x L)."""
     import numpy as np
 
-    from stlib.api import REFERENCE_LIMIT, attention
+    from stlib.api import attention
+    from stlib.kernels.xla import REFERENCE_LIMIT
     from stlib.reference import reference_attention
 
     length, n = q.shape[1], rows // 3

@@ -15,25 +15,15 @@ from stlib.layout import BlockLayout
 
 
 def kernel_work(impl: str, layout: BlockLayout, num_heads: int, head_dim: int, options=None) -> KernelWork:
-    """Grid steps, computed / masked tiles and flops of ``impl`` on ``layout``.
+    """Grid steps, computed / masked tiles and flops of ``impl`` on ``layout``: the work model its
+    registry entry owns, with its ``options`` (None: defaults). Raises ValueError for an unknown
+    impl or one without a work model."""
+    from stlib import registry
 
-    ``"xla"`` skips empty tiles like the block-sparse kernel; ``"splash"`` shrinks its grid as
-    ``splash_work`` says; ``"pallas_tile"`` takes its TileOptions (grid form, boundary policy)
-    from ``options``."""
-    from stlib.kernels.block_sparse import block_sparse_work
-    from stlib.kernels.dense import dense_work
-    from stlib.kernels.splash import splash_work
-    from stlib.kernels.tile import TileOptions, tile_work
-
-    if impl in ("pallas_dense", "reference"):
-        return dense_work(layout, num_heads, head_dim)
-    if impl in ("pallas_block_sparse", "xla"):
-        return block_sparse_work(layout, num_heads, head_dim)
-    if impl == "splash":
-        return splash_work(layout, num_heads, head_dim)
-    if impl == "pallas_tile":
-        return tile_work(layout, num_heads, head_dim, options or TileOptions())
-    raise ValueError(f"no work model for impl={impl!r}")
+    implementation = registry.get(impl)
+    if implementation.work is None:
+        raise ValueError(f"impl={impl!r} has no work model")
+    return implementation.work(layout, num_heads, head_dim, implementation.options(options))
 
 
 def bytes_moved(work: KernelWork, layout: BlockLayout, num_heads: int, head_dim: int, itemsize: int) -> float:
@@ -69,7 +59,7 @@ def roofline(chip: str, flops: float, nbytes: float) -> Roofline:
 
 def work_summary(impl: str, layout: BlockLayout, num_heads: int, head_dim: int, itemsize: int = 2,
                  options=None) -> dict:
-    """One dict of work numbers and the v5e / v6e roofline times (executed and useful flops)."""
+    """One dict of work numbers and every chip's roofline times (executed and useful flops)."""
     work = kernel_work(impl, layout, num_heads, head_dim, options)
     nbytes = bytes_moved(work, layout, num_heads, head_dim, itemsize)
     out = {

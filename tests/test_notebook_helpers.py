@@ -7,7 +7,7 @@ import pytest
 
 import stlib
 from stlib import masks, notebook
-from stlib.api import REFERENCE_LIMIT
+from stlib.kernels.xla import REFERENCE_LIMIT
 
 
 def test_setup_small_and_bad_size(monkeypatch):

@@ -17,10 +17,10 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from stlib.api import register
 from stlib.kernels import common
 from stlib.layout import BlockLayout, TileKind, block_layout
 from stlib.masks import Mask, full
+from stlib.registry import Implementation, ScheduleCounts, register
 
 SKIP, MASKED, MASK_FREE = 0, 1, 2
 
@@ -49,7 +49,7 @@ def block_sparse_attention(q, k, v, layout: BlockLayout, *, scale: float, interp
     shared = layout.num_heads == 1
     table = step_table(layout).reshape(-1)
     prefetch = [table]
-    if plan.mode == "table":
+    if plan.mode == common.MaskPlanMode.TABLE:
         prefetch.append(common.carried_index(plan.index).reshape(-1))
     common.check_prefetch(prefetch, plan, bq, f"pallas_block_sparse ({layout.num_heads} heads x {nq} x {nk} "
                           f"tiles of {bq}x{bkv})", "use larger tiles")
@@ -61,7 +61,7 @@ def block_sparse_attention(q, k, v, layout: BlockLayout, *, scale: float, interp
         return i if shared else h * nq + i
 
     def kernel(table_ref, *refs):
-        if plan.mode == "table":
+        if plan.mode == common.MaskPlanMode.TABLE:
             _, q_ref, k_ref, v_ref, mask_ref, o_ref, m_ref, l_ref, acc_ref = refs  # refs[0]: mask index
         else:
             q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref = refs
@@ -77,8 +77,8 @@ def block_sparse_attention(q, k, v, layout: BlockLayout, *, scale: float, interp
             common.update_tile(common.scaled_q(q_ref, options), k_ref, v_ref, m_ref, l_ref, acc_ref,
                                options, sizes.kv_chunk)
 
-        if plan.mode != "none":
-            if plan.mode == "iota":
+        if plan.mode != common.MaskPlanMode.NONE:
+            if plan.mode == common.MaskPlanMode.IOTA:
                 mask_fn = lambda c0, shape: common.iota_mask(plan, i * bq, j * bkv + c0, shape, h)
             else:
                 mask_fn = lambda c0, shape: mask_ref[:, pl.ds(c0, shape[1])] != 0
@@ -101,7 +101,7 @@ def block_sparse_attention(q, k, v, layout: BlockLayout, *, scale: float, interp
         pl.BlockSpec((None, bkv, head_dim), kv_map),  # v [bkv, D]
     ]
     operands = [qp, kp, vp]
-    if plan.mode == "table":
+    if plan.mode == common.MaskPlanMode.TABLE:
         in_specs.append(pl.BlockSpec((None, bq, bkv), lambda h, i, j, t, mi: (mi[row_of(h, i) * nk + j], 0, 0)))
         operands.append(jnp.asarray(plan.table))
     grid_spec = pltpu.PrefetchScalarGridSpec(
@@ -128,9 +128,42 @@ def block_sparse_work(layout: BlockLayout, num_heads: int, head_dim: int) -> com
     return common.work_from_counts(layout, num_heads, head_dim, num_heads * nq * nk, computed, masked)
 
 
-@register("pallas_block_sparse")
-def _pallas_block_sparse(q, k, v, mask: Mask | None, *, scale, block_q, block_kv, interpret):
-    sizes = common.block_sizes_for(q.shape[1], block_q, block_kv, interpret=interpret)
+def _forward(q, k, v, mask: Mask | None, *, scale, block_q, block_kv, options: common.FlashOptions, interpret):
+    sizes, options = common.flash_blocks(q, block_q, block_kv, options, interpret)
     layout = block_layout(mask if mask is not None else full(q.shape[1]), sizes.block_q, sizes.block_kv)
     return block_sparse_attention(q, k, v, layout, scale=scale, interpret=interpret,
-                                  block_kv_compute=sizes.block_kv_compute)
+                                  block_kv_compute=options.block_kv_compute, exp2=options.exp2)
+
+
+def _compute_regions(kernel: str, n: int) -> list[str]:
+    """The mask-free region, then the masked one when the call has masked tiles (any other count
+    is a structure the estimator does not know: a one-name list that cannot match it)."""
+    return ["compute_full", "compute_masked"][:n] if n in (1, 2) else ["?"]
+
+
+def block_sparse_schedule_counts(setup, attribution):
+    """Executions of each compiled path: the full grid is stepped; the step table says which steps
+    run the mask-free or the masked update; a kv tile is fetched where the table's index changes."""
+    h, layout = setup.num_heads, setup.layout
+    nq, nk = layout.grid_shape
+    mult = h if layout.num_heads == 1 else 1
+    table = step_table(layout)
+    counts = {"init": h * nq, "finalise": h * nq,
+              "compute_full": int(np.sum((table & 3) == MASK_FREE)) * mult,
+              "compute_masked": int(np.sum((table & 3) == MASKED)) * mult}
+    kv = np.arange(h)[:, None, None] * nk + np.broadcast_to(table >> 2, (h, nq, nk))
+    return ScheduleCounts(counts, h * nq * nk, h * nq, common.block_changes(kv), setup.block_q,
+                                 setup.block_kv, setup.itemsize, writes_lse=False)
+
+
+IMPLEMENTATION = register(Implementation(
+    name="pallas_block_sparse",
+    forward=_forward,
+    description="the Splash idea from scratch: full grid, a prefetched step table, skipped steps fetch nothing",
+    options_type=common.FlashOptions,
+    work=lambda layout, num_heads, head_dim, options: block_sparse_work(layout, num_heads, head_dim),
+    kernel_names=("stlib_block_sparse",),
+    compute_regions=_compute_regions,
+    schedule_counts=block_sparse_schedule_counts,
+    chips=common.ALL_CHIPS,
+))

@@ -9,6 +9,7 @@ lane-replicated) and an accumulator ``acc`` [block_q, D] in VMEM scratch, and pr
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 from dataclasses import dataclass
 
@@ -19,13 +20,16 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from stlib._checks import check_positive_int
-from stlib.device import current_chip, resolve_interpret
-from stlib.layout import SMEM_BYTES, BlockLayout, smem_bytes
+from stlib._intmath import cdiv, round_up
+from stlib.device import CHIPS, chip_spec, current_chip, resolve_interpret, smem_limit
+from stlib.layout import BlockLayout, smem_bytes
 from stlib.masks import Mask
 from stlib.reference import MASK_VALUE
 
 LANES = 128
 SUBLANES = 8
+#: Every chip of the table: the Pallas kernels here compile for all of them.
+ALL_CHIPS = CHIPS
 LOG2_E = math.log2(math.e)
 
 
@@ -51,8 +55,8 @@ class BlockSizes:
         if block_kv % LANES:
             raise ValueError(f"{block_kv=} must be a multiple of {LANES} (TPU lane tiling)")
         if block_kv_compute is not None:
-            check_positive_int("block_kv_compute", block_kv_compute)
-            if block_kv_compute % LANES or block_kv % block_kv_compute:
+            check_chunk(block_kv_compute)
+            if block_kv % block_kv_compute:
                 raise ValueError(f"{block_kv_compute=} must be a multiple of {LANES} dividing {block_kv=}")
 
     @property
@@ -61,30 +65,44 @@ class BlockSizes:
 
     def fitted(self, length: int) -> BlockSizes:
         """Shrink the blocks to the padded sequence when it is shorter than a block."""
-        bq = min(self.block_q, -(-length // SUBLANES) * SUBLANES)
-        bkv = min(self.block_kv, -(-length // LANES) * LANES)
+        bq = min(self.block_q, round_up(length, SUBLANES))
+        bkv = min(self.block_kv, round_up(length, LANES))
         chunk = self.block_kv_compute
         if chunk is not None and (chunk > bkv or bkv % chunk):
             chunk = None
         return dataclasses.replace(self, block_q=bq, block_kv=bkv, block_kv_compute=chunk)
 
 
-#: Defaults per chip: big tiles keep the prefetched tables of a 10-head case-study call in SMEM.
-DEFAULT_BLOCK_SIZES = {
-    "v6e": BlockSizes(block_q=512, block_kv=1024, block_kv_compute=512),
-    "v5e": BlockSizes(block_q=512, block_kv=1024, block_kv_compute=512),
-    None: BlockSizes(block_q=128, block_kv=128),  # CPU / interpret mode: small tiles, small tests
-}
+def check_chunk(block_kv_compute) -> None:
+    check_positive_int("block_kv_compute", block_kv_compute)
+    if block_kv_compute % LANES:
+        raise ValueError(f"{block_kv_compute=} must be a multiple of {LANES} (TPU lane tiling)")
+
+
+#: Blocks in interpret mode off a TPU: small tiles keep CPU tests small.
+INTERPRET_BLOCK_SIZES = BlockSizes(block_q=128, block_kv=128)
+
+
+def default_block_sizes(chip: str | None, overrides=None) -> BlockSizes:
+    """The default blocks on ``chip`` (a chip-table name; None: interpret mode off a TPU), from an
+    implementation's per-chip ``overrides`` where it has one, else from the chip table."""
+    if chip is None:
+        return INTERPRET_BLOCK_SIZES
+    if overrides and chip in overrides:
+        return overrides[chip]
+    row = chip_spec(chip)
+    return BlockSizes(row.block_q, row.block_kv, row.block_kv_compute)
 
 
 def block_sizes_for(length: int, block_q: int | None, block_kv: int | None, *, interpret: bool | None = None,
-                    block_kv_compute: int | None = None) -> BlockSizes:
+                    block_kv_compute: int | None = None, overrides=None) -> BlockSizes:
     """The block sizes an implementation uses: explicit values, else the default of the chip it
-    runs on (v6e's when compiling for a TPU from elsewhere, small tiles in interpret mode)."""
+    runs on (v6e's when compiling for a TPU from elsewhere, small tiles in interpret mode). The
+    default chunk applies only with default kv blocks."""
     chip = current_chip()
     if chip is None and not resolve_interpret(interpret):
         chip = "v6e"
-    base = DEFAULT_BLOCK_SIZES.get(chip, DEFAULT_BLOCK_SIZES[None])
+    base = default_block_sizes(chip, overrides)
     sizes = BlockSizes(
         block_q=block_q or base.block_q,
         block_kv=block_kv or base.block_kv,
@@ -97,21 +115,56 @@ def block_sizes_for(length: int, block_q: int | None, block_kv: int | None, *, i
 
 
 # --------------------------------------------------------------------------------------------
+# kernel options
+
+
+@dataclass(frozen=True)
+class FlashOptions:
+    """Options of the flash-style Pallas kernels. ``exp2``: base-2 exponentials with log2(e) folded
+    into the scale (one multiply fewer per score); ``block_kv_compute``: the kv chunk of the inner
+    loop (None: the chip's default chunk with default blocks, else the whole kv tile)."""
+
+    exp2: bool = False
+    block_kv_compute: int | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.exp2, bool):
+            raise TypeError(f"exp2={self.exp2!r} must be True or False")
+        if self.block_kv_compute is not None:
+            check_chunk(self.block_kv_compute)
+
+
+def flash_blocks(q, block_q, block_kv, options: FlashOptions, interpret, overrides=None):
+    """(BlockSizes, options with the chunk resolved) of a flash-style kernel call."""
+    sizes = block_sizes_for(q.shape[1], block_q, block_kv, interpret=interpret,
+                            block_kv_compute=options.block_kv_compute, overrides=overrides)
+    return sizes, dataclasses.replace(options, block_kv_compute=sizes.block_kv_compute)
+
+
+# --------------------------------------------------------------------------------------------
 # masks inside a kernel
+
+
+class MaskPlanMode(enum.StrEnum):
+    """How a kernel evaluates the mask on the tiles that need one.
+
+    NONE: no tile needs a mask; IOTA: evaluated from row / column indices with the mask's own
+    predicate (lazy, traceable masks, also permuted by an arithmetic token order), ANDed with
+    ``key < length`` (the sequence padding a kernel adds); TABLE: a [P, block_q, block_kv] int8
+    table of deduplicated tile masks, one per masked tile; PREFIX: only padding to hide, and each
+    kv tile's real keys come first (``kv_valid``)."""
+
+    NONE = "none"
+    IOTA = "iota"
+    TABLE = "table"
+    PREFIX = "prefix"
 
 
 @dataclass(frozen=True)
 class MaskPlan:
-    """How a kernel evaluates the mask on the tiles that need one.
+    """A ``MaskPlanMode`` with what it needs: the mask, its tile table and index, or kv_valid."""
 
-    mode ``"none"``: no tile needs a mask; ``"iota"``: evaluated from row / column indices with the
-    mask's own predicate (lazy, traceable masks, also permuted by an arithmetic token order), ANDed
-    with ``key < length`` (the sequence padding a kernel adds);
-    ``"table"``: a [P, block_q, block_kv] int8 table of deduplicated tile masks, one per masked tile;
-    ``"prefix"``: only padding to hide, and each kv tile's real keys come first (``kv_valid``).
-    """
-
-    mode: str
+    mode: MaskPlanMode
     mask: Mask | None
     length: int
     table: np.ndarray | None = None  # int8 [P, block_q, block_kv]
@@ -122,11 +175,11 @@ class MaskPlan:
 def plan_mask(mask: Mask, layout: BlockLayout, masked: np.ndarray) -> MaskPlan:
     """Choose iota or table evaluation for the tiles flagged in ``masked`` (bool [Hl, nq, nk])."""
     if not masked.any():
-        return MaskPlan("none", None, mask.length)
+        return MaskPlan(MaskPlanMode.NONE, None, mask.length)
     if mask.traceable:
-        return MaskPlan("iota", mask, mask.length)
+        return MaskPlan(MaskPlanMode.IOTA, mask, mask.length)
     table, index = layout.tile_mask_table(masked)
-    return MaskPlan("table", mask, mask.length, table.astype(np.int8), index)
+    return MaskPlan(MaskPlanMode.TABLE, mask, mask.length, table.astype(np.int8), index)
 
 
 def carried_index(index: np.ndarray) -> np.ndarray:
@@ -141,10 +194,10 @@ def carried_index(index: np.ndarray) -> np.ndarray:
 def check_prefetch(tables, plan: MaskPlan, block_q: int, what: str, hint: str) -> None:
     """Refuse scalar-prefetch tables that overflow TPU SMEM, and int8 mask tables whose rows break
     the (32, 128) int8 tiling, with messages that name the fix."""
-    table_bytes = sum(smem_bytes(t.shape) for t in tables)
-    if table_bytes > SMEM_BYTES:
-        raise ValueError(f"{what} prefetches {table_bytes:,} bytes of tables into {SMEM_BYTES:,} bytes of SMEM; {hint}")
-    if plan.mode == "table" and block_q % 32:
+    table_bytes, limit = sum(smem_bytes(t.shape) for t in tables), smem_limit()
+    if table_bytes > limit:
+        raise ValueError(f"{what} prefetches {table_bytes:,} bytes of tables into {limit:,} bytes of SMEM; {hint}")
+    if plan.mode == MaskPlanMode.TABLE and block_q % 32:
         raise ValueError(f"{block_q=} must be a multiple of 32 for an int8 mask table")
 
 
@@ -191,7 +244,7 @@ def _lanes(x, width: int):
     """A lane-replicated [rows, 128] array widened (or cut) to [rows, width] without lane shuffles."""
     if width % LANES == 0:
         return jnp.tile(x, (1, width // LANES))
-    return x[:, :width] if width < LANES else jnp.tile(x, (1, -(-width // LANES)))[:, :width]
+    return x[:, :width] if width < LANES else jnp.tile(x, (1, cdiv(width, LANES)))[:, :width]
 
 
 def update_tile(q, k_ref, v_ref, m_ref, l_ref, acc_ref, options: SoftmaxOptions, chunk: int, mask_fn=None):
@@ -266,10 +319,17 @@ def run_pallas(kernel, *, grid_spec, out_shape, interpret, dimension_semantics, 
     return call(*operands)
 
 
+def block_changes(indices) -> int:
+    """Block fetches of a pipelined operand whose block index runs through ``indices`` in grid order:
+    a fetch wherever the index differs from the previous step's."""
+    seq = np.asarray(indices).reshape(-1)
+    return 0 if seq.size == 0 else 1 + int(np.count_nonzero(seq[1:] != seq[:-1]))
+
+
 def pad_sequence(x, multiple: int):
     """Pad axis 1 of [H, L, D] with zeros up to a multiple of ``multiple``."""
     length = x.shape[1]
-    target = -(-length // multiple) * multiple
+    target = round_up(length, multiple)
     if target == length:
         return x
     return jnp.pad(x, ((0, 0), (0, target - length), (0, 0)))

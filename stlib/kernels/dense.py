@@ -13,9 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
 
-from stlib.api import register
 from stlib.kernels import common
 from stlib.masks import DENSE_LIMIT, Mask, full
+from stlib.registry import Implementation, ScheduleCounts, register
 
 
 def dense_attention(q, k, v, mask: Mask | None, *, scale: float, block_sizes: common.BlockSizes,
@@ -53,7 +53,7 @@ def dense_attention(q, k, v, mask: Mask | None, *, scale: float, block_sizes: co
         if dense_mask is not None:
             mask_fn = lambda c0, shape: mask_ref[:, pl.ds(c0, shape[1])] != 0
         elif mask is not None or ragged:
-            plan = common.MaskPlan("iota", mask if mask is not None else full(length), length)
+            plan = common.MaskPlan(common.MaskPlanMode.IOTA, mask if mask is not None else full(length), length)
             mask_fn = lambda c0, shape: common.iota_mask(plan, i * bq, j * bkv + c0, shape, h)
         else:
             mask_fn = None
@@ -94,10 +94,32 @@ def dense_work(layout, num_heads: int, head_dim: int) -> common.KernelWork:
     return common.work_from_counts(layout, num_heads, head_dim, steps, steps, masked)
 
 
-@register("pallas_dense")
-def _pallas_dense(q, k, v, mask, *, scale, block_q, block_kv, interpret):
-    sizes = common.block_sizes_for(q.shape[1], block_q, block_kv, interpret=interpret)
-    return dense_attention(q, k, v, mask, scale=scale, block_sizes=sizes, interpret=interpret)
+def _forward(q, k, v, mask, *, scale, block_q, block_kv, options: common.FlashOptions, interpret):
+    sizes, options = common.flash_blocks(q, block_q, block_kv, options, interpret)
+    return dense_attention(q, k, v, mask, scale=scale, block_sizes=sizes, interpret=interpret, exp2=options.exp2)
+
+
+def dense_schedule_counts(setup, attribution):
+    """Executions of each compiled path: every row initialises and finalises once; the compute
+    sits unconditionally in the step; a kv tile is fetched at every step."""
+    h, (nq, nk) = setup.num_heads, setup.layout.grid_shape
+    kv = np.broadcast_to(np.arange(h)[:, None, None] * nk + np.arange(nk), (h, nq, nk))
+    rows = {"init": h * nq, "finalise": h * nq}
+    return ScheduleCounts(rows, h * nq * nk, h * nq, common.block_changes(kv), setup.block_q,
+                                 setup.block_kv, setup.itemsize, writes_lse=False)
+
+
+IMPLEMENTATION = register(Implementation(
+    name="pallas_dense",
+    forward=_forward,
+    description="flash attention in Pallas over every tile, masking element by element",
+    options_type=common.FlashOptions,
+    work=lambda layout, num_heads, head_dim, options: dense_work(layout, num_heads, head_dim),
+    kernel_names=("stlib_dense_flash",),
+    compute_regions=lambda kernel, n: [],
+    schedule_counts=dense_schedule_counts,
+    chips=common.ALL_CHIPS,
+))
 
 
 __all__ = ["dense_attention", "dense_work"]

@@ -26,11 +26,13 @@ import numpy as np
 from jax.experimental.pallas.ops.tpu import splash_attention as sa
 
 from stlib import masks as M
-from stlib.api import register
+from stlib._intmath import round_up
 from stlib.device import resolve_interpret
+from stlib.kernels.common import ALL_CHIPS, LANES, block_changes, work_from_counts
+from stlib.layout import TileKind, block_layout
+from stlib.registry import Implementation, ScheduleCounts, register
 
-#: Splash tiles are multiples of the 128-lane vector width (q, kv and the kv compute chunk).
-LANES = 128
+# Splash tiles are multiples of the 128-lane vector width (q, kv and the kv compute chunk).
 #: Default tiles: 512 queries x 1024 keys per grid step, scores computed 512 keys at a time.
 #: The same on v5e, v6e and in interpret mode: a few MiB of VMEM at head dim 128 (by count: double-
 #: buffered q, k, v, out tiles ~1.5 MiB, f32 m/l/acc ~0.75 MiB, [512, 512] f32 scores), inside the
@@ -59,8 +61,7 @@ class SplashBlocks:
 
     def padded_length(self, length: int) -> int:
         """Smallest Lp >= length that both block_q and block_kv divide."""
-        step = math.lcm(self.block_q, self.block_kv)
-        return -(-length // step) * step
+        return round_up(length, math.lcm(self.block_q, self.block_kv))
 
     def to_splash(self) -> sa.BlockSizes:
         return sa.BlockSizes(block_q=self.block_q, block_kv=self.block_kv,
@@ -74,10 +75,10 @@ def splash_blocks(length: int, block_q: int | None = None, block_kv: int | None 
     for name, value in (("block_q", block_q), ("block_kv", block_kv)):
         if value is not None and value % LANES:
             raise ValueError(f"{name}={value} must be a multiple of {LANES} for Splash")
-    rounded = -(-length // LANES) * LANES
+    rounded = round_up(length, LANES)
     bq = block_q if block_q is not None else min(DEFAULT_BLOCK_Q, rounded)
     if block_kv is None:
-        bkv = min(DEFAULT_BLOCK_KV, -(-rounded // bq) * bq)
+        bkv = min(DEFAULT_BLOCK_KV, round_up(rounded, bq))
     else:
         bkv = block_kv
     compute = DEFAULT_BLOCK_KV_COMPUTE if bkv % DEFAULT_BLOCK_KV_COMPUTE == 0 else bkv
@@ -119,12 +120,12 @@ def _lazy(mask: M.Mask, head: int, padded: int):
     if isinstance(mask, (M.BandMask, M._VideoBand)):
         return _Band(shape, mask.width)
     if isinstance(mask, M.MultiHeadMask):
-        return _lazy(mask.masks[head], 0, padded)
+        return _lazy(mask.head(head), 0, padded)
     if isinstance(mask, M._Combined):
-        a, b = _lazy(mask.a, head, padded), _lazy(mask.b, head, padded)
+        a, b = (_lazy(child, head, padded) for child in mask.children())
         if a is None or b is None:
             return None
-        return (a & b) if mask.op == "and" else (a | b)
+        return (a & b) if mask.op is M.CombineOp.AND else (a | b)
     return None
 
 
@@ -170,8 +171,7 @@ def splash_mask(mask: M.Mask | None, num_heads: int, length: int, padded: int):
 # the implementation
 
 
-@register("splash")
-def splash_attention(q, k, v, mask, *, scale, block_q, block_kv, interpret):
+def splash_attention(q, k, v, mask, *, scale, block_q, block_kv, options=None, interpret):
     """Splash attention on validated [H, L, D] inputs (see ``stlib.attention``); returns [H, L, D] in
     q's dtype, zeros for rows that see no key. Raises ValueError for block sizes that are not
     multiples of 128 and for masks without a lazy Splash form above DENSE_LIMIT tokens."""
@@ -211,9 +211,6 @@ def splash_work(layout, num_heads: int, head_dim: int):
     one mask (per-head masks keep the full kv axis here, an upper bound), computes every non-empty
     tile, and masks every computed tile when the sequence needs padding (the adapter's segment ids
     are compared on every tile) or else its PARTIAL tiles."""
-    from stlib.kernels.common import work_from_counts
-    from stlib.layout import TileKind
-
     nq, nk = layout.grid_shape
     mult = num_heads if layout.num_heads == 1 else 1
     width = layout.max_row_width if layout.num_heads == 1 else nk
@@ -221,3 +218,44 @@ def splash_work(layout, num_heads: int, head_dim: int):
     padded = layout.num_tokens % layout.block_kv != 0 or layout.num_tokens % layout.block_q != 0
     masked = computed if padded else int(np.sum(layout.kinds == TileKind.PARTIAL)) * mult
     return work_from_counts(layout, num_heads, head_dim, num_heads * nq * width, computed, masked)
+
+
+def splash_schedule_counts(setup, attribution) -> ScheduleCounts:
+    """Splash's grid (named in the dump) is H x q tiles x (widest row of non-empty kv tiles); every
+    non-empty tile of its padded mask is computed (its masking is branch-free), and a kv tile is
+    fetched once per non-empty tile (data_next). Knows full and band masks."""
+    blocks = splash_blocks(setup.length, setup.block_q, setup.block_kv)
+    padded = blocks.padded_length(setup.length)
+    mask = setup.mask
+    if mask is None or isinstance(mask, M.FullMask):
+        padded_mask = M.full(padded)
+    elif isinstance(mask, M.BandMask):
+        padded_mask = M.band(padded, mask.width)
+    else:
+        raise NotImplementedError(f"the Splash estimate knows full and band masks, not {mask!r}")
+    if attribution.grid is None:
+        raise ValueError(f"{attribution.kernel}: the dump does not name Splash's grid")
+    layout = block_layout(padded_mask, blocks.block_q, blocks.block_kv)
+    nq, nk = layout.grid_shape
+    h = setup.num_heads
+    if tuple(attribution.grid[:2]) != (h, nq):
+        raise ValueError(f"{attribution.kernel}: grid {attribution.grid} does not start with "
+                         f"(heads, q tiles) = {(h, nq)}")
+    from stlib.kernels.block_sparse import step_table
+
+    kv = np.arange(h)[:, None, None] * nk + np.broadcast_to(step_table(layout) >> 2, (h, nq, nk))
+    counts = {"init": h * nq, "finalise": h * nq, "compute": int(np.sum(layout.kinds != TileKind.EMPTY)) * h}
+    return ScheduleCounts(counts, attribution.grid_steps, h * nq, block_changes(kv), blocks.block_q,
+                          blocks.block_kv, setup.itemsize, writes_lse=False)
+
+
+IMPLEMENTATION = register(Implementation(
+    name="splash",
+    forward=splash_attention,
+    description="JAX's Splash attention on stlib masks: the baseline",
+    work=lambda layout, num_heads, head_dim, options: splash_work(layout, num_heads, head_dim),
+    kernel_names=("splash",),
+    compute_regions=lambda kernel, n: ["compute"],
+    schedule_counts=splash_schedule_counts,
+    chips=ALL_CHIPS,
+))

@@ -18,6 +18,7 @@ approximate. Each computed step costs 4 * block_q * block_kv * D flops.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 import jax
@@ -26,31 +27,58 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from stlib.api import register
 from stlib.kernels import common
 from stlib.layout import BlockLayout, TileKind, block_layout, flat_steps, row_tables
 from stlib.masks import Mask, PermutedMask, full
+from stlib.registry import Implementation, ScheduleCounts, register
 
-FORMS = ("rows", "flat")
-BOUNDARIES = ("exact", "balanced")
+
+class GridForm(enum.StrEnum):
+    """ROWS: grid (H, q tiles, widest row), steps past a row's count skipped; FLAT: grid (H, active
+    steps) in row order, first / last flags open and close each row."""
+
+    ROWS = "rows"
+    FLAT = "flat"
+
+
+class BoundaryPolicy(enum.StrEnum):
+    """EXACT: PARTIAL tiles run in a masked pass; BALANCED: PARTIAL tiles are rounded in or out to
+    keep the pair budget (the Sparse VideoGen TPU design; approximate)."""
+
+    EXACT = "exact"
+    BALANCED = "balanced"
+
+
+class PassKind(enum.StrEnum):
+    """The passes of a call, in merge order; each pass is one pallas_call named ``stlib_tile_<kind>``."""
+
+    FULL = "full"  # FULL tiles, mask-free
+    RAGGED = "ragged"  # FULL tiles whose kv tile ends in padding: one compare per score
+    MASKED = "masked"  # PARTIAL tiles: the mask itself
+
+
+def _enum_field(options, name: str, kind: type[enum.Enum]) -> None:
+    value = getattr(options, name)
+    try:
+        object.__setattr__(options, name, kind(value))
+    except ValueError:
+        raise ValueError(f"{name}={value!r} must be one of {[k.value for k in kind]}") from None
 
 
 @dataclass(frozen=True)
-class TileOptions:
-    """``form``: "rows" or "flat" grid; ``boundary``: "exact" (masked pass for PARTIAL tiles) or
-    "balanced" (PARTIAL tiles rounded in or out to keep the pair budget; approximate);
-    ``exp2``: base-2 exponentials; ``block_kv_compute``: kv chunk of the inner loop."""
+class TileOptions(common.FlashOptions):
+    """``form``: the grid form (``GridForm`` or its name); ``boundary``: the boundary policy
+    (``BoundaryPolicy`` or its name); ``exp2`` (on by default here) and ``block_kv_compute`` as in
+    ``FlashOptions``."""
 
-    form: str = "rows"
-    boundary: str = "exact"
     exp2: bool = True
-    block_kv_compute: int | None = None
+    form: GridForm = GridForm.ROWS
+    boundary: BoundaryPolicy = BoundaryPolicy.EXACT
 
     def __post_init__(self):
-        if self.form not in FORMS:
-            raise ValueError(f"form={self.form!r} must be one of {FORMS}")
-        if self.boundary not in BOUNDARIES:
-            raise ValueError(f"boundary={self.boundary!r} must be one of {BOUNDARIES}")
+        super().__post_init__()
+        _enum_field(self, "form", GridForm)
+        _enum_field(self, "boundary", BoundaryPolicy)
 
 
 # --------------------------------------------------------------------------------------------
@@ -76,39 +104,38 @@ def balanced_keep(layout: BlockLayout) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Pass:
-    """The tiles one pallas_call computes and how it masks them: ``"full"`` (mask-free),
-    ``"ragged"`` (FULL tiles whose kv tile ends in padding: one compare against the tile's count of
-    real keys) or ``"masked"`` (PARTIAL tiles: the mask itself)."""
+    """The tiles one pallas_call computes and how it masks them."""
 
-    name: str
+    name: PassKind
     selected: np.ndarray  # bool [Hl, nq, nk]
     plan: common.MaskPlan
 
 
-def split_passes(layout: BlockLayout, boundary: str) -> list[Pass]:
+def split_passes(layout: BlockLayout, boundary: BoundaryPolicy) -> list[Pass]:
     """The non-empty passes of a call, in merge order."""
     padded_kv = (layout.kv_valid < layout.block_kv)[None, None, :]
     length = layout.mask.length
-    if boundary == "exact":
+    if boundary == BoundaryPolicy.EXACT:
         computed, partial = layout.kinds == TileKind.FULL, layout.kinds == TileKind.PARTIAL
     else:  # balanced: kept PARTIAL tiles run as FULL, the rest are dropped
         computed, partial = balanced_keep(layout), np.zeros(layout.kinds.shape, bool)
     ragged = computed & padded_kv
     if ragged.any() and not layout.kv_valid_is_prefix:
         # padding inside kv tiles, not only at their ends: hide it with the exact mask instead
-        if boundary == "exact":
+        if boundary == BoundaryPolicy.EXACT:
             partial, ragged = partial | ragged, np.zeros_like(ragged)
         else:
             validity = _validity_mask(layout.mask)
             plan = common.plan_mask(validity, block_layout(validity, layout.block_q, layout.block_kv),
                                     ragged.any(axis=0, keepdims=True))
-            passes = [Pass("full", computed & ~padded_kv, common.MaskPlan("none", None, length)),
-                      Pass("masked", ragged, plan)]
+            passes = [Pass(PassKind.FULL, computed & ~padded_kv, common.MaskPlan(common.MaskPlanMode.NONE, None, length)),
+                      Pass(PassKind.MASKED, ragged, plan)]
             return [p for p in passes if p.selected.any()]
     passes = [
-        Pass("full", computed & ~padded_kv, common.MaskPlan("none", None, length)),
-        Pass("ragged", ragged, common.MaskPlan("prefix", None, length, kv_valid=layout.kv_valid)),
-        Pass("masked", partial, common.plan_mask(layout.mask, layout, partial)),
+        Pass(PassKind.FULL, computed & ~padded_kv, common.MaskPlan(common.MaskPlanMode.NONE, None, length)),
+        Pass(PassKind.RAGGED, ragged, common.MaskPlan(common.MaskPlanMode.PREFIX, None, length,
+                                                      kv_valid=layout.kv_valid)),
+        Pass(PassKind.MASKED, partial, common.plan_mask(layout.mask, layout, partial)),
     ]
     return [p for p in passes if p.selected.any()]
 
@@ -129,27 +156,27 @@ def _validity_mask(mask: Mask) -> Mask:
 # one pass
 
 
-def _pass_tables(selected: np.ndarray, plan: common.MaskPlan, form: str) -> tuple[list[np.ndarray], int]:
+def _pass_tables(selected: np.ndarray, plan: common.MaskPlan, form: GridForm) -> tuple[list[np.ndarray], int]:
     """Scalar-prefetch tables of one pass and its innermost grid extent (W or S)."""
-    if form == "rows":
+    if form == GridForm.ROWS:
         tiles, counts = row_tables(selected)
         tables = [tiles.reshape(-1), counts.reshape(-1)]
         extent = tiles.shape[2]
-        if plan.mode == "table":
+        if plan.mode == common.MaskPlanMode.TABLE:
             idx = np.take_along_axis(np.broadcast_to(plan.index, selected.shape), tiles, axis=2)
             idx = np.where(np.arange(extent) < counts[:, :, None], idx, -1)
             tables.append(common.carried_index(idx).reshape(-1))
-        if plan.mode == "prefix":
+        if plan.mode == common.MaskPlanMode.PREFIX:
             tables.append(plan.kv_valid.astype(np.int32))
         return tables, extent
     steps = flat_steps(selected)
     head_q = (steps["step_head"] << 16) | steps["step_q"]
     flags = steps["step_first"] | (steps["step_last"] << 1) | (steps["step_active"] << 2)
     tables = [head_q.astype(np.int32), ((steps["step_kv"] << 3) | flags).astype(np.int32)]
-    if plan.mode == "table":
+    if plan.mode == common.MaskPlanMode.TABLE:
         idx = np.broadcast_to(plan.index, selected.shape)[steps["step_head"], steps["step_q"], steps["step_kv"]]
         tables.append(common.carried_index(np.where(steps["step_active"] > 0, idx, -1)))
-    if plan.mode == "prefix":
+    if plan.mode == common.MaskPlanMode.PREFIX:
         tables.append(plan.kv_valid.astype(np.int32))
     return tables, int(head_q.shape[0])
 
@@ -165,9 +192,9 @@ def _run_pass(qp, kp, vp, selected, plan, *, bq, bkv, options: TileOptions, soft
                           f"{selected.shape[1]} x {selected.shape[2]} tiles of {bq}x{bkv})",
                           "use larger tiles, the other grid form, or fewer heads per call")
     chunk = options.block_kv_compute or bkv
-    masked = plan.mode != "none"
+    masked = plan.mode != common.MaskPlanMode.NONE
 
-    if options.form == "rows":
+    if options.form == GridForm.ROWS:
         grid = (num_heads, nq, extent)
 
         def locate(h, i, j, tiles, counts, *_):
@@ -195,7 +222,7 @@ def _run_pass(qp, kp, vp, selected, plan, *, bq, bkv, options: TileOptions, soft
     def kernel(*refs):
         n_tab = len(tables)
         tab = refs[:n_tab]
-        if plan.mode == "table":
+        if plan.mode == common.MaskPlanMode.TABLE:
             q_ref, k_ref, v_ref, mask_ref, o_ref, lse_ref, m_ref, l_ref, acc_ref = refs[n_tab:]
         else:
             q_ref, k_ref, v_ref, o_ref, lse_ref, m_ref, l_ref, acc_ref = refs[n_tab:]
@@ -209,9 +236,9 @@ def _run_pass(qp, kp, vp, selected, plan, *, bq, bkv, options: TileOptions, soft
 
         if not masked:
             mask_fn = None
-        elif plan.mode == "iota":
+        elif plan.mode == common.MaskPlanMode.IOTA:
             mask_fn = lambda c0, shape: common.iota_mask(plan, qi * bq, ki * bkv + c0, shape, head)
-        elif plan.mode == "prefix":  # the tile's real keys come first: one compare per score
+        elif plan.mode == common.MaskPlanMode.PREFIX:  # the tile's real keys come first: one compare per score
             real_keys = tab[-1][ki]
             mask_fn = lambda c0, shape: c0 + jax.lax.broadcasted_iota(jnp.int32, shape, 1) < real_keys
         else:
@@ -240,7 +267,7 @@ def _run_pass(qp, kp, vp, selected, plan, *, bq, bkv, options: TileOptions, soft
         pl.BlockSpec((None, bkv, head_dim), kv_map),  # v [bkv, D]
     ]
     operands = [qp, kp, vp]
-    if plan.mode == "table":
+    if plan.mode == common.MaskPlanMode.TABLE:
         in_specs.append(pl.BlockSpec((None, bq, bkv), lambda *args: (args[len(grid) + len(tables) - 1][locate(*args)[3]], 0, 0)))
         operands.append(jnp.asarray(plan.table))
     out_specs = [
@@ -286,24 +313,77 @@ def tile_attention(q, k, v, layout: BlockLayout, *, scale: float, options: TileO
     return o
 
 
-def tile_work(layout: BlockLayout, num_heads: int, head_dim: int, options: TileOptions = TileOptions()):
-    """Grid steps and flops of ``tile_attention`` (both passes) for this layout."""
+def tile_work(layout: BlockLayout, num_heads: int, head_dim: int, options: TileOptions | None = None):
+    """Grid steps and flops of ``tile_attention`` (all passes) for this layout."""
+    options = options or TileOptions()
     passes = split_passes(layout, options.boundary)
     mult = num_heads if layout.num_heads == 1 else 1
     steps = computed = masked = 0
     for p in passes:
         computed += int(p.selected.sum()) * mult
-        masked += int(p.selected.sum()) * mult if p.name != "full" else 0
-        if options.form == "rows":
+        masked += int(p.selected.sum()) * mult if p.name != PassKind.FULL else 0
+        if options.form == GridForm.ROWS:
             steps += num_heads * p.selected.shape[1] * row_tables(p.selected)[0].shape[2]
         else:
             steps += mult * int(flat_steps(p.selected)["step_q"].shape[0])
     return common.work_from_counts(layout, num_heads, head_dim, steps, computed, masked)
 
 
-@register("pallas_tile")
-def _pallas_tile(q, k, v, mask: Mask | None, *, scale, block_q, block_kv, interpret):
-    sizes = common.block_sizes_for(q.shape[1], block_q, block_kv, interpret=interpret)
+def _forward(q, k, v, mask: Mask | None, *, scale, block_q, block_kv, options: TileOptions, interpret):
+    sizes, options = common.flash_blocks(q, block_q, block_kv, options, interpret)
     layout = block_layout(mask if mask is not None else full(q.shape[1]), sizes.block_q, sizes.block_kv)
-    return tile_attention(q, k, v, layout, scale=scale, interpret=interpret,
-                          options=TileOptions(block_kv_compute=sizes.block_kv_compute))
+    return tile_attention(q, k, v, layout, scale=scale, interpret=interpret, options=options)
+
+
+def _pass_of(kernel: str) -> PassKind:
+    for kind in PassKind:
+        if kernel.startswith(f"stlib_tile_{kind}"):
+            return kind
+    raise ValueError(f"{kernel!r} is not a pallas_tile kernel")
+
+
+def _compute_regions(kernel: str, n: int) -> list[str]:
+    """One conditional compute region per pass: mask-free in the full pass, masked otherwise."""
+    return ["compute_full" if _pass_of(kernel) == PassKind.FULL else "compute_masked"]
+
+
+def tile_schedule_counts(setup, attribution) -> ScheduleCounts:
+    """Executions of each compiled path of the pass ``attribution.kernel``, its grid steps and
+    block fetches, from the same tables the kernel prefetches."""
+    options = TileOptions(**setup.options)
+    h, layout = setup.num_heads, setup.layout
+    nq, nk = layout.grid_shape
+    mult = h if layout.num_heads == 1 else 1
+    heads = np.arange(h)[:, None, None]
+    passes = split_passes(layout, options.boundary)
+    kind = _pass_of(attribution.kernel)
+    selected = next(p for p in passes if p.name == kind).selected
+    out_item = 4 if len(passes) > 1 else setup.itemsize  # f32 partial results to merge
+    name = "compute_full" if kind == PassKind.FULL else "compute_masked"
+    if options.form == GridForm.ROWS:
+        tiles, row_counts = row_tables(selected)
+        kv = heads * nk + np.broadcast_to(tiles, (h,) + tiles.shape[1:])
+        counts = {"init": h * nq, "finalise": h * nq, name: int(row_counts.sum()) * mult}
+        return ScheduleCounts(counts, h * nq * tiles.shape[2], h * nq, common.block_changes(kv), setup.block_q,
+                              setup.block_kv, out_item, writes_lse=True)
+    flat = flat_steps(selected)
+    groups = np.arange(mult)[:, None]
+    kv = (groups + flat["step_head"]) * nk + flat["step_kv"]
+    q = (groups + flat["step_head"]) * nq + flat["step_q"]
+    first = int(flat["step_first"].sum()) * mult
+    counts = {"init": first, "finalise": first, name: int(flat["step_active"].sum()) * mult}
+    return ScheduleCounts(counts, flat["step_q"].size * mult, common.block_changes(q), common.block_changes(kv),
+                          setup.block_q, setup.block_kv, out_item, writes_lse=True)
+
+
+IMPLEMENTATION = register(Implementation(
+    name="pallas_tile",
+    forward=_forward,
+    description="tile-aligned sparse kernel: a grid over non-empty tiles only, mask-free main pass",
+    options_type=TileOptions,
+    work=lambda layout, num_heads, head_dim, options: tile_work(layout, num_heads, head_dim, options),
+    kernel_names=tuple(f"stlib_tile_{kind}" for kind in PassKind),
+    compute_regions=_compute_regions,
+    schedule_counts=tile_schedule_counts,
+    chips=common.ALL_CHIPS,
+))

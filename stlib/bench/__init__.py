@@ -1,0 +1,53 @@
+"""Benchmarks: time any implementation on the backend at hand and record every measurement
+(``python -m stlib.bench --help``).
+
+``records`` (environment, JSON-lines records, ``time_function``) · ``cases`` (the case-study
+cases, their calls, inputs, work and estimates) · ``runs`` (one run per command) · ``figures``
+(redrawn from ``data/``) · ``cli``.
+"""
+
+from stlib.bench.cases import (
+    Case,
+    case_function,
+    case_inputs,
+    case_study_cases,
+    case_work,
+    estimate_fields,
+    sta_windows,
+)
+from stlib.bench.cli import main
+from stlib.bench.figures import draw_figures
+from stlib.bench.records import DATA_DIR, RUN_ID, Recorder, Timing, environment, read_records, time_function
+from stlib.bench.runs import (
+    CPU_CASE,
+    record_full_scale_work,
+    run_case_study,
+    run_cpu_scaling,
+    run_layout,
+    write_published_reference,
+)
+
+__all__ = [
+    "CPU_CASE",
+    "DATA_DIR",
+    "RUN_ID",
+    "Case",
+    "Recorder",
+    "Timing",
+    "case_function",
+    "case_inputs",
+    "case_study_cases",
+    "case_work",
+    "draw_figures",
+    "environment",
+    "estimate_fields",
+    "main",
+    "read_records",
+    "record_full_scale_work",
+    "run_case_study",
+    "run_cpu_scaling",
+    "run_layout",
+    "sta_windows",
+    "time_function",
+    "write_published_reference",
+]

@@ -1,0 +1,139 @@
+"""The case-study cases: which kernel runs which mask at which block sizes, the call each case
+times, its inputs, its hardware-independent work and its static TPU estimates."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+
+import jax.numpy as jnp
+import numpy as np
+
+import stlib
+import stlib.kernels  # registers the Pallas kernels with stlib.attention
+from stlib import masks
+from stlib._intmath import cdiv
+from stlib.configs import DENSITIES, Workload
+from stlib.geometry import VideoGrid, tiled_order
+from stlib.roofline import work_summary
+
+
+@dataclass(frozen=True)
+class Case:
+    """One kernel configuration of the case-study comparison."""
+
+    impl: str
+    pattern: str  # "dense", "band" or "sliding tile"
+    mask: object  # stlib mask in the order the kernel sees
+    label: str
+    block_q: int | None = None
+    block_kv: int | None = None
+    options: dict = dataclasses.field(default_factory=dict)
+    order: object = None  # TokenOrder applied outside the kernel (excluded from kernel time) ...
+    grid: object = None  # ... or, with a grid, inside the timed call: video_attention on raster inputs
+
+    @property
+    def reorders_in_timing(self) -> bool:
+        return self.grid is not None
+
+    @property
+    def kernel_mask(self):
+        """The mask in the order the kernel sees."""
+        return self.mask.permute(self.order) if self.reorders_in_timing else self.mask
+
+
+def sta_windows(grid: VideoGrid, tile) -> list[tuple[int, int, int]]:
+    """Odd tile windows from the smallest to the whole grid (one per distinct size)."""
+    counts = [cdiv(n, s) for n, s in zip(grid.shape, tile)]
+    options = []
+    for w in range(1, max(counts) + 1, 2):
+        window = tuple(min(w, c if c % 2 else c - 1) for c in counts)
+        if window not in options:
+            options.append(window)
+    return options
+
+
+def case_study_cases(workload: Workload, tpu: bool, densities=DENSITIES) -> list[Case]:
+    """Every case of the comparison at ``workload``: dense, a band per density, and the sliding-tile
+    pattern (the workload's ``sta_tile``) at each window short of the whole grid. ``tpu`` picks the
+    block sizes (512 x 1024 on a TPU, 128 x 128 elsewhere)."""
+    grid, length, sta_tile = workload.grid, workload.num_tokens, workload.sta_tile
+    big = {"block_q": 512, "block_kv": 1024} if tpu else {"block_q": 128, "block_kv": 128}
+    tile_bq = tile_bkv = int(np.prod(sta_tile))
+    cases = [
+        Case("splash", "dense", masks.full(length), "Splash (dense)", **big),
+        Case("pallas_dense", "dense", masks.full(length), "pallas_dense (dense)", **big),
+        Case("pallas_tile", "dense", masks.full(length), "pallas_tile (dense)", **big),
+    ]
+    for density in densities:
+        band = masks.band(length, masks.band_width_for_density(length, density))
+        cases += [
+            Case("splash", "band", band, "Splash (band)", **big),
+            Case("pallas_dense", "band", band, "pallas_dense (masked)", **big),
+            Case("pallas_block_sparse", "band", band, "pallas_block_sparse", **big),
+            Case("pallas_tile", "band", band, "pallas_tile rows", **big, options={"form": "rows"}),
+            Case("pallas_tile", "band", band, "pallas_tile flat", **big, options={"form": "flat"}),
+            Case("pallas_tile", "band", band, "pallas_tile balanced", **big, options={"boundary": "balanced"}),
+        ]
+    order = tiled_order(grid, sta_tile)
+    counts = [cdiv(n, s) for n, s in zip(grid.shape, sta_tile)]
+    for window in sta_windows(grid, sta_tile):
+        if all(w >= c for w, c in zip(window, counts)):
+            continue  # the whole grid: that is the dense case
+        sta = masks.sliding_tile(grid, sta_tile, window)
+        cases += [
+            Case("pallas_block_sparse", "sliding tile", sta, "pallas_block_sparse (raster)", **big),
+            Case("pallas_tile", "sliding tile", sta.permute(order), "pallas_tile (3-D tiled)",
+                 block_q=tile_bq, block_kv=tile_bkv, order=order),
+            Case("pallas_tile", "sliding tile", sta, "pallas_tile (3-D tiled) + reordering",
+                 block_q=tile_bq, block_kv=tile_bkv, order=order, grid=grid),
+        ]
+    return cases
+
+
+def case_function(case: Case, scale: float, interpret: bool):
+    """The call a case times: (q, k, v) -> o, in the order ``case_inputs`` gives."""
+    if case.reorders_in_timing:
+        return functools.partial(stlib.video_attention, grid=case.grid, mask=case.mask, impl=case.impl,
+                                 orders=case.order, scale=scale, block_q=case.block_q, block_kv=case.block_kv,
+                                 options=case.options or None, interpret=interpret)
+    return functools.partial(stlib.attention, mask=case.mask, impl=case.impl, scale=scale, block_q=case.block_q,
+                             block_kv=case.block_kv, options=case.options or None, interpret=interpret)
+
+
+def case_inputs(case: Case, q, k, v):
+    """Raster-order q, k, v as the case's call takes them (permuted when the order is applied
+    outside the timed call)."""
+    if case.order is None or case.reorders_in_timing:
+        return q, k, v
+    return tuple(case.order.apply(x) for x in (q, k, v))
+
+
+def case_work(case: Case, workload: Workload) -> dict:
+    """Hardware-independent work of ``case`` at ``workload`` (``stlib.roofline.work_summary``)."""
+    bq = case.block_q or 128
+    bkv = case.block_kv or 128
+    layout = stlib.block_layout(case.kernel_mask, bq, bkv)
+    return work_summary(case.impl, layout, workload.num_heads, workload.head_dim,
+                        jnp.dtype(workload.dtype).itemsize, case.options or None)
+
+
+def estimate_fields(case: Case) -> dict:
+    """Static v6e and v5e time estimates of a Pallas / Splash case at the full case-study shape
+    (``stlib.estimate``; labelled as estimates, with method, clock and libtpu version), or the
+    reason there is none."""
+    from stlib import estimate
+
+    out = {}
+    mask = "full" if case.pattern == "dense" else case.kernel_mask
+    for chip in ("v6e", "v5e"):
+        try:
+            record = estimate.estimate(case.impl, mask, chip, block_q=case.block_q, block_kv=case.block_kv,
+                                       options=case.options or None).as_record()
+        except Exception as error:  # noqa: BLE001 - recorded, never silently replaced by a number
+            out[f"estimate_{chip}_error"] = f"{type(error).__name__}: {error}"[:500]
+            continue
+        record.pop("estimate_breakdown", None)
+        out.update({key.replace("estimate_", f"estimate_{chip}_", 1): value for key, value in record.items()})
+    return out

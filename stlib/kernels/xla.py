@@ -1,0 +1,58 @@
+"""``impl="reference"`` and ``impl="xla"``: the two plain-JAX implementations every kernel is
+checked against. ``reference`` materialises the [H, L, L] scores (L <= REFERENCE_LIMIT);
+``xla`` loops over the non-empty tiles of each row of a tile layout (no Pallas)."""
+
+from __future__ import annotations
+
+from stlib._intmath import round_up
+from stlib.layout import block_layout
+from stlib.masks import DENSE_LIMIT, full
+from stlib.reference import reference_attention, xla_block_sparse_attention
+from stlib.registry import Implementation, register
+
+#: Largest L the materialising reference accepts.
+REFERENCE_LIMIT = DENSE_LIMIT
+#: The xla implementation's default tile (capped to the sequence).
+XLA_BLOCK = 128
+
+
+def _reference(q, k, v, mask, *, scale, block_q, block_kv, options, interpret):
+    length = q.shape[1]
+    if length > REFERENCE_LIMIT:
+        raise ValueError(f"impl='reference' materialises [H, L, L] scores; L={length} > {REFERENCE_LIMIT}")
+    dense = None if mask is None else mask.to_dense()
+    return reference_attention(q, k, v, dense, scale)
+
+
+def _xla(q, k, v, mask, *, scale, block_q, block_kv, options, interpret):
+    length = q.shape[1]
+    bq = block_q or min(XLA_BLOCK, round_up(length, 8))
+    bkv = block_kv or min(XLA_BLOCK, round_up(length, 8))
+    layout = block_layout(mask if mask is not None else full(length), bq, bkv)
+    return xla_block_sparse_attention(q, k, v, layout, scale)
+
+
+def _dense_work(layout, num_heads, head_dim, options):
+    from stlib.kernels.dense import dense_work
+
+    return dense_work(layout, num_heads, head_dim)
+
+
+def _block_sparse_work(layout, num_heads, head_dim, options):
+    from stlib.kernels.block_sparse import block_sparse_work
+
+    return block_sparse_work(layout, num_heads, head_dim)
+
+
+REFERENCE = register(Implementation(
+    name="reference",
+    forward=_reference,
+    description="softmax(q k^T * scale, mask) v with the [H, L, L] scores materialised",
+    work=_dense_work,
+))
+XLA = register(Implementation(
+    name="xla",
+    forward=_xla,
+    description="plain JAX over the non-empty tiles of each row (no Pallas)",
+    work=_block_sparse_work,
+))
