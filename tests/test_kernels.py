@@ -13,16 +13,17 @@ import numpy as np
 import pytest
 
 import stlib
-import stlib.kernels
-from stlib import masks
+from conftest import ATOL as TOLERANCES
+from stlib import masks, registry
 from stlib.kernels.block_sparse import block_sparse_work, step_table
 from stlib.kernels.common import BlockSizes
 from stlib.kernels.dense import dense_work
 from stlib.kernels.tile import TileOptions, balanced_keep, tile_attention, tile_work
 from stlib.layout import TileKind
 
-PALLAS = ["pallas_dense", "pallas_block_sparse", "pallas_tile"]
-ATOL = {jnp.float32: 2e-5, jnp.bfloat16: 3e-2}
+#: Every stlib Pallas kernel of the registry (Splash has tests of its own).
+PALLAS = [impl.name for impl in registry.tpu_kernels() if impl.name != "splash"]
+ATOL = TOLERANCES["kernel"]
 BQ, BKV = 32, 128
 
 

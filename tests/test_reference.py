@@ -9,6 +9,8 @@ outputs are O(1) since v ~ N(0, 1)):
 from __future__ import annotations
 
 import _brute as bf
+from conftest import ATOL as TOLERANCES
+from conftest import qkv
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -19,13 +21,8 @@ from stlib import VideoGrid, masks, tiled_order
 
 jax.config.update("jax_enable_x64", False)
 
-ATOL = {jnp.float32: 2e-5, jnp.bfloat16: 2e-2}
+ATOL = TOLERANCES["reference"]
 IMPLS = ["reference", "xla"]
-
-
-def qkv(seed, heads, length, dim, dtype=jnp.float32):
-    keys = jax.random.split(jax.random.key(seed), 3)
-    return tuple(jax.random.normal(key, (heads, length, dim), jnp.float32).astype(dtype) for key in keys)
 
 
 def as64(x):

@@ -13,12 +13,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import stlib
+from conftest import ATOL as TOLERANCES
 from stlib import masks
 from stlib.configs import CASE_STUDY
 from stlib.device import compile_for_tpu
 from stlib.kernels import splash
 
-ATOL = {jnp.float32: 2e-5, jnp.bfloat16: 1e-2}
+ATOL = TOLERANCES["splash"]
 
 
 def check(mask, shape, dtype=jnp.float32, seed=0, **kwargs):
