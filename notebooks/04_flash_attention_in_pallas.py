@@ -44,7 +44,7 @@ import jax.numpy as jnp
 import stlib
 import stlib.kernels  # registers the Pallas kernels with stlib.attention
 from stlib import bench, configs, masks, notebook, plotting
-from stlib.compile_report import KernelConfig, compile_report
+from stlib.analysis import KernelConfig, compile_report
 from stlib.device import compile_for_tpu
 from stlib.roofline import work_summary
 

@@ -167,7 +167,7 @@ def pick(rows, density=0.35):
 
 estimates, estimate_note = [], None
 try:  # the static TPU estimate (stlib.estimate), where it is available
-    from stlib import estimate as static
+    from stlib import analysis as static
 
     for label, impl, mask, options in [
         ("Splash (dense), the calibration point", "splash", "full", None),

@@ -6,6 +6,7 @@ padding slots (marked -1) so that every 3-D tile occupies a whole number of kern
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
@@ -59,6 +60,8 @@ class TokenOrder:
     """A token order: ``perm[i]`` is the raster index at position i (-1 for a padding slot).
 
     ``inverse[r]`` is the position of raster token r. ``length`` = len(perm) >= num_tokens.
+    Orders compare and hash by value: name, sizes, a digest of the permutation (computed once; ``perm``
+    is held read-only) and the arithmetic form.
     """
 
     name: str
@@ -69,10 +72,30 @@ class TokenOrder:
     raster_of: Callable | None = None
 
     def __post_init__(self):
-        perm = np.asarray(self.perm)
+        perm = np.asarray(self.perm).view()
         real = perm[perm >= 0]
         if real.size != self.num_tokens or not np.array_equal(np.sort(real), np.arange(self.num_tokens)):
             raise ValueError(f"order {self.name!r} is not a permutation of {self.num_tokens} tokens")
+        perm.flags.writeable = False
+        object.__setattr__(self, "perm", perm)
+
+    @cached_property
+    def _perm_digest(self) -> bytes:
+        """128-bit BLAKE2 digest of the permutation as int64 (independent of its integer dtype)."""
+        return hashlib.blake2b(self.perm.astype(np.int64).tobytes(), digest_size=16).digest()
+
+    def _key(self) -> tuple:
+        return (self.name, self.num_tokens, self.length, self._perm_digest, self.raster_of)
+
+    def __eq__(self, other):
+        if self is other:
+            return True
+        if not isinstance(other, TokenOrder):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self):
+        return hash(self._key())
 
     @property
     def length(self) -> int:

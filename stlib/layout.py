@@ -16,6 +16,7 @@ from functools import cached_property
 import numpy as np
 
 from stlib._checks import check_positive_int
+from stlib.geometry import TokenOrder
 from stlib.masks import DENSE_LIMIT, Mask, PermutedMask
 
 #: TPU v5e / v6e scalar memory (SMEM), where prefetched tables live.
@@ -332,14 +333,12 @@ def block_layout(mask: Mask, block_q: int, block_kv: int) -> BlockLayout:
     check_positive_int("block_q", block_q)
     check_positive_int("block_kv", block_kv)
     heads = [None] if mask.num_heads is None else list(range(mask.num_heads))
-    # each head as (raster mask, permutation or None); kept alive so that ids stay unique
-    subs = [_unwrap(mask if h is None else mask.head(h)) for h in heads]
-    cache: dict[tuple, np.ndarray] = {}  # heads that share one mask and order are counted once
+    cache: dict[tuple, np.ndarray] = {}  # heads equal in mask and order (by value) are counted once
     counts = []
-    for base, perm in subs:
-        key = (id(base), id(perm))
+    for h in heads:
+        key = _unwrap(mask if h is None else mask.head(h))
         if key not in cache:
-            cache[key] = _tile_counts(base, perm, mask.length, block_q, block_kv)
+            cache[key] = _tile_counts(*key, mask.length, block_q, block_kv)
         counts.append(cache[key])
     valid = _valid_tokens(mask)
     valid_per_q = _valid_per_tile(mask, block_q).astype(np.int64)
@@ -354,10 +353,11 @@ def block_layout(mask: Mask, block_q: int, block_kv: int) -> BlockLayout:
     )
 
 
-def _unwrap(mask: Mask):
-    """(mask in raster order, permutation array or None)."""
+def _unwrap(mask: Mask) -> tuple[Mask, TokenOrder | None]:
+    """(mask in raster order, its token order or None): a permuted view is counted from its base's
+    intervals and the permutation."""
     if isinstance(mask, PermutedMask):
-        return mask.base, mask.order.perm
+        return mask.base, mask.order
     return mask, None
 
 
@@ -371,12 +371,14 @@ def _valid_per_tile(mask: Mask, block: int) -> np.ndarray:
     return np.add.reduceat(_valid_tokens(mask), np.arange(0, mask.length, block)).astype(np.int32)
 
 
-def _tile_counts(base: Mask, perm, length: int, block_q: int, block_kv: int) -> np.ndarray:
-    """int64 [nq, nk] allowed pairs per tile of a single-head mask ``base`` seen through ``perm``."""
+def _tile_counts(base: Mask, order: TokenOrder | None, length: int, block_q: int,
+                 block_kv: int) -> np.ndarray:
+    """int64 [nq, nk] allowed pairs per tile of a single-head mask ``base`` seen in ``order``."""
     nq, nk = -(-length // block_q), -(-length // block_kv)
     kv_starts = np.arange(0, length, block_kv)
     if not base.has_intervals:
-        return _tile_counts_dense(base, perm, length, block_q, block_kv)
+        return _tile_counts_dense(base, order, length, block_q, block_kv)
+    perm = None if order is None else order.perm
     n_keys = base.length
     # q tiles per chunk: keep the [chunk, n_keys] coverage array around 32 MB
     chunk = max(1, min(nq, (4 << 20) // max(n_keys, 1)))
@@ -400,21 +402,15 @@ def _tile_counts(base: Mask, perm, length: int, block_q: int, block_kv: int) -> 
     return out
 
 
-def _tile_counts_dense(base: Mask, perm, length, block_q, block_kv) -> np.ndarray:
+def _tile_counts_dense(base: Mask, order: TokenOrder | None, length, block_q, block_kv) -> np.ndarray:
     if length > DENSE_LIMIT:
         raise ValueError(
             f"{type(base).__name__} has no interval form and L={length} > {DENSE_LIMIT}: "
             "its layout would need the dense L x L mask"
         )
-    view = base if perm is None else PermutedMask(base, _order_from_perm(perm, base.length))
+    view = base if order is None else PermutedMask(base, order)
     dense = view.block(0, length, 0, length)
     nq, nk = -(-length // block_q), -(-length // block_kv)
     padded = np.zeros((nq * block_q, nk * block_kv), dtype=np.int64)
     padded[:length, :length] = dense
     return padded.reshape(nq, block_q, nk, block_kv).sum(axis=(1, 3))
-
-
-def _order_from_perm(perm, num_tokens):
-    from stlib.geometry import TokenOrder
-
-    return TokenOrder("permuted", perm, num_tokens)

@@ -1,45 +1,19 @@
-"""The built-in masks at the case-study grid, named: one place for benchmarks, notebooks and tests.
+"""Layout build time and peak memory of one named case-study mask, measured in its own process.
 
 ``python -m stlib.layout_catalog NAME BLOCK_Q BLOCK_KV`` builds one layout and prints its build
-time and peak memory as JSON (used by ``python -m stlib.bench layout``, one process per mask).
+time and peak memory as JSON (used by ``python -m stlib.bench layout``, one process per mask). The
+named masks live in ``stlib.masks.catalogue``; ``case_study_masks``, ``STA_TILE`` and ``STA_WINDOW``
+are re-exported here only for callers that have not moved yet.
 """
 
 from __future__ import annotations
 
-from stlib import masks
 from stlib.configs import CASE_STUDY
-from stlib.geometry import VideoGrid, tiled_order, token_major_order
+from stlib.masks.catalogue import case_study_masks
 
-#: Sliding-tile geometry used at the case-study grid: 3x8x16 = 384-token tiles, 3x3x3 tile window.
-STA_TILE = (3, 8, 16)
-STA_WINDOW = (3, 3, 3)
-
-
-def case_study_masks(grid: VideoGrid = CASE_STUDY.grid, num_heads: int = CASE_STUDY.num_heads) -> dict:
-    """Every built-in pattern on ``grid`` (raster order unless the name says otherwise)."""
-    length = grid.num_tokens
-    spatial = masks.spatial_band(grid, 0.25, anchor=True)
-    temporal = masks.temporal_band(grid, 0.25, anchor=True)
-    sta = masks.sliding_tile(grid, STA_TILE, STA_WINDOW)
-    return {
-        "full": masks.full(length),
-        "band (density 0.25)": masks.band(length, masks.band_width_for_density(length, 0.25)),
-        "spatial (frame window 1)": masks.spatial(grid, 1),
-        "temporal (spatial window 40)": masks.temporal(grid, 40),
-        "spatial band 0.25 + anchor": spatial,
-        "temporal band 0.25 + anchor": temporal,
-        # without the anchor: frame 0 is every T-th token in token-major order, so an anchor there
-        # touches every kv tile (the anchor belongs in raster order or in a pass of its own)
-        "temporal band 0.25, token-major": masks.temporal_band(grid, 0.25).permute(token_major_order(grid)),
-        "neighborhood 7x15x15": masks.neighborhood(grid, (7, 15, 15)),
-        "sliding tile 3x8x16, window 3": sta,
-        "sliding tile, 3-D tiled order": sta.permute(tiled_order(grid, STA_TILE)),
-        "radial (window 1200)": masks.radial(grid, 1200),
-        "frame causal": masks.frame_causal(grid),
-        "per-head SVG (5 spatial, 5 temporal)": masks.per_head(
-            [spatial] * (num_heads // 2) + [temporal] * (num_heads - num_heads // 2)
-        ),
-    }
+# compatibility: use stlib.configs.CASE_STUDY.sta_tile / .sta_window and stlib.masks.case_study_masks
+STA_TILE = CASE_STUDY.sta_tile
+STA_WINDOW = CASE_STUDY.sta_window
 
 
 def measure_layout(name: str, block_q: int, block_kv: int) -> dict:

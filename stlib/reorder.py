@@ -32,8 +32,8 @@ def candidate_orders(grid: VideoGrid, mask: Mask, *, same_length: bool = False) 
 
 
 def _leaves(mask: Mask):
-    children = [getattr(mask, name) for name in ("a", "b", "inner", "base") if hasattr(mask, name)]
-    children += list(getattr(mask, "masks", []))
+    """The leaf masks ``mask`` is built from (itself for a leaf)."""
+    children = mask.children()
     if not children:
         yield mask
     for child in children:
@@ -47,14 +47,12 @@ def nonempty_tiles(mask: Mask, block_q: int, block_kv: int) -> int:
 def choose_orders(grid: VideoGrid, mask: Mask, block_q: int = 128, block_kv: int = 128) -> list[TokenOrder]:
     """One order for a head-uniform mask, else one order (of length L) per head."""
     if isinstance(mask, MultiHeadMask) or mask.num_heads is not None:
-        shared: dict[str, TokenOrder] = {}  # one object per distinct order, so kernels see few distinct views
-        heads = [mask.head(h) for h in range(mask.num_heads)]  # kept alive: ids below stay unique
-        best_of: dict[int, TokenOrder] = {}  # heads that share a mask object are measured once
+        heads = [mask.head(h) for h in range(mask.num_heads)]
+        best_of: dict[Mask, TokenOrder] = {}  # heads equal by value are measured once
         for head in heads:
-            if id(head) not in best_of:
+            if head not in best_of:
                 options = candidate_orders(grid, head, same_length=True)
-                best = min(options, key=lambda o, m=head: nonempty_tiles(m.permute(o), block_q, block_kv))
-                best_of[id(head)] = shared.setdefault(best.name, best)
-        return [best_of[id(head)] for head in heads]
+                best_of[head] = min(options, key=lambda o: nonempty_tiles(head.permute(o), block_q, block_kv))
+        return [best_of[head] for head in heads]
     options = candidate_orders(grid, mask)
     return [min(options, key=lambda o: nonempty_tiles(mask.permute(o), block_q, block_kv))]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import pickle
 
 import jax.numpy as jnp
 import numpy as np
@@ -261,6 +262,67 @@ def test_token_order_rejects_non_permutation():
         stlib.TokenOrder("dup", np.array([0, 0, 1], np.int32), 3)
     with pytest.raises(ValueError):
         stlib.TokenOrder("missing", np.array([0, 2, -1], np.int32), 3)
+
+
+ORDER_BUILDERS = {
+    "raster": lambda g: raster_order(g),
+    "token-major": lambda g: token_major_order(g),
+    "tiled": lambda g: tiled_order(g, (2, 2, 3)),
+    "tiled unpadded": lambda g: tiled_order(g, (2, 2, 3), pad=False),
+    "tiled + prefix": lambda g: tiled_order(g, (2, 2, 3)).with_prefix(2),
+}
+
+
+@pytest.mark.parametrize("name", ORDER_BUILDERS)
+def test_token_order_equal_by_value(name):
+    make = ORDER_BUILDERS[name]
+    a, b = make(VideoGrid(3, 4, 5)), make(VideoGrid(3, 4, 5))
+    assert a is not b and a == b and hash(a) == hash(b) and len({a, b}) == 1
+    assert a != make(VideoGrid(3, 4, 6)) and a != make(VideoGrid(4, 4, 5))
+
+
+def test_token_orders_of_one_grid_all_differ():
+    g = VideoGrid(3, 4, 5)
+    orders = [make(g) for make in ORDER_BUILDERS.values()] + [tiled_order(g, (1, 2, 5))]
+    assert len(set(orders)) == len(orders)
+    assert all((a == b) == (i == j) for i, a in enumerate(orders) for j, b in enumerate(orders))
+
+
+def test_token_order_value_is_name_sizes_perm_and_formula():
+    perm = np.array([2, 0, 1], np.int32)
+    order = stlib.TokenOrder("p", perm, 3)
+    assert order == stlib.TokenOrder("p", perm.astype(np.int64), 3)  # the dtype is not the value
+    assert order == stlib.TokenOrder("p", [2, 0, 1], 3)
+    assert order != stlib.TokenOrder("q", perm, 3)
+    assert order != stlib.TokenOrder("p", np.array([1, 0, 2], np.int32), 3)
+    assert order != stlib.TokenOrder("p", np.array([2, 0, -1, 1], np.int32), 3)
+    # an order with an arithmetic form differs from the same permutation without one
+    g = VideoGrid(2, 2, 4)  # divisible by the tile: padded and unpadded orders share name and perm
+    padded, unpadded = tiled_order(g, (1, 2, 2)), tiled_order(g, (1, 2, 2), pad=False)
+    assert padded.name == unpadded.name and np.array_equal(padded.perm, unpadded.perm)
+    assert padded.raster_of is not None and unpadded.raster_of is None
+    assert padded != unpadded
+    assert order != "p" and order.__eq__(perm) is NotImplemented
+
+
+def test_token_order_perm_is_read_only():
+    perm = np.array([2, 0, 1], np.int32)
+    order = stlib.TokenOrder("p", perm, 3)
+    assert not order.perm.flags.writeable and perm.flags.writeable
+    with pytest.raises(ValueError):
+        order.perm[0] = 1
+
+
+@pytest.mark.parametrize("name", ORDER_BUILDERS)
+def test_token_order_pickle_round_trip(name):
+    order = ORDER_BUILDERS[name](VideoGrid(3, 4, 5))
+    _ = hash(order), order.inverse  # cached values travel with the order
+    back = pickle.loads(pickle.dumps(order))
+    assert back == order and hash(back) == hash(order)
+    np.testing.assert_array_equal(back.perm, order.perm)
+    if order.raster_of is not None:
+        pos = np.arange(order.length)
+        np.testing.assert_array_equal(back.raster_of(pos), order.perm)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -218,6 +218,28 @@ def test_per_head_masks():
         check_layout(lay, m.to_dense(), np.ones(60, bool), *blocks)
 
 
+def test_heads_equal_by_value_are_counted_once(monkeypatch):
+    """Heads whose masks (and orders) are equal by value share one count, objects or not; heads that
+    differ, also only by head index of one array, do not."""
+    from stlib import layout
+
+    calls = []
+    real = layout._tile_counts
+    monkeypatch.setattr(layout, "_tile_counts", lambda *a: calls.append(a) or real(*a))
+    g = VideoGrid(3, 4, 5)
+    order = tiled_order(g, (1, 2, 5))
+    heads = [masks.spatial(g).permute(order), masks.temporal(g, 2).permute(tiled_order(g, (1, 2, 5))),
+             masks.spatial(g).permute(tiled_order(g, (1, 2, 5))), masks.temporal(g, 2).permute(order)]
+    m = masks.per_head(heads)
+    lay = block_layout(m, 8, 8)
+    assert len(calls) == 2
+    check_layout(lay, m.to_dense(), np.asarray(order.valid), 8, 8)
+    calls.clear()
+    arr = np.stack([np.eye(24, dtype=bool)] * 3)
+    block_layout(masks.from_array(arr), 8, 8)
+    assert len(calls) == 3  # head views of one array: one per head
+
+
 def test_head_uniform_layout_has_one_head():
     lay = block_layout(masks.band(40, 3), 8, 8)
     assert lay.shared_across_heads and lay.counts.shape[0] == 1

@@ -1,4 +1,5 @@
-"""Every mask builder (stlib/masks.py) against a brute-force per-pair definition from the spec."""
+"""Every mask builder (stlib/masks/sequence.py, stlib/masks/video.py) against a brute-force per-pair
+definition from the spec."""
 
 from __future__ import annotations
 

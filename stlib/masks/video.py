@@ -1,416 +1,21 @@
-"""Attention masks for video tokens, evaluated lazily: "may query i see key j", never as L x L.
-
-Every mask answers three questions, each without materialising L x L:
-
-* ``allowed(q, k, head)``: a vectorised predicate on broadcastable integer index arrays (numpy, or
-  jax arrays inside a kernel when ``mask.traceable``);
-* ``block(q0, q1, k0, k1, head)``: one [q1-q0, k1-k0] bool block;
-* ``key_intervals(rows, head)``: for each query row the allowed keys as disjoint half-open
-  intervals ``[start, end)``, shape [n, K] each (every mask in its own order except permuted
-  views, whose layouts use the base mask's intervals and the permutation instead). Layouts count
-  allowed pairs per tile from these (see layout.py): a 75,600-token grid is classified in a second.
-
-Masks compose with ``&`` and ``|`` and can be viewed in another token order with ``permute``.
-Indices are those of the mask's own sequence (raster order for video builders).
+"""Masks on the tokens of a video grid (raster order t, y, x), defined through (t, y, x)
+coordinates: 3-D neighbourhood attention (``neighborhood``, NATTEN / GNA semantics), Sliding Tile
+Attention (``sliding_tile``), the Sparse VideoGen heads in their exact (``spatial``, ``temporal``)
+and TPU band forms (``spatial_band``, ``temporal_band``), Radial Attention (``radial``),
+autoregressive ``frame_causal``, the frame-0 anchor, and ``global_tokens``, which puts text tokens
+in front of any mask. Every video mask is traceable (a kernel evaluates it from iota) and has an
+interval form; ``global_tokens`` keeps both properties of the mask it wraps.
 """
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
-from stlib._checks import (
-    check_bool_triple,
-    check_fraction,
-    check_positive_int,
-    check_positive_triple,
-)
+from stlib._checks import check_bool_triple, check_positive_int, check_positive_triple
 from stlib._intmath import div, floordiv, mod
-from stlib.geometry import TokenOrder, VideoGrid
-
-#: Largest L for which ``to_dense`` / brute-force fallbacks materialise L x L.
-DENSE_LIMIT = 16_384
-#: A per-head mask is evaluated in-kernel only with at most this many distinct head masks.
-MAX_TRACED_HEAD_MASKS = 4
-
-
-def _xp(*arrays):
-    """numpy for numpy inputs, jax.numpy when any input is a jax array (inside a kernel)."""
-    for a in arrays:
-        if type(a).__module__.startswith("jax"):
-            import jax.numpy as jnp
-
-            return jnp
-    return np
-
-
-class Mask:
-    """Base class. Subclasses set ``length`` and ``num_heads`` and implement ``_allowed``."""
-
-    length: int
-    num_heads: int | None = None  # None: the same mask for every head
-    traceable: bool = False  # _allowed works on jax arrays (so a kernel can evaluate it from iota)
-    has_intervals: bool = True
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return (self.length, self.length)
-
-    # --- evaluation -------------------------------------------------------------------------
-    def allowed(self, q, k, head: int = 0):
-        """bool array broadcast from integer index arrays ``q`` and ``k`` (each in [0, L)).
-        Raises ValueError for an index out of range or a bad head."""
-        self._check_head(head)
-        if _xp(q, k) is np:
-            q, k = np.asarray(q), np.asarray(k)
-            for name, idx in (("q", q), ("k", k)):
-                if not np.issubdtype(idx.dtype, np.integer):
-                    raise TypeError(f"{name} indices must be integers, got {idx.dtype}")
-                if idx.size and (idx.min() < 0 or idx.max() >= self.length):
-                    raise ValueError(f"{name} indices must lie in [0, {self.length}), got [{idx.min()}, {idx.max()}]")
-        return self._allowed(q, k, head)
-
-    def _allowed(self, q, k, head):
-        raise NotImplementedError
-
-    def block(self, q0: int, q1: int, k0: int, k1: int, head: int = 0) -> np.ndarray:
-        """bool [q1-q0, k1-k0]: the mask on rows q0:q1 and columns k0:k1."""
-        for name, lo, hi in (("q", q0, q1), ("k", k0, k1)):
-            if not (0 <= lo <= hi <= self.length):
-                raise ValueError(f"block {name} range [{lo}, {hi}) is outside [0, {self.length})")
-        q = np.arange(q0, q1)[:, None]
-        k = np.arange(k0, k1)[None, :]
-        return np.broadcast_to(self.allowed(q, k, head), (q1 - q0, k1 - k0)).copy()
-
-    def key_intervals(self, rows: np.ndarray, head: int = 0) -> tuple[np.ndarray, np.ndarray]:
-        """Allowed keys of each query row as disjoint intervals: (start, end), int64 [n, K] each."""
-        self._check_head(head)
-        if not self.has_intervals:
-            raise NotImplementedError(f"{type(self).__name__} has no interval form; build its layout densely")
-        starts, ends = self._intervals(np.asarray(rows, dtype=np.int64), head)
-        return starts, np.maximum(ends, starts)
-
-    def _intervals(self, rows, head):
-        raise NotImplementedError
-
-    def to_dense(self) -> np.ndarray:
-        """bool [L, L], or [H, L, L] for per-head masks. Only for L <= DENSE_LIMIT."""
-        if self.length > DENSE_LIMIT:
-            raise ValueError(
-                f"to_dense() would materialise {self.length}^2 = {self.length**2:.3g} pairs per head; "
-                f"it is limited to L <= {DENSE_LIMIT}. Use block() or stlib.block_layout instead."
-            )
-        if self.num_heads is None:
-            return self.block(0, self.length, 0, self.length)
-        return np.stack([self.block(0, self.length, 0, self.length, h) for h in range(self.num_heads)])
-
-    def token_validity(self) -> np.ndarray | None:
-        """bool [L]: False at padding slots (of a permuted view inside this mask); None if every
-        token is real."""
-        return None
-
-    def _check_head(self, head):
-        if self.num_heads is not None and not (0 <= head < self.num_heads):
-            raise ValueError(f"head={head} is out of range for a mask with {self.num_heads} heads")
-
-    # --- combinators ------------------------------------------------------------------------
-    def __and__(self, other: Mask) -> Mask:
-        return _Combined(self, other, "and")
-
-    def __or__(self, other: Mask) -> Mask:
-        return _Combined(self, other, "or")
-
-    def permute(self, order: TokenOrder) -> Mask:
-        """This mask seen in another token order (padding slots see and are seen by nothing)."""
-        return PermutedMask(self, order)
-
-    def head(self, index: int) -> Mask:
-        """The single-head mask of head ``index`` (the mask itself when it is head-uniform)."""
-        self._check_head(index)
-        return self if self.num_heads is None else _HeadView(self, index)
-
-    def __repr__(self):
-        heads = "" if self.num_heads is None else f", heads={self.num_heads}"
-        return f"{type(self).__name__}(L={self.length}{heads})"
-
-
-# --------------------------------------------------------------------------------------------
-# interval helpers (all vectorised over rows)
-
-
-def _union_intervals(starts, ends):
-    """Make [n, K] intervals disjoint: sort by start, keep only what earlier intervals left."""
-    order = np.argsort(starts, axis=1, kind="stable")
-    s = np.take_along_axis(starts, order, axis=1)
-    e = np.take_along_axis(ends, order, axis=1)
-    e = np.where(e > s, e, s)
-    reach = np.maximum.accumulate(e, axis=1)
-    prev = np.concatenate([np.full((s.shape[0], 1), np.iinfo(np.int64).min), reach[:, :-1]], axis=1)
-    new_s = np.maximum(s, prev)
-    return new_s, np.maximum(e, new_s)
-
-
-def _intersect_intervals(s1, e1, s2, e2):
-    s = np.maximum(s1[:, :, None], s2[:, None, :]).reshape(s1.shape[0], -1)
-    e = np.minimum(e1[:, :, None], e2[:, None, :]).reshape(s1.shape[0], -1)
-    return s, np.maximum(e, s)
-
-
-def _and_validity(a, b):
-    if a is None or b is None:
-        return b if a is None else a
-    return a & b
-
-
-def _merge_heads(a: Mask, b: Mask) -> int | None:
-    if a.num_heads is not None and b.num_heads is not None and a.num_heads != b.num_heads:
-        raise ValueError(f"cannot combine masks with {a.num_heads} and {b.num_heads} heads")
-    return a.num_heads if a.num_heads is not None else b.num_heads
-
-
-class _Combined(Mask):
-    def __init__(self, a: Mask, b: Mask, op: str):
-        if not isinstance(a, Mask) or not isinstance(b, Mask):
-            raise TypeError(f"can only combine Mask objects, got {type(a).__name__} and {type(b).__name__}")
-        if a.length != b.length:
-            raise ValueError(f"cannot combine masks of lengths {a.length} and {b.length}")
-        self.a, self.b, self.op = a, b, op
-        self.length = a.length
-        self.num_heads = _merge_heads(a, b)
-        self.traceable = a.traceable and b.traceable
-        self.has_intervals = a.has_intervals and b.has_intervals
-
-    def token_validity(self):
-        return _and_validity(self.a.token_validity(), self.b.token_validity())
-
-    def _allowed(self, q, k, head):
-        x, y = self.a._allowed(q, k, head), self.b._allowed(q, k, head)
-        return (x & y) if self.op == "and" else (x | y)
-
-    def _intervals(self, rows, head):
-        s1, e1 = self.a.key_intervals(rows, head)
-        s2, e2 = self.b.key_intervals(rows, head)
-        if self.op == "and":
-            return _intersect_intervals(s1, e1, s2, e2)
-        return _union_intervals(np.concatenate([s1, s2], axis=1), np.concatenate([e1, e2], axis=1))
-
-    def __repr__(self):
-        return f"({self.a!r} {'&' if self.op == 'and' else '|'} {self.b!r})"
-
-
-class _HeadView(Mask):
-    def __init__(self, mask: Mask, index: int):
-        self.mask, self.index = mask, index
-        self.length, self.traceable, self.has_intervals = mask.length, mask.traceable, mask.has_intervals
-
-    def token_validity(self):
-        return self.mask.token_validity()
-
-    def _allowed(self, q, k, head):
-        return self.mask._allowed(q, k, self.index)
-
-    def _intervals(self, rows, head):
-        return self.mask.key_intervals(rows, self.index)
-
-
-class PermutedMask(Mask):
-    """``base`` viewed in ``order``: position i holds raster token ``order.perm[i]``."""
-
-    has_intervals = False  # layouts use base intervals + the permutation (layout.py)
-
-    def __init__(self, base: Mask, order: TokenOrder):
-        if not isinstance(order, TokenOrder):
-            raise TypeError(f"order must be a TokenOrder, got {type(order).__name__}")
-        if order.num_tokens != base.length:
-            raise ValueError(f"order {order.name!r} permutes {order.num_tokens} tokens, the mask has {base.length}")
-        self.base, self.order = base, order
-        self.length = order.length
-        self.num_heads = base.num_heads
-        # traceable when the order has an arithmetic form (raster, token-major, padded tiled)
-        self.traceable = base.traceable and order.raster_of is not None
-
-    def head(self, index):
-        self._check_head(index)
-        return self if self.num_heads is None else PermutedMask(self.base.head(index), self.order)
-
-    def token_validity(self):
-        return self.order.valid
-
-    def _allowed(self, q, k, head):
-        xp = _xp(q, k)
-        if xp is np:
-            pq, pk = self.order.perm[q], self.order.perm[k]
-        else:
-            pq, pk = self.order.raster_of(q), self.order.raster_of(k)
-        ok = self.base._allowed(xp.maximum(pq, 0), xp.maximum(pk, 0), head)
-        return ok & (pq >= 0) & (pk >= 0)
-
-    def __repr__(self):
-        return f"{self.base!r}.permute({self.order.name!r})"
-
-
-# --------------------------------------------------------------------------------------------
-# plain sequence masks
-
-
-class FullMask(Mask):
-    traceable = True
-
-    def __init__(self, length: int):
-        self.length = check_positive_int("length", length)
-
-    def _allowed(self, q, k, head):
-        xp = _xp(q, k)
-        return xp.ones(xp.broadcast_shapes(xp.shape(q), xp.shape(k)), dtype=bool)
-
-    def _intervals(self, rows, head):
-        n = rows.shape[0]
-        return np.zeros((n, 1), np.int64), np.full((n, 1), self.length, np.int64)
-
-
-class BandMask(Mask):
-    """|q - k| <= width."""
-
-    traceable = True
-
-    def __init__(self, length: int, width: int):
-        self.length = check_positive_int("length", length)
-        self.width = check_positive_int("width", width, allow_zero=True)
-
-    def _allowed(self, q, k, head):
-        return abs(q - k) <= self.width
-
-    def _intervals(self, rows, head):
-        s = np.maximum(rows - self.width, 0)
-        e = np.minimum(rows + self.width + 1, self.length)
-        return s[:, None], e[:, None]
-
-    def __repr__(self):
-        return f"BandMask(L={self.length}, width={self.width})"
-
-
-class ArrayMask(Mask):
-    """An explicit bool [L, L] or [H, L, L] array."""
-
-    def __init__(self, array):
-        array = np.asarray(array)
-        if array.dtype != bool:
-            raise TypeError(f"from_array expects a bool array, got dtype {array.dtype}")
-        if array.ndim not in (2, 3) or array.shape[-1] != array.shape[-2]:
-            raise ValueError(f"from_array expects [L, L] or [H, L, L], got shape {array.shape}")
-        self.array = array
-        self.length = array.shape[-1]
-        self.num_heads = array.shape[0] if array.ndim == 3 else None
-
-    def _dense(self, head):
-        return self.array if self.array.ndim == 2 else self.array[head]
-
-    def _allowed(self, q, k, head):
-        return self._dense(head)[q, k]
-
-    def _intervals(self, rows, head):
-        return _runs(self._dense(head)[rows])
-
-
-def _runs(rows_bool: np.ndarray):
-    """Run-length intervals of each row of a bool [n, L] array, padded with empty intervals."""
-    n, length = rows_bool.shape
-    padded = np.zeros((n, length + 2), dtype=np.int8)
-    padded[:, 1:-1] = rows_bool
-    edges = np.diff(padded, axis=1)
-    r_s, c_s = np.nonzero(edges == 1)
-    r_e, c_e = np.nonzero(edges == -1)
-    counts = np.bincount(r_s, minlength=n)
-    width = max(int(counts.max()) if n else 0, 1)
-    slot = np.arange(r_s.size) - np.repeat(np.cumsum(counts) - counts, counts)
-    starts = np.zeros((n, width), np.int64)
-    ends = np.zeros((n, width), np.int64)
-    starts[r_s, slot] = c_s
-    ends[r_e, slot] = c_e
-    return starts, ends
-
-
-class MultiHeadMask(Mask):
-    """A different mask per head."""
-
-    def __init__(self, masks):
-        masks = list(masks)
-        if not masks:
-            raise ValueError("per_head needs at least one mask")
-        for i, m in enumerate(masks):
-            if not isinstance(m, Mask):
-                raise TypeError(f"per_head: entry {i} is a {type(m).__name__}, not a Mask")
-            if m.num_heads is not None:
-                raise ValueError(f"per_head: entry {i} is already a {m.num_heads}-head mask")
-            if m.length != masks[0].length:
-                raise ValueError(f"per_head: entry {i} has length {m.length}, entry 0 has {masks[0].length}")
-        self.masks = masks
-        self.length = masks[0].length
-        self.num_heads = len(masks)
-        self.has_intervals = all(m.has_intervals for m in masks)
-        # a kernel evaluates every distinct head mask and selects by head, so keep that list short
-        self.distinct = list({id(m): m for m in masks}.values())
-        self.traceable = all(m.traceable for m in masks) and len(self.distinct) <= MAX_TRACED_HEAD_MASKS
-
-    def head(self, index):
-        self._check_head(index)
-        return self.masks[index]
-
-    def token_validity(self):
-        valid = [m.token_validity() for m in self.distinct]
-        if all(v is None for v in valid):
-            return None
-        valid = [np.ones(self.length, bool) if v is None else v for v in valid]
-        if any(not np.array_equal(v, valid[0]) for v in valid):
-            raise ValueError("per-head masks must put padding slots at the same positions")
-        return valid[0]
-
-    def _allowed(self, q, k, head):
-        if isinstance(head, (int, np.integer)):
-            return self.masks[head]._allowed(q, k, 0)
-        # head is a traced scalar (inside a kernel): select among the distinct masks
-        import jax.numpy as jnp
-
-        out = None
-        for candidate in self.distinct:
-            heads = [h for h, m in enumerate(self.masks) if m is candidate]
-            mine = head == heads[0]
-            for h in heads[1:]:
-                mine = mine | (head == h)
-            value = candidate._allowed(q, k, 0).astype(jnp.int32)  # Mosaic selects int, not bool, vectors
-            out = value if out is None else jnp.where(mine, value, out)
-        return out != 0
-
-    def _intervals(self, rows, head):
-        return self.masks[head].key_intervals(rows)
-
-    def __repr__(self):
-        return f"per_head([{', '.join(repr(m) for m in self.masks)}])"
-
-
-def full(length: int) -> Mask:
-    """Every query sees every key."""
-    return FullMask(length)
-
-
-def band(length: int, width: int) -> Mask:
-    """|q - k| <= width (a 1-D sliding window)."""
-    return BandMask(length, width)
-
-
-def from_array(array) -> Mask:
-    """A mask from an explicit bool [L, L] or [H, L, L] array."""
-    return ArrayMask(array)
-
-
-def per_head(masks) -> Mask:
-    """Head h uses ``masks[h]`` (all the same length, each head-uniform)."""
-    return MultiHeadMask(masks)
-
-
-# --------------------------------------------------------------------------------------------
-# video masks on a VideoGrid (raster order)
+from stlib.geometry import VideoGrid
+from stlib.masks.base import Mask, _xp
+from stlib.masks.sequence import BandMask, band_width_for_density
 
 
 class VideoMask(Mask):
@@ -423,6 +28,9 @@ class VideoMask(Mask):
             raise TypeError(f"grid must be a stlib.VideoGrid, got {type(grid).__name__}")
         self.grid = grid
         self.length = grid.num_tokens
+
+    def _key(self):
+        return (self.grid,)
 
 
 def _axis_window(j, n_group, kernel, stride, causal, xp):
@@ -451,6 +59,9 @@ class NeighborhoodMask(VideoMask):
                 )
             if s > k:
                 raise ValueError(f"stride[{axis}]={s} must not exceed kernel_size[{axis}]={k}")
+
+    def _key(self):
+        return (self.grid, self.kernel_size, self.stride, self.dilation, self.causal)
 
     def _axis_allowed(self, axis, qa, ka, xp):
         n, k, d = self.grid.shape[axis], self.kernel_size[axis], self.dilation[axis]
@@ -519,6 +130,9 @@ class SlidingTileMask(VideoMask):
             if w > c:
                 raise ValueError(f"window[{axis}]={w} tiles exceeds the {c} tiles of the grid along {axis}")
 
+    def _key(self):
+        return (self.grid, self.tile, self.window)
+
     def _axis_range(self, axis, qa, xp):
         """Key range [lo, hi) on one axis for query coordinate qa."""
         tile, w, count, n = self.tile[axis], self.window[axis], self.tile_counts[axis], self.grid.shape[axis]
@@ -558,6 +172,9 @@ class FrameWindowMask(VideoMask):
     def __init__(self, grid, frame_window):
         super().__init__(grid)
         self.frame_window = check_positive_int("frame_window", frame_window, allow_zero=True)
+
+    def _key(self):
+        return (self.grid, self.frame_window)
 
     def _allowed(self, q, k, head):
         s = self.grid.tokens_per_frame
@@ -600,6 +217,9 @@ class SpatialNeighbourMask(_SpatialRangeMask):
         super().__init__(grid)
         self.spatial_window = check_positive_int("spatial_window", spatial_window, allow_zero=True)
 
+    def _key(self):
+        return (self.grid, self.spatial_window)
+
     def _spatial_range(self, tq, sq, tk, xp):
         return sq - self.spatial_window, sq + self.spatial_window + 1 + 0 * tk
 
@@ -613,6 +233,9 @@ class TokenMajorBandMask(_SpatialRangeMask):
     def __init__(self, grid, width):
         super().__init__(grid)
         self.width = check_positive_int("width", width, allow_zero=True)
+
+    def _key(self):
+        return (self.grid, self.width)
 
     def _spatial_range(self, tq, sq, tk, xp):
         frames = self.grid.frames
@@ -633,6 +256,9 @@ class RadialMask(_SpatialRangeMask):
         super().__init__(grid)
         self.spatial_window = check_positive_int("spatial_window", spatial_window, allow_zero=True)
         self.sink = bool(sink)
+
+    def _key(self):
+        return (self.grid, self.spatial_window, self.sink)
 
     def _spatial_range(self, tq, sq, tk, xp):
         distance = abs(tq - tk)
@@ -693,6 +319,12 @@ class GlobalTokensMask(Mask):
         self.num_heads = inner.num_heads
         self.traceable = inner.traceable
         self.has_intervals = inner.has_intervals
+
+    def _key(self):
+        return (self.inner, self.count)
+
+    def children(self):
+        return (self.inner,)
 
     def token_validity(self):
         inner = self.inner.token_validity()
@@ -756,14 +388,6 @@ def temporal(grid: VideoGrid, spatial_window: int = 0, *, anchor: bool = False) 
     return _with_anchor(SpatialNeighbourMask(grid, spatial_window), anchor)
 
 
-def band_width_for_density(length: int, density: float) -> int:
-    """SVG band budget: w = L * (1 - sqrt(1 - density)) rounded up to a multiple of 128."""
-    check_positive_int("length", length)
-    check_fraction("density", density)
-    width = length * (1.0 - math.sqrt(1.0 - density))
-    return int(min(math.ceil(width / 128.0) * 128, length))
-
-
 def _band_width(grid: VideoGrid, density, width) -> int:
     if (density is None) == (width is None):
         raise ValueError(f"give exactly one of density={density!r} and width={width!r}")
@@ -792,6 +416,9 @@ class _VideoBand(VideoMask):
         super().__init__(grid)
         self.band = BandMask(grid.num_tokens, width)
         self.width = self.band.width
+
+    def _key(self):  # a leaf: ``band`` is how it computes, not a mask it combines
+        return (self.grid, self.width)
 
     def _allowed(self, q, k, head):
         return self.band._allowed(q, k, head)

@@ -1,12 +1,13 @@
-"""The static TPU time estimate (stlib.estimate): the dump parser on a synthetic schedule (and its
-loud failures on formats it does not know), then self-consistency of estimates from real
-deviceless compilations for v6e at small shapes (libtpu's dump, no TPU needed)."""
+"""The schedule parser (stlib.analysis.schedule) and the attribution of its bundles to control paths
+(stlib.analysis.attribution) on a synthetic final_bundles dump, and their loud failures on
+formats and structures they do not know."""
 
 from __future__ import annotations
 
 import pytest
 
-from stlib import estimate as E
+from stlib.analysis import attribution as A
+from stlib.analysis import schedule as S
 
 # --------------------------------------------------------------------------------------------
 # a synthetic final_bundles dump: prologue, grid loop (trip 6 = 4 steps + 2) holding a step region
@@ -57,7 +58,7 @@ def _program() -> list[tuple[str, str, str]]:
     return [p.get(i, nop) for i in range(50)]
 
 
-def _dump(program, key=E._KEY) -> str:
+def _dump(program, key=S._KEY) -> str:
     lines = [*key, ""]
     for address, (body, marker, note) in enumerate(program):
         lines.append(_bundle(address, body, marker, note))
@@ -69,10 +70,10 @@ def _analysis(n: int) -> str:
 
 
 def test_parser_attributes_synthetic_schedule():
-    schedule = E.parse_schedule(_dump(_program()), _analysis(50))
+    schedule = S.parse_schedule(_dump(_program()), _analysis(50))
     (grid,) = schedule.roots
     assert (grid.kind, grid.first, grid.last, grid.trip) == ("loop", 2, 48, 6)
-    att = E.attribute(schedule, "splash", "splash_synthetic")
+    att = A.attribute(schedule, "splash", "splash_synthetic")
     assert att.trip == 6 and att.grid_steps == 4 and att.grid is None
     # step region: bundles 9..41 (33); init 14..16; compute 23..31 with 7 bundles x 4 trips inside
     assert att.paths == {"call": 3, "iteration": 47 - 33, "step": 33 - 3 - 9 - 2, "init": 3,
@@ -89,8 +90,8 @@ def test_parser_attributes_synthetic_schedule():
     ({3: ("%p1 = scmp.eq.s32.totalorder %s5, 0", "LH", "")}, "marker LH"),
 ])
 def test_parser_fails_loudly_on_unknown_structure(change, message):
-    with pytest.raises(E.ScheduleFormatError, match=message):
-        E.parse_schedule(_dump(_program_with(change)), _analysis(50))
+    with pytest.raises(S.ScheduleFormatError, match=message):
+        S.parse_schedule(_dump(_program_with(change)), _analysis(50))
 
 
 def _program_with(change):
@@ -101,78 +102,16 @@ def _program_with(change):
 
 
 def test_parser_fails_loudly_on_unknown_format():
-    with pytest.raises(E.ScheduleFormatError, match="control-target key"):
-        E.parse_schedule(_dump(_program(), key=E._KEY[:-2] + E._KEY[-1:]))
-    with pytest.raises(E.ScheduleFormatError, match="schedule analysis counts 49"):
-        E.parse_schedule(_dump(_program()), _analysis(49))
-    with pytest.raises(E.ScheduleFormatError, match="total scheduled bundles"):
-        E.parse_schedule(_dump(_program()), "Schedule analysis:\n\tbundles: 50\n")
+    with pytest.raises(S.ScheduleFormatError, match="control-target key"):
+        S.parse_schedule(_dump(_program(), key=S._KEY[:-2] + S._KEY[-1:]))
+    with pytest.raises(S.ScheduleFormatError, match="schedule analysis counts 49"):
+        S.parse_schedule(_dump(_program()), _analysis(49))
+    with pytest.raises(S.ScheduleFormatError, match="total scheduled bundles"):
+        S.parse_schedule(_dump(_program()), "Schedule analysis:\n\tbundles: 50\n")
     # a branch inside the compute region cannot be attributed to a path
     nop = ("", "", "")
     nested = _program_with({24: ("%15 = sbr.rel (%p7) target = $region70", "", ""), 25: nop, 26: nop,
                             28: ("", "", "End region 72"), 29: ("%v9 = vadd.f32 %v2, %v2", "", ""), 30: nop,
                             31: ("%v3 = vpow2.f32 %v2", "PF", "Start/End empty region 70")})
-    with pytest.raises(E.ScheduleFormatError, match="unattributed branch"):
-        E.attribute(E.parse_schedule(_dump(nested), _analysis(50)), "splash", "x")
-
-
-def test_libtpu_version_is_pinned(monkeypatch):
-    monkeypatch.setattr(E, "libtpu_version", lambda: "0.0.99")
-    with pytest.raises(E.ScheduleFormatError, match="0.0.99"):
-        E.estimate("pallas_dense", "none", "v6e", length=1024, num_heads=1, clock=1e9)
-
-
-# --------------------------------------------------------------------------------------------
-# real compilations (deviceless, v6e) at small shapes: 2 heads x 8,192 tokens x 128, bf16
-
-SMALL = {"length": 8192, "clock": 1e9}
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    import os
-
-    old = os.environ.get("STLIB_CACHE_DIR")
-    os.environ["STLIB_CACHE_DIR"] = str(tmp_path_factory.mktemp("estimate-cache"))
-    yield
-    if old is None:
-        del os.environ["STLIB_CACHE_DIR"]
-    else:
-        os.environ["STLIB_CACHE_DIR"] = old
-
-
-@pytest.mark.tpu_compile
-def test_estimate_scales_with_grid_steps(cache):
-    small = E.estimate("pallas_dense", "none", "v6e", num_heads=2, **SMALL)
-    large = E.estimate("pallas_dense", "none", "v6e", num_heads=8, **SMALL)
-    assert large.kernels[0].grid_steps == 4 * small.kernels[0].grid_steps
-    assert large.cycles / small.cycles == pytest.approx(4.0, rel=0.05)
-    assert large.seconds / small.seconds == pytest.approx(4.0, rel=0.05)
-
-
-@pytest.mark.tpu_compile
-def test_skipped_masked_and_full_steps(cache):
-    est = E.estimate("pallas_block_sparse", "band (width 1500)", "v6e", num_heads=2, **SMALL)
-    paths = est.path_bundles()
-    # a skipped step pays only the grid-loop overhead: measured 0.12 of a FULL tile with the
-    # lane-replicated softmax statistics (0.06 when the tile itself was twice as expensive)
-    assert paths["skipped step"] < 0.2 * paths["FULL tile"]
-    assert paths["masked tile"] > paths["FULL tile"]
-    counts = {p: v["count"] for p, v in est.kernels[0].breakdown.items()}
-    assert counts["compute_full"] + counts["compute_masked"] < counts["step"]  # some steps skipped
-    assert est.kernels[0].dma_bytes > 0 or est.kernels[0].memory_seconds == 0
-    tile = E.estimate("pallas_tile", "band (width 1500)", "v6e", num_heads=2, **SMALL)
-    by_pass = {k.kernel.split(".")[0].removeprefix("stlib_tile_"): k.breakdown for k in tile.kernels}
-    assert by_pass["masked"]["compute_masked"]["bundles"] > by_pass["full"]["compute_full"]["bundles"]
-
-
-@pytest.mark.tpu_compile
-def test_estimate_is_deterministic_and_cached(cache):
-    first = E.estimate("pallas_tile", "band (width 1500)", "v6e", num_heads=2, options={"form": "flat"},
-                       use_cache=False, **SMALL)
-    second = E.estimate("pallas_tile", "band (width 1500)", "v6e", num_heads=2, options={"form": "flat"}, **SMALL)
-    assert first.cycles == second.cycles and first.kernels == second.kernels
-    assert any(E.cache_dir().rglob("*.json"))
-    record = second.as_record()
-    assert record["estimate_static"] and record["estimate_libtpu"] == E.PINNED_LIBTPU
-    assert "static estimate" in record["estimate_method"] and "STATIC ESTIMATE" in str(second)
+    with pytest.raises(S.ScheduleFormatError, match="unattributed branch"):
+        A.attribute(S.parse_schedule(_dump(nested), _analysis(50)), "splash", "x")

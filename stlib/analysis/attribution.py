@@ -1,0 +1,109 @@
+"""Attribution: the bundles of one compiled Pallas kernel per control path (outside the grid loop,
+per grid-loop iteration, per grid step, and per ``pl.when`` region of the step: row init, tile
+compute, row finalisation), read from its parsed schedule."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from stlib.analysis.schedule import Schedule, ScheduleFormatError, _flat_cost
+
+_BOUNDS = re.compile(r"iteration_bounds: \(([\d, ]+)\)")
+_OPERAND = re.compile(r"inlined_call_operand\.(\w+) \[shape: (\w+)\[([\d,]*)\], index: (\d+), kind: (\w+)")
+
+
+@dataclass(frozen=True)
+class Attribution:
+    """Bundles per execution of each path of one compiled kernel.
+
+    ``paths``: "call" (outside the grid loop, once), "iteration" (grid loop outside the step
+    region, steps + 2 times), "step" (every grid step), then per region "init", "compute",
+    "compute_full", "compute_masked", "finalise" (when it runs)."""
+
+    kernel: str
+    trip: int
+    grid: tuple[int, ...] | None  # from the dump's DMA bounds checks (None: not named there)
+    paths: dict[str, int]
+    ops: dict[str, dict[str, int]]
+    total_bundles: int
+    operands: list  # per operand index: [memory space ("hbm" / "vmem"), dtype, shape, "input" / "output"]
+
+    @property
+    def grid_steps(self) -> int:
+        return self.trip - 2
+
+
+def attribute(schedule: Schedule, impl: str, kernel: str) -> Attribution:
+    """Attribute the bundles of ``schedule`` (the Pallas kernel ``kernel`` of ``impl``) to paths.
+    Raises ScheduleFormatError when the structure differs from the one expected for ``impl``."""
+    loops = [n for n in schedule.roots if n.kind == "loop"]
+    if len(loops) != 1 or len(schedule.roots) != 1:
+        raise ScheduleFormatError(f"{kernel}: expected one grid loop at top level, found "
+                                  f"{[(n.kind, hex(n.first)) for n in schedule.roots]}")
+    grid_loop = loops[0]
+    stages = [n for n in grid_loop.children if n.kind == "cond"]
+    if len(stages) != 1 or len(grid_loop.children) != 1:
+        raise ScheduleFormatError(f"{kernel}: expected one conditional step region in the grid loop")
+    stage = stages[0]
+    bounds = {tuple(int(x) for x in m.split(",")) for b in schedule.bundles for m in _BOUNDS.findall(b.text)}
+    if len(bounds) > 1:
+        raise ScheduleFormatError(f"{kernel}: more than one grid (iteration_bounds) in the dump: {bounds}")
+    grid = bounds.pop() if bounds else None  # the DMA bounds checks name the grid, when there are any
+    if grid is not None and grid_loop.trip != math.prod(grid) + 2:
+        raise ScheduleFormatError(f"{kernel}: grid loop trip {grid_loop.trip} != prod{grid} + 2")
+
+    conds = [c for c in stage.children if c.kind == "cond"]
+    compute = [c for c in conds if schedule.has_mxu(c)]
+    if compute:
+        lo, hi = compute[0].first, compute[-1].last
+    else:
+        mxu = [i for i in range(stage.first, stage.last + 1) if "vmatmul" in schedule.bundles[i].code]
+        if not mxu:
+            raise ScheduleFormatError(f"{kernel}: no MXU op in the step region")
+        lo, hi = mxu[0], mxu[-1]
+    before = [c for c in conds if c.last < lo]
+    after = [c for c in conds if c.first > hi]
+    if len(before) > 1 or len(after) > 1 or len(before) + len(after) + len(compute) != len(conds):
+        raise ScheduleFormatError(f"{kernel}: step region has conditional regions "
+                                  f"{[(hex(c.first), hex(c.last), schedule.has_mxu(c)) for c in conds]}; "
+                                  "expected [init] compute... [finalise]")
+    names = _compute_names(impl, kernel, len(compute))
+    labelled = [("init", c) for c in before] + list(zip(names, compute)) + [("finalise", c) for c in after]
+
+    step = stage.size - sum(c.size for c in stage.children)
+    step += sum(c.trip * _flat_cost(c, "step") for c in stage.children if c.kind == "loop")
+    paths = {"call": len(schedule.bundles) - grid_loop.size, "iteration": grid_loop.size - stage.size, "step": step}
+    ops = {"call": {}, "iteration": schedule.ops(grid_loop.first, grid_loop.last, (stage,)),
+           "step": schedule.ops(stage.first, stage.last, tuple(conds))}
+    for name, node in labelled:
+        paths[name] = _flat_cost(node, name)
+        ops[name] = schedule.ops(node.first, node.last)
+    operands = {}
+    for memory, dtype, dims, index, kind in _OPERAND.findall(schedule.bundles[0].text):
+        operands[int(index)] = [memory, dtype, [int(x) for x in dims.split(",") if x], kind]
+    if sorted(operands) != list(range(len(operands))):
+        raise ScheduleFormatError(f"{kernel}: entry bundle lists operands {sorted(operands)}")
+    return Attribution(kernel, grid_loop.trip, grid, paths, ops, len(schedule.bundles),
+                       [operands[i] for i in range(len(operands))])
+
+
+# --------------------------------------------------------------------------------------------
+# per-kernel rules: the conditional compute regions of each kernel (to become its kernel's entry)
+
+
+def _compute_names(impl: str, kernel: str, n: int) -> list[str]:
+    if impl == "splash":
+        expected = ["compute"]
+    elif impl == "pallas_dense":
+        expected = []
+    elif impl == "pallas_block_sparse":
+        expected = ["compute_full", "compute_masked"][:n] if n in (1, 2) else ["?"]
+    elif impl == "pallas_tile":
+        expected = ["compute_full" if kernel.startswith("stlib_tile_full") else "compute_masked"]
+    else:
+        raise ValueError(f"no attribution rules for impl={impl!r}")
+    if len(expected) != n:
+        raise ScheduleFormatError(f"{kernel}: {n} conditional compute regions, expected {len(expected)} for {impl}")
+    return expected

@@ -1,0 +1,78 @@
+"""The compiled kernels of a call, attributed and cached: compile in a subprocess with libtpu's dump
+on (``stlib.analysis.dump``), parse and attribute each Pallas kernel's schedule, and keep the result
+on disk keyed by libtpu, JAX, the kernel sources and the call."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.metadata
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from stlib.analysis.attribution import attribute
+from stlib.analysis.dump import (
+    KernelConfig,
+    _dump_files,
+    _read_hlo,
+    check_libtpu,
+    compile_with_dump,
+    glue_bytes,
+    stlib_dir,
+)
+from stlib.analysis.schedule import parse_schedule
+
+#: Bumped when the attribution format or rules change (invalidates the cache).
+FORMAT_VERSION = 1
+#: The stlib modules (or packages) whose sources shape the compiled kernels.
+SOURCES = ("kernels", "masks", "layout", "geometry", "api")
+
+
+def cache_dir() -> Path:
+    """Where estimates are cached: ``$STLIB_CACHE_DIR/estimate`` (default ``~/.cache/stlib/estimate``)."""
+    return Path(os.environ.get("STLIB_CACHE_DIR", Path.home() / ".cache" / "stlib")) / "estimate"
+
+
+def _source_hash() -> str:
+    """Hash of the sources that shape the compiled kernels (a kernel edit invalidates the cache): each
+    of ``SOURCES`` in the stlib package, as a module ``NAME.py`` and / or a package ``NAME/``."""
+    root = stlib_dir()
+    paths = [p for name in SOURCES for p in (root / f"{name}.py", *root.glob(f"{name}/**/*.py")) if p.is_file()]
+    digest = hashlib.sha256()
+    for path in sorted(paths):
+        digest.update(path.relative_to(root).as_posix().encode() + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def compiled_attributions(impl: str, config: KernelConfig, mask_bytes: bytes | None = None,
+                          use_cache: bool = True) -> dict:
+    """{"kernels": [Attribution as dict], "glue_bytes": int, "compile_seconds": float} of ``config``,
+    compiled in a subprocess and attributed; cached on disk by libtpu version and config."""
+    version = check_libtpu()
+    key_data = {"format": FORMAT_VERSION, "libtpu": version, "jax": importlib.metadata.version("jax"),
+                "source": _source_hash(), "config": dataclasses.asdict(dataclasses.replace(config, mask_file=None)),
+                "mask": hashlib.sha256(mask_bytes).hexdigest() if mask_bytes else None}
+    key = hashlib.sha256(json.dumps(key_data, sort_keys=True).encode()).hexdigest()[:24]
+    path = cache_dir() / version / f"{key}.json"
+    if use_cache and path.exists():
+        return json.loads(path.read_text())
+    with tempfile.TemporaryDirectory(prefix="stlib-estimate-") as dump:
+        if mask_bytes is not None:
+            config = dataclasses.replace(config, mask_file=os.path.join(dump, "mask.pkl"))
+            Path(config.mask_file).write_bytes(mask_bytes)
+        seconds = compile_with_dump(config, dump)
+        found = _dump_files(dump)
+        kernels = []
+        for name, (text, analysis) in sorted(found.items()):
+            attribution = attribute(parse_schedule(text, analysis), impl, name)
+            kernels.append(dataclasses.asdict(attribution))
+        glue = glue_bytes(_read_hlo(dump))
+    result = {"key": key_data, "kernels": kernels, "glue_bytes": glue, "compile_seconds": seconds}
+    if use_cache:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(result, indent=1))
+        tmp.replace(path)
+    return result

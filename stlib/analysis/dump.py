@@ -1,0 +1,257 @@
+"""What the TPU compiler made of a kernel: compile in a subprocess with libtpu's dump on, then read
+the dump back: the VMEM / SMEM allocations of every Pallas kernel (``compile_report``), the
+scheduled bundles of each kernel (for ``stlib.analysis.schedule``) and the HBM bytes of the XLA
+glue around the kernels (``glue_bytes``).
+
+libtpu reads ``LIBTPU_INIT_ARGS`` once, when it initialises, hence the subprocess. The dump is an
+internal format of the pinned libtpu (0.0.42.1); if it changes, the readers raise rather than guess.
+
+Usage: python -m stlib.compile_report '{"impl": "pallas_tile", "mask": "band (density 0.25)"}'
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import math
+import os
+import pickle
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from stlib.analysis.schedule import PINNED_LIBTPU, ScheduleFormatError
+
+_ALLOCATION = re.compile(r"#allocation(\d+) \[shape = '[^']*', space=(\w+), size = (0x[0-9a-f]+)")
+_STEP = re.compile(r"^\d+-(?P<kernel>.+?)-(?P<step>\d+)-(?P<what>.+)\.txt$")
+_BAND = re.compile(r"^band \((density|width) ([0-9.]+)\)$")
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """A kernel call at a named workload: ``mask`` names an entry of
+    ``stlib.layout_catalog.case_study_masks()``, or is "none" (dense attention), "full",
+    "band (density X)" or "band (width W)" on ``length`` tokens (default: the case study's);
+    ``mask_file``: a pickled stlib mask used instead of ``mask``."""
+
+    impl: str
+    mask: str = "none"
+    num_heads: int = 10
+    head_dim: int = 128
+    dtype: str = "bfloat16"
+    block_q: int | None = None
+    block_kv: int | None = None
+    chip: str = "v6e"
+    options: dict = field(default_factory=dict)  # TileOptions fields for impl "pallas_tile"
+    length: int | None = None
+    mask_file: str | None = None
+
+
+def resolve_mask(config: KernelConfig):
+    """The stlib mask of ``config`` (None for "none"). Raises KeyError for an unknown name."""
+    from stlib import masks
+    from stlib.configs import CASE_STUDY
+    from stlib.layout_catalog import case_study_masks
+
+    if config.mask_file is not None:
+        with open(config.mask_file, "rb") as handle:
+            return pickle.load(handle)
+    length = config.length or CASE_STUDY.num_tokens
+    if config.mask == "none":
+        return None
+    if config.mask == "full":
+        return masks.full(length)
+    band = _BAND.match(config.mask)
+    if band:
+        if band[1] == "density":
+            return masks.band(length, masks.band_width_for_density(length, float(band[2])))
+        if not band[2].isdigit():
+            raise KeyError(f"band width {band[2]!r} must be an integer")
+        return masks.band(length, int(band[2]))
+    if config.length not in (None, CASE_STUDY.num_tokens):
+        raise KeyError(f"mask {config.mask!r} is a case-study mask; it has no form at length={config.length}")
+    catalog = case_study_masks()
+    if config.mask not in catalog:
+        raise KeyError(f"unknown mask {config.mask!r}: use 'none', 'full', 'band (density X)', "
+                       f"'band (width W)' or one of {sorted(catalog)}")
+    return catalog[config.mask]
+
+
+def _build_and_compile(config: KernelConfig) -> float:
+    import jax
+    import jax.numpy as jnp
+
+    import stlib
+    import stlib.kernels
+    from stlib.device import compile_for_tpu
+
+    mask = resolve_mask(config)
+    length = (config.length or stlib.CASE_STUDY.num_tokens) if mask is None else mask.length
+    shape = jax.ShapeDtypeStruct((config.num_heads, length, config.head_dim), jnp.dtype(config.dtype))
+
+    if config.impl == "pallas_tile" and config.options:
+        from stlib.kernels.common import block_sizes_for
+        from stlib.kernels.tile import TileOptions, tile_attention
+
+        sizes = block_sizes_for(length, config.block_q, config.block_kv, interpret=False)
+        layout = stlib.block_layout(mask or stlib.masks.full(length), sizes.block_q, sizes.block_kv)
+        options = TileOptions(**config.options)
+
+        def fn(q, k, v):
+            return tile_attention(q, k, v, layout, scale=config.head_dim**-0.5, options=options, interpret=False)
+    else:
+
+        def fn(q, k, v):
+            return stlib.attention(q, k, v, mask, impl=config.impl, block_q=config.block_q,
+                                   block_kv=config.block_kv, interpret=False)
+
+    start = time.perf_counter()
+    compile_for_tpu(fn, shape, shape, shape, chip=config.chip)
+    return time.perf_counter() - start
+
+
+def is_pallas_kernel(name: str) -> bool:
+    """Whether a dumped program is one of our Pallas kernels (stlib's or Splash's)."""
+    return name.startswith("stlib_") or "splash" in name
+
+
+def parse_dump(directory: str) -> dict[str, dict[str, int]]:
+    """Per Pallas kernel in a libtpu dump directory: bytes of scoped allocations by memory space
+    (``vmem``, ``smem``, ...), read from the last compiler pass that lists them."""
+    latest: dict[str, tuple[int, str]] = {}
+    for name in os.listdir(directory):
+        match = _STEP.match(name)
+        if not match or not is_pallas_kernel(match["kernel"]):
+            continue
+        path = os.path.join(directory, name)
+        with open(path, errors="replace") as handle:
+            text = handle.read()
+        if "space=vmem" not in text:
+            continue
+        step = int(match["step"])
+        if step >= latest.get(match["kernel"], (-1, ""))[0]:
+            latest[match["kernel"]] = (step, text)
+    if not latest:
+        raise RuntimeError(f"no Pallas kernel allocations found in the libtpu dump at {directory}; "
+                           "the dump format of this libtpu may differ from 0.0.42.1")
+    report = {}
+    for kernel, (_, text) in sorted(latest.items()):
+        spaces: dict[str, int] = {}
+        for _, space, size in set(_ALLOCATION.findall(text)):
+            spaces[space] = spaces.get(space, 0) + int(size, 16)
+        report[kernel] = spaces
+    return report
+
+
+def stlib_dir() -> Path:
+    """The directory of the ``stlib`` package (its parent is what puts ``stlib`` on sys.path)."""
+    import stlib
+
+    return Path(stlib.__file__).resolve().parent
+
+
+def compile_with_dump(config: KernelConfig, directory: str, timeout: float = 600) -> float:
+    """Compile ``config`` for its chip in a subprocess with libtpu's dump written to ``directory``;
+    return the compile seconds. Raises RuntimeError if compilation fails."""
+    env = dict(os.environ)
+    env["LIBTPU_INIT_ARGS"] = (env.get("LIBTPU_INIT_ARGS", "") + f" --xla_jf_dump_to={directory}").strip()
+    env.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    # the subprocess imports this very stlib, also where it is importable only through sys.path
+    env["PYTHONPATH"] = os.pathsep.join([str(stlib_dir().parent), *filter(None, [env.get("PYTHONPATH")])])
+    proc = subprocess.run([sys.executable, "-m", "stlib.compile_report", json.dumps(asdict(config))],
+                          capture_output=True, text=True, env=env, timeout=timeout, check=False)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"compiling {config} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(lines[-1])["compile_seconds"]
+
+
+def compile_report(config: KernelConfig, timeout: float = 600) -> dict:
+    """Compile ``config`` for its chip in a subprocess; return {"compile_seconds", "kernels":
+    {kernel name: {"vmem": bytes, "smem": bytes, ...}}}. Raises RuntimeError if compilation fails."""
+    with tempfile.TemporaryDirectory(prefix="stlib-dump-") as dump:
+        seconds = compile_with_dump(config, dump, timeout)
+        return {"compile_seconds": seconds, "kernels": parse_dump(dump)}
+
+
+def libtpu_version() -> str:
+    """The installed libtpu version."""
+    return importlib.metadata.version("libtpu")
+
+
+def check_libtpu() -> str:
+    """The installed libtpu version; raises ScheduleFormatError unless it is the pinned one."""
+    version = libtpu_version()
+    if version != PINNED_LIBTPU:
+        raise ScheduleFormatError(f"libtpu {version} is installed; the dump parser knows libtpu {PINNED_LIBTPU} only")
+    return version
+
+
+def _dump_files(directory: str) -> dict[str, tuple[str, str]]:
+    files: dict[str, dict[str, str]] = {}
+    for name in os.listdir(directory):
+        match = _STEP.match(name)
+        if match and is_pallas_kernel(match["kernel"]) and match["what"] in ("final_bundles",
+                                                                        "schedule-analysis_final_bundles"):
+            entry = files.setdefault(match["kernel"], {})
+            if match["what"] in entry:
+                raise ScheduleFormatError(f"two {match['what']} dumps for kernel {match['kernel']}")
+            entry[match["what"]] = Path(directory, name).read_text(errors="replace")
+    if not files or any(len(v) != 2 for v in files.values()):
+        raise ScheduleFormatError(f"no final_bundles + schedule-analysis pair per Pallas kernel in {directory}: "
+                                  f"{ {k: sorted(v) for k, v in files.items()} }")
+    return {k: (v["final_bundles"], v["schedule-analysis_final_bundles"]) for k, v in files.items()}
+
+
+def _read_hlo(directory: str) -> str:
+    names = [n for n in os.listdir(directory) if n.endswith("-TLP-hlo.txt")]
+    if len(names) != 1:
+        raise ScheduleFormatError(f"expected one ...-TLP-hlo.txt in the dump, found {names}")
+    return Path(directory, names[0]).read_text(errors="replace")
+
+
+_ITEMSIZE = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4, "s32": 4,
+             "u32": 4, "f64": 8, "s64": 8, "u64": 8}
+_ARRAY = re.compile(r"\b(pred|[fsu]\d+|bf16)\[([\d,]*)\]\{([^}]*)\}")
+_INSTR = re.compile(r"^\s*(?:ROOT )?(%[\w.\-]+) = (\(.*?\)|\S+) ([\w\-]+)\(([^)]*)\)")
+_NOT_GLUE = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "custom-call", "copy-done",
+             "after-all", "partition-id", "replica-id"}
+
+
+def glue_bytes(hlo: str) -> int:
+    """HBM bytes read and written by the XLA ops around the kernels (padding, scaling, merging,
+    slicing) in the entry computation of the scheduled HLO: outputs plus operands of every op that
+    is not a kernel call or a no-op. Arrays placed in other memory spaces (layout ``S(n)``) are
+    left out."""
+    entry = hlo[hlo.index("\nENTRY"):] if "\nENTRY" in hlo else ""
+    if not entry:
+        raise ScheduleFormatError("no ENTRY computation in the scheduled HLO")
+    sizes: dict[str, int] = {}
+    total = 0
+    for line in entry.split("\n")[1:]:
+        match = _INSTR.match(line)
+        if not match:
+            continue
+        name, shape, opcode, operands = match.groups()
+        size = sum(_ITEMSIZE[t] * math.prod(int(d) for d in dims.split(",") if d)
+                   for t, dims, layout in _ARRAY.findall(shape) if "S(" not in layout)
+        sizes[name] = size
+        if opcode not in _NOT_GLUE:
+            total += size + sum(sizes.get(op, 0) for op in re.findall(r"%[\w.\-]+", operands))
+    return total
+
+
+def main() -> None:
+    """``python -m stlib.compile_report CONFIG_JSON``: print the compile report of a KernelConfig;
+    in the compile subprocess (libtpu's dump on), compile and print the seconds only."""
+    if len(sys.argv) != 2:
+        raise SystemExit(__doc__)
+    config = KernelConfig(**json.loads(sys.argv[1]))
+    if "--xla_jf_dump_to" in os.environ.get("LIBTPU_INIT_ARGS", ""):
+        print(json.dumps({"compile_seconds": _build_and_compile(config)}))
+    else:
+        print(json.dumps(compile_report(config), indent=2))

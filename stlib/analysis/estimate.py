@@ -1,0 +1,234 @@
+"""A static TPU time estimate of one attention call from its compiled kernel schedules: the
+compiler as a stopwatch.
+
+Each Pallas kernel of the call is compiled for a v6e / v5e chip without a TPU, its scheduled bundles
+are attributed to control paths (``stlib.analysis.attribution``), multiplied by how often each path
+runs (``stlib.analysis.counts``) and turned into time through an explicit clock
+(``stlib.analysis.calibration``). A bundle issues in one cycle; stalls (DMA waits, MXU latency the
+schedule does not cover) are not in the count, so the HBM bytes the kernel's DMAs move / bandwidth
+floor the time. A static estimate, never a measurement: a libtpu or a dump this parser does not
+know raises ``ScheduleFormatError`` and no number is returned.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import pickle
+from dataclasses import dataclass
+
+import numpy as np
+
+from stlib.analysis.attribution import Attribution
+from stlib.analysis.cache import compiled_attributions
+from stlib.analysis.calibration import _clock
+from stlib.analysis.counts import Setup, path_counts
+from stlib.analysis.dump import KernelConfig, resolve_mask
+from stlib.analysis.schedule import ScheduleFormatError
+from stlib.configs import CASE_STUDY
+from stlib.roofline import ComputeOrMemoryBound
+
+METHOD = ("static estimate: VLIW bundles of the libtpu schedule per control path (1 bundle = 1 cycle, no "
+          "stalls) x path counts from the tile layout / clock, floored by kernel DMA bytes / HBM bandwidth")
+
+
+@dataclass(frozen=True)
+class KernelEstimate(ComputeOrMemoryBound):
+    kernel: str
+    grid_steps: int
+    cycles: int
+    breakdown: dict[str, dict]  # path -> {"bundles": per execution, "count": executions, "cycles"}
+    compute_seconds: float
+    dma_bytes: int
+    memory_seconds: float
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A static estimate of one attention call on a chip: kernels only (``seconds``), with the XLA
+    glue around them (padding, merging) as a separate memory floor (``glue_seconds``)."""
+
+    impl: str
+    mask: str
+    chip: str
+    config: dict
+    kernels: tuple[KernelEstimate, ...]
+    clock_hz: float
+    clock_assumption: str
+    glue_bytes: int
+    glue_seconds: float
+    libtpu_version: str
+    method: str = METHOD
+
+    @property
+    def cycles(self) -> int:
+        return sum(k.cycles for k in self.kernels)
+
+    @property
+    def compute_seconds(self) -> float:
+        return sum(k.compute_seconds for k in self.kernels)
+
+    @property
+    def memory_seconds(self) -> float:
+        return sum(k.memory_seconds for k in self.kernels)
+
+    @property
+    def seconds(self) -> float:
+        return sum(k.seconds for k in self.kernels)
+
+    def path_bundles(self) -> dict[str, int]:
+        """Bundles one grid step costs on each path: "skipped step" (grid-loop iteration + step
+        overhead), "tile" / "FULL tile" / "masked tile" (the same plus the kernel's compute region;
+        "tile" for a kernel whose compute is unconditional). Row init / finalisation not included."""
+        names = {"compute": "tile", "compute_full": "FULL tile", "compute_masked": "masked tile"}
+        out: dict[str, int] = {}
+        for k in self.kernels:
+            b = {p: v["bundles"] for p, v in k.breakdown.items()}
+            base = b["iteration"] + b["step"]
+            if not any(p in b for p in names):
+                out["tile"] = base
+                continue
+            out.setdefault("skipped step", base)
+            out.update({label: base + b[p] for p, label in names.items() if p in b})
+        return out
+
+    def as_record(self) -> dict:
+        """Flat fields for a benchmark record (all labelled as a static estimate)."""
+        return {
+            "estimate_method": self.method,
+            "estimate_static": True,
+            "estimate_chip": self.chip,
+            "estimate_ms": self.seconds * 1e3,
+            "estimate_compute_ms": self.compute_seconds * 1e3,
+            "estimate_memory_floor_ms": self.memory_seconds * 1e3,
+            "estimate_glue_floor_ms": self.glue_seconds * 1e3,
+            "estimate_cycles": self.cycles,
+            "estimate_clock_hz": self.clock_hz,
+            "estimate_clock_assumption": self.clock_assumption,
+            "estimate_libtpu": self.libtpu_version,
+            "estimate_breakdown": {k.kernel: k.breakdown for k in self.kernels},
+        }
+
+    def __str__(self) -> str:
+        lines = [(f"STATIC ESTIMATE (not a measurement) {self.impl} / {self.mask} on {self.chip}: "
+                  f"{self.seconds * 1e3:.2f} ms"),
+                 f"  clock: {self.clock_assumption}",
+                 f"  libtpu {self.libtpu_version}; {self.method}"]
+        for k in self.kernels:
+            lines.append(f"  kernel {k.kernel}: {k.grid_steps:,} grid steps, {k.cycles:,} cycles -> compute "
+                         f"{k.compute_seconds * 1e3:.2f} ms, DMA floor {k.memory_seconds * 1e3:.2f} ms "
+                         f"({k.dma_bytes / 1e9:.2f} GB), {k.bound}-bound")
+            for path, v in k.breakdown.items():
+                lines.append(f"    {path:<15} {v['bundles']:>7,} bundles x {v['count']:>11,} = "
+                             f"{v['cycles']:>15,} cycles ({v['cycles'] / max(k.cycles, 1):6.1%})")
+        lines.append(f"  XLA glue around the kernels (memory floor, not included): {self.glue_seconds * 1e3:.3f} ms")
+        return "\n".join(lines)
+
+
+def setup_for(impl: str, config: KernelConfig, mask) -> Setup:
+    """Resolve block sizes and options for ``mask`` exactly as the compile subprocess does."""
+    from stlib.kernels.common import block_sizes_for
+
+    length = (config.length or CASE_STUDY.num_tokens) if mask is None else mask.length
+    itemsize = np.dtype(config.dtype).itemsize if config.dtype != "bfloat16" else 2
+    if impl == "splash":
+        from stlib.kernels.splash import splash_blocks
+
+        blocks = splash_blocks(length, config.block_q, config.block_kv)
+        return Setup(impl, mask, length, config.num_heads, config.head_dim, itemsize, blocks.block_q,
+                     blocks.block_kv, blocks.block_kv_compute, {})
+    sizes = block_sizes_for(length, config.block_q, config.block_kv, interpret=False)
+    return Setup(impl, mask, length, config.num_heads, config.head_dim, itemsize, sizes.block_q, sizes.block_kv,
+                 sizes.block_kv_compute, dict(config.options))
+
+
+def make_config(impl: str, mask, chip: str, *, block_q=None, block_kv=None, options: dict | None = None,
+                num_heads: int = CASE_STUDY.num_heads, head_dim: int = CASE_STUDY.head_dim,
+                dtype: str = "bfloat16", length: int | None = None) -> tuple[KernelConfig, bytes | None]:
+    """The KernelConfig (and pickled mask, for a mask object) of an estimate request."""
+    from stlib.masks import Mask
+
+    mask_bytes = None
+    if mask is None:
+        mask = "none"
+    if isinstance(mask, Mask):
+        try:
+            mask_bytes = pickle.dumps(mask)
+        except Exception as err:  # any pickling failure means the same thing
+            raise TypeError(f"cannot send {mask!r} to the compile subprocess ({err}); use a named mask") from err
+        name = repr(mask)
+    elif isinstance(mask, str):
+        name = mask
+    else:
+        raise TypeError(f"mask must be a name, a stlib mask or None, got {type(mask).__name__}")
+    config = KernelConfig(impl=impl, mask=name if mask_bytes is None else "none", num_heads=num_heads,
+                          head_dim=head_dim, dtype=dtype, block_q=block_q, block_kv=block_kv, chip=chip,
+                          length=length)
+    if impl == "pallas_tile":
+        from stlib.kernels.tile import TileOptions
+
+        resolved = pickle.loads(mask_bytes) if mask_bytes else resolve_mask(config)
+        sizes = setup_for(impl, config, resolved)
+        opts = {"block_kv_compute": sizes.block_kv_compute, **(options or {})}
+        config = dataclasses.replace(config, options=dataclasses.asdict(TileOptions(**opts)))
+    elif options:
+        raise ValueError(f"options are TileOptions fields, only for impl='pallas_tile' (got impl={impl!r})")
+    return config, mask_bytes
+
+
+def estimate(impl: str, mask="none", chip: str = "v6e", *, block_q: int | None = None,
+             block_kv: int | None = None, options: dict | None = None, num_heads: int = CASE_STUDY.num_heads,
+             head_dim: int = CASE_STUDY.head_dim, dtype: str = "bfloat16", length: int | None = None,
+             clock="calibrated", use_cache: bool = True) -> Estimate:
+    """Static estimate of ``impl`` ("splash", "pallas_dense", "pallas_block_sparse", "pallas_tile")
+    on ``mask`` (a name: "none", "full", "band (density X)", "band (width W)", a case-study catalog
+    name; or a picklable stlib mask) for ``chip`` ("v6e" / "v5e"), [num_heads, length, head_dim]
+    inputs (length defaults to the case study's). ``options``: TileOptions fields for pallas_tile.
+    ``clock``: "calibrated" (default, see ``calibration``), "peak", or Hz.
+
+    Raises ScheduleFormatError when the libtpu or its dump is not the one this parser knows,
+    RuntimeError when the kernel does not compile."""
+    from stlib.device import CHIPS, chip_spec
+
+    if chip not in CHIPS:
+        raise ValueError(f"chip={chip!r} must be one of {CHIPS}")
+    config, mask_bytes = make_config(impl, mask, chip, block_q=block_q, block_kv=block_kv, options=options,
+                                     num_heads=num_heads, head_dim=head_dim, dtype=dtype, length=length)
+    compiled = compiled_attributions(impl, config, mask_bytes, use_cache)
+    setup = setup_for(impl, config, pickle.loads(mask_bytes) if mask_bytes else resolve_mask(config))
+    attributions = [Attribution(**{**k, "grid": k["grid"] and tuple(k["grid"])}) for k in compiled["kernels"]]
+    if impl == "pallas_block_sparse" and sum(p.startswith("compute") for p in attributions[0].paths) == 2:
+        _check_block_sparse_probe(attributions[0], config, setup, use_cache)
+    hz, assumption = _clock(clock, chip, use_cache)
+    bandwidth = chip_spec(chip).hbm_bandwidth
+    kernels = []
+    for att in attributions:
+        counts = path_counts(setup, att)
+        if counts.grid_steps != att.grid_steps:
+            raise ScheduleFormatError(f"{att.kernel}: the dump's grid loop runs {att.grid_steps} steps, the layout "
+                                      f"says {counts.grid_steps}")
+        executions = {"call": 1, "iteration": att.trip, "step": att.grid_steps, **counts.counts}
+        breakdown = {}
+        for path, bundles in att.paths.items():
+            if path not in executions:
+                raise ScheduleFormatError(f"{att.kernel}: no count for path {path!r}")
+            breakdown[path] = {"bundles": bundles, "count": executions[path], "cycles": bundles * executions[path]}
+        cycles = sum(v["cycles"] for v in breakdown.values())
+        kernels.append(KernelEstimate(att.kernel, att.grid_steps, cycles, breakdown, cycles / hz,
+                                      counts.dma_bytes, counts.dma_bytes / bandwidth))
+    return Estimate(impl, mask if isinstance(mask, str) else repr(mask), chip, dataclasses.asdict(config),
+                    tuple(kernels), hz, assumption, compiled["glue_bytes"], compiled["glue_bytes"] / bandwidth,
+                    compiled["key"]["libtpu"])
+
+
+def _check_block_sparse_probe(att: Attribution, config: KernelConfig, setup: Setup, use_cache: bool) -> None:
+    """Which of block-sparse's two compute regions is the mask-free one? Compile a probe with the
+    same blocks where no tile needs a mask (the masked region is not traced at all) and compare."""
+    length = 2 * math.lcm(setup.block_q, setup.block_kv)
+    probe = dataclasses.replace(config, mask="full", length=length, num_heads=1, chip=config.chip)
+    kernels = compiled_attributions("pallas_block_sparse", probe, None, use_cache)["kernels"]
+    free = kernels[0]["paths"].get("compute_full")
+    full, masked = att.paths["compute_full"], att.paths["compute_masked"]
+    if free is None or abs(free - full) > 0.02 * full or abs(free - full) >= abs(free - masked):
+        raise ScheduleFormatError(f"probe without masked tiles has a {free}-bundle compute region; the two "
+                                  f"regions here have {full} and {masked}: cannot tell which is mask-free")

@@ -1,0 +1,64 @@
+"""The calibration table (dense Splash at several block sizes) and the case-study table (every
+kernel at the benchmark band densities and the sliding-tile pattern), as static estimates."""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+from stlib.analysis.calibration import PUBLISHED_DENSE_SPLASH_SECONDS, calibration
+from stlib.analysis.estimate import estimate
+from stlib.configs import DENSITIES
+
+SPLASH_BLOCKS = ((512, 1024), (512, 2048), (1024, 1024), (1024, 2048), (2048, 2048))
+STA_MASK = "sliding tile, 3-D tiled order"
+TABLE_KERNELS = (
+    ("splash", {}),  # bands only: the sliding-tile order has no lazy Splash mask
+    ("pallas_dense", {}),
+    ("pallas_block_sparse", {}),
+    ("pallas_tile", {"form": "rows"}),
+    ("pallas_tile", {"form": "flat"}),
+    ("pallas_tile", {"form": "rows", "boundary": "balanced"}),
+    ("pallas_tile", {"form": "flat", "boundary": "balanced"}),
+)
+
+
+def _parallel(fn, items, workers: int | None = None):
+    with ThreadPoolExecutor(max_workers=workers or max(1, min(4, os.cpu_count() or 1))) as pool:
+        return list(pool.map(lambda item: fn(*item), items))
+
+
+def calibration_table(use_cache: bool = True) -> list[dict]:
+    """Dense Splash at the case-study shape for several block sizes: static cycles, the clock each
+    would imply for the published 78.70 ms, and its estimate under the one calibration."""
+    cal = calibration(use_cache)
+
+    def one(bq, bkv):
+        est = estimate("splash", "full", "v6e", block_q=bq, block_kv=bkv, use_cache=use_cache)
+        return {"block_q": bq, "block_kv": bkv, "grid_steps": est.kernels[0].grid_steps, "cycles": est.cycles,
+                "implied_clock_ghz": est.cycles / PUBLISHED_DENSE_SPLASH_SECONDS / 1e9,
+                "estimate_ms": est.seconds * 1e3, "memory_floor_ms": est.memory_seconds * 1e3,
+                "paths": est.path_bundles()}
+
+    rows = _parallel(one, SPLASH_BLOCKS)
+    for row in rows:
+        row["calibrated_clock_ghz"] = cal.implied_clock_hz / 1e9
+    return rows
+
+
+def case_study_table(chip: str = "v6e", use_cache: bool = True) -> list[dict]:
+    """Every stlib kernel (and Splash) at the case-study shape: bands at DENSITIES and the
+    sliding-tile pattern (3-D tiled order, 384-token tiles)."""
+    masks_ = [(f"band (density {d})", None) for d in DENSITIES] + [(STA_MASK, 384)]
+    calibration(use_cache)
+    items = [(impl, opts, m, b) for impl, opts in TABLE_KERNELS for m, b in masks_
+             if not (impl == "splash" and m == STA_MASK)]
+
+    def one(impl, opts, mask, block):
+        est = estimate(impl, mask, chip, block_q=block, block_kv=block, options=opts or None, use_cache=use_cache)
+        label = impl + ("" if not opts else " " + ",".join(str(v) for v in opts.values()))
+        return {"kernel": label, "mask": mask, "estimate_ms": est.seconds * 1e3,
+                "compute_ms": est.compute_seconds * 1e3, "memory_floor_ms": est.memory_seconds * 1e3,
+                "grid_steps": sum(k.grid_steps for k in est.kernels), "paths": est.path_bundles()}
+
+    return _parallel(one, items)

@@ -1,0 +1,293 @@
+"""The mask protocol and what every mask shares: ``Mask`` (evaluation, value identity, children),
+the ``&`` / ``|`` combinator, head views, permuted views and the interval helpers they use.
+
+A mask answers "may query i see key j" lazily, never as L x L, in three forms: ``allowed(q, k,
+head)``, a vectorised predicate on broadcastable integer index arrays (numpy, or jax arrays inside
+a kernel when ``mask.traceable``); ``block(q0, q1, k0, k1, head)``, one bool block; and
+``key_intervals(rows, head)``, the allowed keys of each query row as disjoint half-open intervals
+``[start, end)`` of shape [n, K] each, from which layouts count allowed pairs per tile (layout.py).
+Masks compare and hash by value (``_key``: their parameters, and their children for composites),
+so caches key on them, and ``children()`` lists the sub-masks a mask is built from.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import numpy as np
+
+from stlib.geometry import TokenOrder
+
+#: Largest L for which ``to_dense`` / brute-force fallbacks materialise L x L.
+DENSE_LIMIT = 16_384
+#: A per-head mask is evaluated in-kernel only with at most this many distinct head masks.
+MAX_TRACED_HEAD_MASKS = 4
+
+
+def _xp(*arrays):
+    """numpy for numpy inputs, jax.numpy when any input is a jax array (inside a kernel)."""
+    for a in arrays:
+        if type(a).__module__.startswith("jax"):
+            import jax.numpy as jnp
+
+            return jnp
+    return np
+
+
+class CombineOp(enum.Enum):
+    """How ``_Combined`` joins its two masks: ``a & b`` or ``a | b``."""
+
+    AND = "&"
+    OR = "|"
+
+
+class Mask:
+    """Base class. Subclasses set ``length`` and ``num_heads``, implement ``_allowed`` and define
+    their value in ``_key`` (and ``children`` when they are built from other masks)."""
+
+    length: int
+    num_heads: int | None = None  # None: the same mask for every head
+    traceable: bool = False  # _allowed works on jax arrays (so a kernel can evaluate it from iota)
+    has_intervals: bool = True
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.length, self.length)
+
+    # --- identity ---------------------------------------------------------------------------
+    def _key(self) -> tuple:
+        """The mask's value: its parameters (sub-masks included as masks), equal exactly for
+        masks of the same type that allow the same pairs by construction."""
+        raise NotImplementedError(f"{type(self).__name__} must define _key() to compare and hash by value")
+
+    def children(self) -> tuple[Mask, ...]:
+        """The masks this mask is built from, () for a leaf."""
+        return ()
+
+    def __eq__(self, other):
+        if self is other:
+            return True
+        if not isinstance(other, Mask):
+            return NotImplemented
+        return type(self) is type(other) and self._key() == other._key()
+
+    def __hash__(self):
+        return hash((type(self), self._key()))
+
+    # --- evaluation -------------------------------------------------------------------------
+    def allowed(self, q, k, head: int = 0):
+        """bool array broadcast from integer index arrays ``q`` and ``k`` (each in [0, L)).
+        Raises ValueError for an index out of range or a bad head."""
+        self._check_head(head)
+        if _xp(q, k) is np:
+            q, k = np.asarray(q), np.asarray(k)
+            for name, idx in (("q", q), ("k", k)):
+                if not np.issubdtype(idx.dtype, np.integer):
+                    raise TypeError(f"{name} indices must be integers, got {idx.dtype}")
+                if idx.size and (idx.min() < 0 or idx.max() >= self.length):
+                    raise ValueError(f"{name} indices must lie in [0, {self.length}), got [{idx.min()}, {idx.max()}]")
+        return self._allowed(q, k, head)
+
+    def _allowed(self, q, k, head):
+        raise NotImplementedError
+
+    def block(self, q0: int, q1: int, k0: int, k1: int, head: int = 0) -> np.ndarray:
+        """bool [q1-q0, k1-k0]: the mask on rows q0:q1 and columns k0:k1."""
+        for name, lo, hi in (("q", q0, q1), ("k", k0, k1)):
+            if not (0 <= lo <= hi <= self.length):
+                raise ValueError(f"block {name} range [{lo}, {hi}) is outside [0, {self.length})")
+        q = np.arange(q0, q1)[:, None]
+        k = np.arange(k0, k1)[None, :]
+        return np.broadcast_to(self.allowed(q, k, head), (q1 - q0, k1 - k0)).copy()
+
+    def key_intervals(self, rows: np.ndarray, head: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """Allowed keys of each query row as disjoint intervals: (start, end), int64 [n, K] each."""
+        self._check_head(head)
+        if not self.has_intervals:
+            raise NotImplementedError(f"{type(self).__name__} has no interval form; build its layout densely")
+        starts, ends = self._intervals(np.asarray(rows, dtype=np.int64), head)
+        return starts, np.maximum(ends, starts)
+
+    def _intervals(self, rows, head):
+        raise NotImplementedError
+
+    def to_dense(self) -> np.ndarray:
+        """bool [L, L], or [H, L, L] for per-head masks. Only for L <= DENSE_LIMIT."""
+        if self.length > DENSE_LIMIT:
+            raise ValueError(
+                f"to_dense() would materialise {self.length}^2 = {self.length**2:.3g} pairs per head; "
+                f"it is limited to L <= {DENSE_LIMIT}. Use block() or stlib.block_layout instead."
+            )
+        if self.num_heads is None:
+            return self.block(0, self.length, 0, self.length)
+        return np.stack([self.block(0, self.length, 0, self.length, h) for h in range(self.num_heads)])
+
+    def token_validity(self) -> np.ndarray | None:
+        """bool [L]: False at padding slots (of a permuted view inside this mask); None if every
+        token is real."""
+        return None
+
+    def _check_head(self, head):
+        if self.num_heads is not None and not (0 <= head < self.num_heads):
+            raise ValueError(f"head={head} is out of range for a mask with {self.num_heads} heads")
+
+    # --- combinators ------------------------------------------------------------------------
+    def __and__(self, other: Mask) -> Mask:
+        return _Combined(self, other, CombineOp.AND)
+
+    def __or__(self, other: Mask) -> Mask:
+        return _Combined(self, other, CombineOp.OR)
+
+    def permute(self, order: TokenOrder) -> Mask:
+        """This mask seen in another token order (padding slots see and are seen by nothing)."""
+        return PermutedMask(self, order)
+
+    def head(self, index: int) -> Mask:
+        """The single-head mask of head ``index`` (the mask itself when it is head-uniform)."""
+        self._check_head(index)
+        return self if self.num_heads is None else _HeadView(self, index)
+
+    def __repr__(self):
+        heads = "" if self.num_heads is None else f", heads={self.num_heads}"
+        return f"{type(self).__name__}(L={self.length}{heads})"
+
+
+# --------------------------------------------------------------------------------------------
+# interval helpers (all vectorised over rows)
+
+
+def _union_intervals(starts, ends):
+    """Make [n, K] intervals disjoint: sort by start, keep only what earlier intervals left."""
+    order = np.argsort(starts, axis=1, kind="stable")
+    s = np.take_along_axis(starts, order, axis=1)
+    e = np.take_along_axis(ends, order, axis=1)
+    e = np.where(e > s, e, s)
+    reach = np.maximum.accumulate(e, axis=1)
+    prev = np.concatenate([np.full((s.shape[0], 1), np.iinfo(np.int64).min), reach[:, :-1]], axis=1)
+    new_s = np.maximum(s, prev)
+    return new_s, np.maximum(e, new_s)
+
+
+def _intersect_intervals(s1, e1, s2, e2):
+    s = np.maximum(s1[:, :, None], s2[:, None, :]).reshape(s1.shape[0], -1)
+    e = np.minimum(e1[:, :, None], e2[:, None, :]).reshape(s1.shape[0], -1)
+    return s, np.maximum(e, s)
+
+
+def _and_validity(a, b):
+    if a is None or b is None:
+        return b if a is None else a
+    return a & b
+
+
+def _merge_heads(a: Mask, b: Mask) -> int | None:
+    if a.num_heads is not None and b.num_heads is not None and a.num_heads != b.num_heads:
+        raise ValueError(f"cannot combine masks with {a.num_heads} and {b.num_heads} heads")
+    return a.num_heads if a.num_heads is not None else b.num_heads
+
+
+# --------------------------------------------------------------------------------------------
+# composites: combinations, head views, permuted views
+
+
+class _Combined(Mask):
+    """``a & b`` or ``a | b`` (``op``), pair by pair and head by head."""
+
+    def __init__(self, a: Mask, b: Mask, op: CombineOp):
+        if not isinstance(a, Mask) or not isinstance(b, Mask):
+            raise TypeError(f"can only combine Mask objects, got {type(a).__name__} and {type(b).__name__}")
+        if a.length != b.length:
+            raise ValueError(f"cannot combine masks of lengths {a.length} and {b.length}")
+        self.a, self.b, self.op = a, b, CombineOp(op)
+        self.length = a.length
+        self.num_heads = _merge_heads(a, b)
+        self.traceable = a.traceable and b.traceable
+        self.has_intervals = a.has_intervals and b.has_intervals
+
+    def _key(self):
+        return (self.a, self.b, self.op)
+
+    def children(self):
+        return (self.a, self.b)
+
+    def token_validity(self):
+        return _and_validity(self.a.token_validity(), self.b.token_validity())
+
+    def _allowed(self, q, k, head):
+        x, y = self.a._allowed(q, k, head), self.b._allowed(q, k, head)
+        return (x & y) if self.op is CombineOp.AND else (x | y)
+
+    def _intervals(self, rows, head):
+        s1, e1 = self.a.key_intervals(rows, head)
+        s2, e2 = self.b.key_intervals(rows, head)
+        if self.op is CombineOp.AND:
+            return _intersect_intervals(s1, e1, s2, e2)
+        return _union_intervals(np.concatenate([s1, s2], axis=1), np.concatenate([e1, e2], axis=1))
+
+    def __repr__(self):
+        return f"({self.a!r} {self.op.value} {self.b!r})"
+
+
+class _HeadView(Mask):
+    """Head ``index`` of a per-head ``mask``, as a head-uniform mask."""
+
+    def __init__(self, mask: Mask, index: int):
+        self.mask, self.index = mask, index
+        self.length, self.traceable, self.has_intervals = mask.length, mask.traceable, mask.has_intervals
+
+    def _key(self):
+        return (self.mask, self.index)
+
+    def children(self):
+        return (self.mask,)
+
+    def token_validity(self):
+        return self.mask.token_validity()
+
+    def _allowed(self, q, k, head):
+        return self.mask._allowed(q, k, self.index)
+
+    def _intervals(self, rows, head):
+        return self.mask.key_intervals(rows, self.index)
+
+
+class PermutedMask(Mask):
+    """``base`` viewed in ``order``: position i holds raster token ``order.perm[i]``."""
+
+    has_intervals = False  # layouts use base intervals + the permutation (layout.py)
+
+    def __init__(self, base: Mask, order: TokenOrder):
+        if not isinstance(order, TokenOrder):
+            raise TypeError(f"order must be a TokenOrder, got {type(order).__name__}")
+        if order.num_tokens != base.length:
+            raise ValueError(f"order {order.name!r} permutes {order.num_tokens} tokens, the mask has {base.length}")
+        self.base, self.order = base, order
+        self.length = order.length
+        self.num_heads = base.num_heads
+        # traceable when the order has an arithmetic form (raster, token-major, padded tiled)
+        self.traceable = base.traceable and order.raster_of is not None
+
+    def _key(self):
+        return (self.base, self.order)
+
+    def children(self):
+        return (self.base,)
+
+    def head(self, index):
+        self._check_head(index)
+        return self if self.num_heads is None else PermutedMask(self.base.head(index), self.order)
+
+    def token_validity(self):
+        return self.order.valid
+
+    def _allowed(self, q, k, head):
+        xp = _xp(q, k)
+        if xp is np:
+            pq, pk = self.order.perm[q], self.order.perm[k]
+        else:
+            pq, pk = self.order.raster_of(q), self.order.raster_of(k)
+        ok = self.base._allowed(xp.maximum(pq, 0), xp.maximum(pk, 0), head)
+        return ok & (pq >= 0) & (pk >= 0)
+
+    def __repr__(self):
+        return f"{self.base!r}.permute({self.order.name!r})"

@@ -1,0 +1,203 @@
+"""Plain sequence masks, defined on token indices alone: every key (``full``), a 1-D band
+(``band``, with the SVG band budget ``band_width_for_density``), an explicit bool array
+(``from_array``, identified by its shape and a digest of its bytes) and a different mask per head
+(``per_head``, whose distinct head masks, by value, a kernel evaluates and selects between).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from functools import cached_property
+
+import numpy as np
+
+from stlib._checks import check_fraction, check_positive_int
+from stlib.masks.base import MAX_TRACED_HEAD_MASKS, Mask, _xp
+
+
+class FullMask(Mask):
+    traceable = True
+
+    def __init__(self, length: int):
+        self.length = check_positive_int("length", length)
+
+    def _key(self):
+        return (self.length,)
+
+    def _allowed(self, q, k, head):
+        xp = _xp(q, k)
+        return xp.ones(xp.broadcast_shapes(xp.shape(q), xp.shape(k)), dtype=bool)
+
+    def _intervals(self, rows, head):
+        n = rows.shape[0]
+        return np.zeros((n, 1), np.int64), np.full((n, 1), self.length, np.int64)
+
+
+class BandMask(Mask):
+    """|q - k| <= width."""
+
+    traceable = True
+
+    def __init__(self, length: int, width: int):
+        self.length = check_positive_int("length", length)
+        self.width = check_positive_int("width", width, allow_zero=True)
+
+    def _key(self):
+        return (self.length, self.width)
+
+    def _allowed(self, q, k, head):
+        return abs(q - k) <= self.width
+
+    def _intervals(self, rows, head):
+        s = np.maximum(rows - self.width, 0)
+        e = np.minimum(rows + self.width + 1, self.length)
+        return s[:, None], e[:, None]
+
+    def __repr__(self):
+        return f"BandMask(L={self.length}, width={self.width})"
+
+
+class ArrayMask(Mask):
+    """An explicit bool [L, L] or [H, L, L] array (held read-only: the mask hashes its bytes)."""
+
+    def __init__(self, array):
+        array = np.asarray(array)
+        if array.dtype != bool:
+            raise TypeError(f"from_array expects a bool array, got dtype {array.dtype}")
+        if array.ndim not in (2, 3) or array.shape[-1] != array.shape[-2]:
+            raise ValueError(f"from_array expects [L, L] or [H, L, L], got shape {array.shape}")
+        array = array.view()
+        array.flags.writeable = False
+        self.array = array
+        self.length = array.shape[-1]
+        self.num_heads = array.shape[0] if array.ndim == 3 else None
+
+    @cached_property
+    def _digest(self) -> bytes:
+        """128-bit BLAKE2 digest of the array's bytes, computed once."""
+        return hashlib.blake2b(np.ascontiguousarray(self.array).tobytes(), digest_size=16).digest()
+
+    def _key(self):
+        return (self.array.shape, self._digest)
+
+    def _dense(self, head):
+        return self.array if self.array.ndim == 2 else self.array[head]
+
+    def _allowed(self, q, k, head):
+        return self._dense(head)[q, k]
+
+    def _intervals(self, rows, head):
+        return _runs(self._dense(head)[rows])
+
+
+def _runs(rows_bool: np.ndarray):
+    """Run-length intervals of each row of a bool [n, L] array, padded with empty intervals."""
+    n, length = rows_bool.shape
+    padded = np.zeros((n, length + 2), dtype=np.int8)
+    padded[:, 1:-1] = rows_bool
+    edges = np.diff(padded, axis=1)
+    r_s, c_s = np.nonzero(edges == 1)
+    r_e, c_e = np.nonzero(edges == -1)
+    counts = np.bincount(r_s, minlength=n)
+    width = max(int(counts.max()) if n else 0, 1)
+    slot = np.arange(r_s.size) - np.repeat(np.cumsum(counts) - counts, counts)
+    starts = np.zeros((n, width), np.int64)
+    ends = np.zeros((n, width), np.int64)
+    starts[r_s, slot] = c_s
+    ends[r_e, slot] = c_e
+    return starts, ends
+
+
+class MultiHeadMask(Mask):
+    """A different mask per head."""
+
+    def __init__(self, masks):
+        masks = list(masks)
+        if not masks:
+            raise ValueError("per_head needs at least one mask")
+        for i, m in enumerate(masks):
+            if not isinstance(m, Mask):
+                raise TypeError(f"per_head: entry {i} is a {type(m).__name__}, not a Mask")
+            if m.num_heads is not None:
+                raise ValueError(f"per_head: entry {i} is already a {m.num_heads}-head mask")
+            if m.length != masks[0].length:
+                raise ValueError(f"per_head: entry {i} has length {m.length}, entry 0 has {masks[0].length}")
+        self.masks = masks
+        self.length = masks[0].length
+        self.num_heads = len(masks)
+        self.has_intervals = all(m.has_intervals for m in masks)
+        # a kernel evaluates every distinct head mask (by value) and selects by head, so keep that
+        # list short
+        self.distinct = list(dict.fromkeys(masks))
+        self.traceable = all(m.traceable for m in masks) and len(self.distinct) <= MAX_TRACED_HEAD_MASKS
+
+    def _key(self):
+        return tuple(self.masks)
+
+    def children(self):
+        return tuple(self.masks)
+
+    def head(self, index):
+        self._check_head(index)
+        return self.masks[index]
+
+    def token_validity(self):
+        valid = [m.token_validity() for m in self.distinct]
+        if all(v is None for v in valid):
+            return None
+        valid = [np.ones(self.length, bool) if v is None else v for v in valid]
+        if any(not np.array_equal(v, valid[0]) for v in valid):
+            raise ValueError("per-head masks must put padding slots at the same positions")
+        return valid[0]
+
+    def _allowed(self, q, k, head):
+        if isinstance(head, (int, np.integer)):
+            return self.masks[head]._allowed(q, k, 0)
+        # head is a traced scalar (inside a kernel): select among the distinct masks
+        import jax.numpy as jnp
+
+        out = None
+        for candidate in self.distinct:
+            heads = [h for h, m in enumerate(self.masks) if m == candidate]
+            mine = head == heads[0]
+            for h in heads[1:]:
+                mine = mine | (head == h)
+            value = candidate._allowed(q, k, 0).astype(jnp.int32)  # Mosaic selects int, not bool, vectors
+            out = value if out is None else jnp.where(mine, value, out)
+        return out != 0
+
+    def _intervals(self, rows, head):
+        return self.masks[head].key_intervals(rows)
+
+    def __repr__(self):
+        return f"per_head([{', '.join(repr(m) for m in self.masks)}])"
+
+
+def full(length: int) -> Mask:
+    """Every query sees every key."""
+    return FullMask(length)
+
+
+def band(length: int, width: int) -> Mask:
+    """|q - k| <= width (a 1-D sliding window)."""
+    return BandMask(length, width)
+
+
+def from_array(array) -> Mask:
+    """A mask from an explicit bool [L, L] or [H, L, L] array (kept as a read-only view: do not
+    change the array afterwards, the mask is identified by its bytes)."""
+    return ArrayMask(array)
+
+
+def per_head(masks) -> Mask:
+    """Head h uses ``masks[h]`` (all the same length, each head-uniform)."""
+    return MultiHeadMask(masks)
+
+
+def band_width_for_density(length: int, density: float) -> int:
+    """SVG band budget: w = L * (1 - sqrt(1 - density)) rounded up to a multiple of 128."""
+    check_positive_int("length", length)
+    check_fraction("density", density)
+    width = length * (1.0 - math.sqrt(1.0 - density))
+    return int(min(math.ceil(width / 128.0) * 128, length))
