@@ -107,12 +107,14 @@ def chip_spec(chip: str) -> Chip:
     return CHIP_TABLE[chip]
 
 
+def chip_of_device_kind(kind: str) -> str | None:
+    """The chip-table name of a jax ``device_kind`` string ("TPU v6 lite" -> "v6e"), else None."""
+    return next((chip.name for chip in CHIP_TABLE.values() if kind.lower() in chip.device_kinds), None)
+
+
 def current_chip() -> str | None:
     """The chip-table name of the TPU this process runs on, else None (CPU, GPU, an unknown TPU)."""
-    if not on_tpu():
-        return None
-    kind = device_kind().lower()
-    return next((chip.name for chip in CHIP_TABLE.values() if kind in chip.device_kinds), None)
+    return chip_of_device_kind(device_kind()) if on_tpu() else None
 
 
 def smem_limit() -> int:

@@ -1,4 +1,4 @@
-"""The static TPU time estimate (stlib.analysis.estimate): the libtpu pin, then self-consistency of
+"""The static TPU time estimate (stlib.analysis.kernel_estimate): the libtpu pin, then self-consistency of
 estimates from real deviceless compilations for v6e at small shapes (libtpu's dump, no TPU
 needed)."""
 

@@ -4,15 +4,13 @@ Pallas kernel) and the static time estimate read from the compiled schedule.
 Modules, in the order of the analysis: ``dump`` (compile in a subprocess with libtpu's dump on, read
 the dump), ``schedule`` (the bundle / region parser), ``attribution`` (bundles per control path),
 ``cache`` (compiled attributions on disk), ``counts`` (executions of each path from the tile
-layout), ``calibration`` (the clock), ``estimate``, ``tables`` and ``cli``
-(``python -m stlib.estimate``). The functions ``estimate`` and ``calibration`` re-exported here
-shadow their modules as attributes of this package: import from the modules by name
-(``from stlib.analysis.estimate import Estimate``).
+layout and each kernel's registry entry), ``clock`` (peak-implied clocks and the calibration),
+``kernel_estimate`` (the estimate), ``tables`` and ``cli`` (``python -m stlib.estimate``).
 """
 
 from stlib.analysis.attribution import Attribution, attribute
 from stlib.analysis.cache import cache_dir, compiled_attributions
-from stlib.analysis.calibration import Calibration, calibration, peak_clock_hz
+from stlib.analysis.clock import Calibration, calibration, peak_clock_hz
 from stlib.analysis.counts import PathCounts, Setup, path_counts
 from stlib.analysis.dump import (
     KernelConfig,
@@ -25,7 +23,7 @@ from stlib.analysis.dump import (
     parse_dump,
     resolve_mask,
 )
-from stlib.analysis.estimate import METHOD, Estimate, KernelEstimate, estimate, make_config, setup_for
+from stlib.analysis.kernel_estimate import METHOD, Estimate, KernelEstimate, estimate, make_config, setup_for
 from stlib.analysis.schedule import (
     PINNED_LIBTPU,
     Schedule,

@@ -89,21 +89,15 @@ def attribute(schedule: Schedule, impl: str, kernel: str) -> Attribution:
                        [operands[i] for i in range(len(operands))])
 
 
-# --------------------------------------------------------------------------------------------
-# per-kernel rules: the conditional compute regions of each kernel (to become its kernel's entry)
-
-
 def _compute_names(impl: str, kernel: str, n: int) -> list[str]:
-    if impl == "splash":
-        expected = ["compute"]
-    elif impl == "pallas_dense":
-        expected = []
-    elif impl == "pallas_block_sparse":
-        expected = ["compute_full", "compute_masked"][:n] if n in (1, 2) else ["?"]
-    elif impl == "pallas_tile":
-        expected = ["compute_full" if kernel.startswith("stlib_tile_full") else "compute_masked"]
-    else:
+    """The names of the n conditional compute regions of ``kernel``, from ``impl``'s registry entry.
+    Raises ScheduleFormatError when the entry expects another number of regions."""
+    from stlib import registry
+
+    implementation = registry.get(impl)
+    if implementation.compute_regions is None:
         raise ValueError(f"no attribution rules for impl={impl!r}")
+    expected = implementation.compute_regions(kernel, n)
     if len(expected) != n:
         raise ScheduleFormatError(f"{kernel}: {n} conditional compute regions, expected {len(expected)} for {impl}")
     return expected

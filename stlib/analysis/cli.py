@@ -13,11 +13,12 @@ from __future__ import annotations
 import argparse
 import json
 
-from stlib.analysis.calibration import calibration, peak_clock_hz
+from stlib.analysis.clock import ESTIMATE_CHIPS, calibration, peak_clock_hz
 from stlib.analysis.dump import libtpu_version
-from stlib.analysis.estimate import estimate
+from stlib.analysis.kernel_estimate import estimate
 from stlib.analysis.tables import STA_MASK, calibration_table, case_study_table
 from stlib.configs import CASE_STUDY, PUBLISHED
+from stlib.kernels.tile import BoundaryPolicy, GridForm
 
 
 def _print_calibration(rows) -> None:
@@ -30,7 +31,7 @@ def _print_calibration(rows) -> None:
               f"{r['implied_clock_ghz']:>11.3f} {r['estimate_ms']:>8.2f} {r['memory_floor_ms']:>12.2f}  {r['paths']}")
     cal = calibration()
     print(f"calibration: {cal.describe('v6e')}")
-    for chip in ("v6e", "v5e"):
+    for chip in ESTIMATE_CHIPS:
         print(f"  {chip}: calibrated {cal.clock_hz(chip) / 1e9:.3f} GHz; peak-implied {peak_clock_hz(chip) / 1e9:.3f} GHz")
 
 
@@ -62,18 +63,18 @@ def main(argv=None) -> None:
     one = sub.add_parser("kernel", help="estimate one kernel call")
     one.add_argument("impl")
     one.add_argument("mask", nargs="?", default="none")
-    one.add_argument("--chip", default="v6e", choices=["v6e", "v5e"])
+    one.add_argument("--chip", default="v6e", choices=ESTIMATE_CHIPS)
     one.add_argument("--block-q", type=int)
     one.add_argument("--block-kv", type=int)
-    one.add_argument("--form", choices=["rows", "flat"])
-    one.add_argument("--boundary", choices=["exact", "balanced"])
+    one.add_argument("--form", choices=[f.value for f in GridForm])
+    one.add_argument("--boundary", choices=[b.value for b in BoundaryPolicy])
     one.add_argument("--heads", type=int, default=CASE_STUDY.num_heads)
     one.add_argument("--length", type=int)
     one.add_argument("--clock", default="calibrated", help="'calibrated', 'peak' or Hz")
     one.add_argument("--json", action="store_true")
     sub.add_parser("calibrate", help="dense Splash at several block sizes; the implied clock")
     table = sub.add_parser("table", help="every stlib kernel at band densities 0.15-0.65 and sliding tile")
-    table.add_argument("--chip", default="v6e", choices=["v6e", "v5e"])
+    table.add_argument("--chip", default="v6e", choices=ESTIMATE_CHIPS)
     table.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if args.command == "kernel":

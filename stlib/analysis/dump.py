@@ -34,7 +34,7 @@ _BAND = re.compile(r"^band \((density|width) ([0-9.]+)\)$")
 @dataclass(frozen=True)
 class KernelConfig:
     """A kernel call at a named workload: ``mask`` names an entry of
-    ``stlib.layout_catalog.case_study_masks()``, or is "none" (dense attention), "full",
+    ``stlib.masks.case_study_masks()``, or is "none" (dense attention), "full",
     "band (density X)" or "band (width W)" on ``length`` tokens (default: the case study's);
     ``mask_file``: a pickled stlib mask used instead of ``mask``."""
 
@@ -46,7 +46,7 @@ class KernelConfig:
     block_q: int | None = None
     block_kv: int | None = None
     chip: str = "v6e"
-    options: dict = field(default_factory=dict)  # TileOptions fields for impl "pallas_tile"
+    options: dict = field(default_factory=dict)  # fields of the implementation's options type
     length: int | None = None
     mask_file: str | None = None
 
@@ -55,7 +55,7 @@ def resolve_mask(config: KernelConfig):
     """The stlib mask of ``config`` (None for "none"). Raises KeyError for an unknown name."""
     from stlib import masks
     from stlib.configs import CASE_STUDY
-    from stlib.layout_catalog import case_study_masks
+    from stlib.masks import case_study_masks
 
     if config.mask_file is not None:
         with open(config.mask_file, "rb") as handle:
@@ -93,21 +93,9 @@ def _build_and_compile(config: KernelConfig) -> float:
     length = (config.length or stlib.CASE_STUDY.num_tokens) if mask is None else mask.length
     shape = jax.ShapeDtypeStruct((config.num_heads, length, config.head_dim), jnp.dtype(config.dtype))
 
-    if config.impl == "pallas_tile" and config.options:
-        from stlib.kernels.common import block_sizes_for
-        from stlib.kernels.tile import TileOptions, tile_attention
-
-        sizes = block_sizes_for(length, config.block_q, config.block_kv, interpret=False)
-        layout = stlib.block_layout(mask or stlib.masks.full(length), sizes.block_q, sizes.block_kv)
-        options = TileOptions(**config.options)
-
-        def fn(q, k, v):
-            return tile_attention(q, k, v, layout, scale=config.head_dim**-0.5, options=options, interpret=False)
-    else:
-
-        def fn(q, k, v):
-            return stlib.attention(q, k, v, mask, impl=config.impl, block_q=config.block_q,
-                                   block_kv=config.block_kv, interpret=False)
+    def fn(q, k, v):
+        return stlib.attention(q, k, v, mask, impl=config.impl, block_q=config.block_q, block_kv=config.block_kv,
+                               options=config.options or None, interpret=False)
 
     start = time.perf_counter()
     compile_for_tpu(fn, shape, shape, shape, chip=config.chip)
@@ -115,8 +103,10 @@ def _build_and_compile(config: KernelConfig) -> float:
 
 
 def is_pallas_kernel(name: str) -> bool:
-    """Whether a dumped program is one of our Pallas kernels (stlib's or Splash's)."""
-    return name.startswith("stlib_") or "splash" in name
+    """Whether a dumped program is the Pallas kernel of a registered implementation."""
+    from stlib import registry
+
+    return registry.owner_of_kernel(name) is not None
 
 
 def parse_dump(directory: str) -> dict[str, dict[str, int]]:

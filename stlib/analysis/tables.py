@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 from concurrent.futures import ThreadPoolExecutor
 
-from stlib.analysis.calibration import PUBLISHED_DENSE_SPLASH_SECONDS, calibration
-from stlib.analysis.estimate import estimate
+from stlib.analysis.clock import PUBLISHED_DENSE_SPLASH_SECONDS, calibration
+from stlib.analysis.kernel_estimate import estimate
 from stlib.configs import DENSITIES
 
 SPLASH_BLOCKS = ((512, 1024), (512, 2048), (1024, 1024), (1024, 2048), (2048, 2048))

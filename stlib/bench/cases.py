@@ -124,10 +124,11 @@ def estimate_fields(case: Case) -> dict:
     (``stlib.estimate``; labelled as estimates, with method, clock and libtpu version), or the
     reason there is none."""
     from stlib import estimate
+    from stlib.analysis.clock import ESTIMATE_CHIPS
 
     out = {}
     mask = "full" if case.pattern == "dense" else case.kernel_mask
-    for chip in ("v6e", "v5e"):
+    for chip in ESTIMATE_CHIPS:
         try:
             record = estimate.estimate(case.impl, mask, chip, block_q=case.block_q, block_kv=case.block_kv,
                                        options=case.options or None).as_record()

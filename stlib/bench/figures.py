@@ -17,6 +17,7 @@ def _near_density(records: list[dict], density: float = 0.25) -> list[dict]:
 def draw_figures(data_dir: Path = DATA_DIR, figures_dir: Path | None = None) -> list[Path]:
     """Redraw the benchmark figures from the latest run of each record file (no hardware needed)."""
     from stlib import plotting
+    from stlib.device import chip_of_device_kind
 
     data_dir = Path(data_dir)
     figures_dir = Path(figures_dir or plotting.FIGURES_DIR)
@@ -37,8 +38,8 @@ def draw_figures(data_dir: Path = DATA_DIR, figures_dir: Path | None = None) -> 
         fig = plotting.speedup_vs_density([r for r in case if r["pattern"] != "dense"], dense["median_ms"],
                                           f"Speed-up over dense Splash, [{shape}]\n{where}")
         written.append(plotting.save(fig, figures_dir / "bench_case_study_speedup.png"))
-        if not case[0].get("interpret"):
-            chip = "v6e" if "v6" in case[0].get("device_kind", "").lower() else "v5e"
+        chip = chip_of_device_kind(case[0].get("device_kind", ""))
+        if not case[0].get("interpret") and chip is not None:
             fig = plotting.roofline_fraction(_near_density(case), chip, f"Fraction of the {chip} roofline, [{shape}]")
             written.append(plotting.save(fig, figures_dir / "bench_case_study_roofline.png"))
     work = read_records(data_dir / "case_study_work.jsonl", latest_run=True)

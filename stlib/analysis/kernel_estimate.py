@@ -4,7 +4,7 @@ compiler as a stopwatch.
 Each Pallas kernel of the call is compiled for a v6e / v5e chip without a TPU, its scheduled bundles
 are attributed to control paths (``stlib.analysis.attribution``), multiplied by how often each path
 runs (``stlib.analysis.counts``) and turned into time through an explicit clock
-(``stlib.analysis.calibration``). A bundle issues in one cycle; stalls (DMA waits, MXU latency the
+(``stlib.analysis.clock``). A bundle issues in one cycle; stalls (DMA waits, MXU latency the
 schedule does not cover) are not in the count, so the HBM bytes the kernel's DMAs move / bandwidth
 floor the time. A static estimate, never a measurement: a libtpu or a dump this parser does not
 know raises ``ScheduleFormatError`` and no number is returned.
@@ -21,7 +21,8 @@ import numpy as np
 
 from stlib.analysis.attribution import Attribution
 from stlib.analysis.cache import compiled_attributions
-from stlib.analysis.calibration import _clock
+from stlib.analysis.clock import ESTIMATE_CHIPS, _clock
+from stlib import registry
 from stlib.analysis.counts import Setup, path_counts
 from stlib.analysis.dump import KernelConfig, resolve_mask
 from stlib.analysis.schedule import ScheduleFormatError
@@ -164,15 +165,16 @@ def make_config(impl: str, mask, chip: str, *, block_q=None, block_kv=None, opti
     config = KernelConfig(impl=impl, mask=name if mask_bytes is None else "none", num_heads=num_heads,
                           head_dim=head_dim, dtype=dtype, block_q=block_q, block_kv=block_kv, chip=chip,
                           length=length)
-    if impl == "pallas_tile":
-        from stlib.kernels.tile import TileOptions
-
+    implementation = registry.get(impl)
+    fields = {f.name for f in dataclasses.fields(implementation.options_type)}
+    if "block_kv_compute" in fields:  # resolve the chunk here, so the config names the kernel exactly
         resolved = pickle.loads(mask_bytes) if mask_bytes else resolve_mask(config)
         sizes = setup_for(impl, config, resolved)
-        opts = {"block_kv_compute": sizes.block_kv_compute, **(options or {})}
-        config = dataclasses.replace(config, options=dataclasses.asdict(TileOptions(**opts)))
+        opts = implementation.options({"block_kv_compute": sizes.block_kv_compute, **(options or {})})
+        config = dataclasses.replace(config, options=dataclasses.asdict(opts))
     elif options:
-        raise ValueError(f"options are TileOptions fields, only for impl='pallas_tile' (got impl={impl!r})")
+        implementation.options(options)  # raises: this implementation takes no such options
+        config = dataclasses.replace(config, options=dict(options))
     return config, mask_bytes
 
 
@@ -188,10 +190,11 @@ def estimate(impl: str, mask="none", chip: str = "v6e", *, block_q: int | None =
 
     Raises ScheduleFormatError when the libtpu or its dump is not the one this parser knows,
     RuntimeError when the kernel does not compile."""
-    from stlib.device import CHIPS, chip_spec
+    from stlib.device import chip_spec
 
-    if chip not in CHIPS:
-        raise ValueError(f"chip={chip!r} must be one of {CHIPS}")
+    if chip not in ESTIMATE_CHIPS:
+        raise ValueError(f"chip={chip!r}: the static estimate covers {ESTIMATE_CHIPS} (the schedule reader "
+                         "knows their dump form)")
     config, mask_bytes = make_config(impl, mask, chip, block_q=block_q, block_kv=block_kv, options=options,
                                      num_heads=num_heads, head_dim=head_dim, dtype=dtype, length=length)
     compiled = compiled_attributions(impl, config, mask_bytes, use_cache)

@@ -8,16 +8,18 @@ from dataclasses import dataclass
 from stlib.configs import PUBLISHED
 
 PUBLISHED_DENSE_SPLASH_SECONDS = PUBLISHED["dense_splash_ms"] * 1e-3
+#: Chips the estimate covers: the schedule reader knows their dump form (TPU7x writes branches in
+#: another form, see ../shared/REFERENCE.md section 6, and has no reader yet) and a clock exists.
+ESTIMATE_CHIPS = ("v6e", "v5e")
 
 
 def peak_clock_hz(chip: str) -> float:
-    """bf16 peak / (2 flops x MXUs x MXU width^2), all from JAX's chip table. Caveat: the table
+    """bf16 peak / (2 flops x MXUs x MXU width^2), all from the chip table. Caveat: the table
     gives v6e 2 MXUs of 256 (3.5 GHz from this formula); some Google pages say 4 (1.75 GHz)."""
-    from jax._src.pallas.mosaic import tpu_info
-    from jax.experimental.pallas import tpu as pltpu
+    from stlib.device import chip_spec
 
-    info = pltpu.get_tpu_info_for_chip(tpu_info.ChipVersion(chip), 1)
-    return info.bf16_ops_per_second / (2 * info.num_mxus * info.mxu_column_size**2)
+    spec = chip_spec(chip)
+    return spec.bf16_flops / (2 * spec.num_mxus * spec.mxu_width**2)
 
 
 @dataclass(frozen=True)
@@ -48,7 +50,7 @@ _CALIBRATION: Calibration | None = None
 def calibration(use_cache: bool = True) -> Calibration:
     """The calibration (computed once per process; ``use_cache=False`` recompiles and recomputes it)."""
     global _CALIBRATION
-    from stlib.analysis.estimate import estimate  # the calibration is itself an estimate
+    from stlib.analysis.kernel_estimate import estimate  # the calibration is itself an estimate
 
     if _CALIBRATION is None or not use_cache:
         reference = estimate("splash", "full", "v6e", clock=1.0, use_cache=use_cache)
