@@ -9,6 +9,8 @@ and floor division agree; ``floordiv`` shifts possibly negative numerators first
 
 from __future__ import annotations
 
+import numpy as np
+
 #: Numerators are shifted by a multiple of the divisor at least this large before dividing.
 _SHIFT = 1 << 24
 
@@ -16,6 +18,15 @@ _SHIFT = 1 << 24
 def is_jax_array(x) -> bool:
     """Whether ``x`` is a jax array or tracer (inside a kernel), not a numpy array or a number."""
     return type(x).__module__.startswith("jax")
+
+
+def array_module(*arrays):
+    """numpy for numpy inputs and numbers, jax.numpy when any input is a jax array (inside a kernel)."""
+    if any(is_jax_array(a) for a in arrays):
+        import jax.numpy as jnp
+
+        return jnp
+    return np
 
 
 def cdiv(a: int, b: int) -> int:

@@ -84,6 +84,9 @@ class Chip:
 
 
 _MIB = 1 << 20
+#: The vreg tile of every chip in the table: 8 sublanes x 128 lanes (32-bit words); block shapes,
+#: SMEM tables and HBM layouts are padded to it.
+SUBLANES, LANES = 8, 128
 
 #: The chip table: adding a chip is one row. Scoped-VMEM defaults as the Mosaic compiler reports
 #: them in its "exceeded scoped vmem limit" errors (16 MiB on v5e, 32 MiB on v6e); TPU7x's is

@@ -14,7 +14,8 @@ from functools import cached_property
 import numpy as np
 
 from stlib._checks import check_positive_int, check_positive_triple
-from stlib._intmath import div, mod
+from stlib._intmath import array_module as _xp
+from stlib._intmath import cdiv, div, mod, round_up
 
 
 @dataclass(frozen=True)
@@ -155,14 +156,6 @@ def _check_grid(grid) -> None:
         raise TypeError(f"grid must be a stlib.VideoGrid, got {type(grid).__name__}")
 
 
-def _xp(x):
-    if type(x).__module__.startswith("jax"):
-        import jax.numpy as jnp
-
-        return jnp
-    return np
-
-
 def raster_order(grid: VideoGrid) -> TokenOrder:
     """Frame-major (t, y, x): the model's native order (the identity permutation)."""
     _check_grid(grid)
@@ -188,7 +181,7 @@ def tiled_order(grid: VideoGrid, tile, *, pad: bool = True) -> TokenOrder:
     """
     _check_grid(grid)
     tile = check_positive_triple("tile", tile)
-    counts = [-(-n // s) for n, s in zip(grid.shape, tile)]
+    counts = [cdiv(n, s) for n, s in zip(grid.shape, tile)]
     padded = [c * s for c, s in zip(counts, tile)]
     t, y, x = np.meshgrid(*(np.arange(n) for n in padded), indexing="ij")
     inside = (t < grid.frames) & (y < grid.height) & (x < grid.width)
@@ -264,7 +257,7 @@ def padded_length(length: int, block: int) -> int:
     """L rounded up to a multiple of ``block``."""
     check_positive_int("length", length)
     check_positive_int("block", block)
-    return -(-length // block) * block
+    return round_up(length, block)
 
 
 def pad_tokens(x, block: int):

@@ -16,11 +16,11 @@ from functools import cached_property
 import numpy as np
 
 from stlib._checks import check_positive_int
+from stlib._intmath import cdiv, round_up
+from stlib.device import LANES, SUBLANES, smem_limit
 from stlib.geometry import TokenOrder
 from stlib.masks import DENSE_LIMIT, Mask, PermutedMask
 
-#: TPU v5e / v6e scalar memory (SMEM), where prefetched tables live.
-SMEM_BYTES = 1 << 20
 #: Largest partial-block table (elements) ``partial_block_table`` will build.
 PARTIAL_TABLE_LIMIT = 64 * 1024 * 1024
 
@@ -37,9 +37,9 @@ def smem_bytes(shape, itemsize: int = 4) -> int:
     8 rows (as libtpu 0.0.42.1 allocates prefetched operands)."""
     shape = tuple(int(s) for s in shape) or (1,)
     if len(shape) == 1:
-        return -(-shape[0] // 128) * 128 * max(itemsize, 4)
+        return round_up(shape[0], LANES) * max(itemsize, 4)
     *lead, rows, cols = shape
-    words = int(np.prod(lead, dtype=np.int64)) * (-(-rows // 8) * 8) * (-(-cols // 128) * 128)
+    words = int(np.prod(lead, dtype=np.int64)) * round_up(rows, SUBLANES) * round_up(cols, LANES)
     return words * max(itemsize, 4)
 
 
@@ -228,7 +228,8 @@ class BlockLayout:
         raise ValueError(f"form={form!r} must be 'rows' or 'flat'")
 
     def fits_smem(self, form: str = "rows") -> bool:
-        return self.table_bytes(form) <= SMEM_BYTES
+        """Whether the tables fit the SMEM of the chip at hand (of every chip, off a TPU)."""
+        return self.table_bytes(form) <= smem_limit()
 
     # --- masked tiles --------------------------------------------------------------------------
     @property
@@ -374,7 +375,7 @@ def _valid_per_tile(mask: Mask, block: int) -> np.ndarray:
 def _tile_counts(base: Mask, order: TokenOrder | None, length: int, block_q: int,
                  block_kv: int) -> np.ndarray:
     """int64 [nq, nk] allowed pairs per tile of a single-head mask ``base`` seen in ``order``."""
-    nq, nk = -(-length // block_q), -(-length // block_kv)
+    nq, nk = cdiv(length, block_q), cdiv(length, block_kv)
     kv_starts = np.arange(0, length, block_kv)
     if not base.has_intervals:
         return _tile_counts_dense(base, order, length, block_q, block_kv)
@@ -410,7 +411,7 @@ def _tile_counts_dense(base: Mask, order: TokenOrder | None, length, block_q, bl
         )
     view = base if order is None else PermutedMask(base, order)
     dense = view.block(0, length, 0, length)
-    nq, nk = -(-length // block_q), -(-length // block_kv)
+    nq, nk = cdiv(length, block_q), cdiv(length, block_kv)
     padded = np.zeros((nq * block_q, nk * block_kv), dtype=np.int64)
     padded[:length, :length] = dense
     return padded.reshape(nq, block_q, nk, block_kv).sum(axis=(1, 3))

@@ -14,6 +14,7 @@ import seaborn as sns
 from matplotlib.colors import ListedColormap
 from matplotlib.patches import Patch
 
+from stlib._intmath import cdiv
 from stlib.layout import BlockLayout, TileKind
 
 PALETTE = sns.color_palette("colorblind")
@@ -204,7 +205,7 @@ def roofline_chart(chips: list[str], points: list[dict], title: str):
 
 def mask_gallery(named_masks: dict, title: str, columns: int = 4, head: int = 0):
     """Each (small) mask as a black-and-white L x L image: row = query, column = key."""
-    rows = -(-len(named_masks) // columns)
+    rows = cdiv(len(named_masks), columns)
     fig, axes = plt.subplots(rows, columns, figsize=(3.0 * columns, 3.1 * rows), constrained_layout=True,
                              squeeze=False)
     for ax, (name, mask) in zip(axes.flat, named_masks.items()):
@@ -223,7 +224,7 @@ def mask_gallery(named_masks: dict, title: str, columns: int = 4, head: int = 0)
 
 def kind_gallery(named_layouts: dict, title: str, columns: int = 4, head: int = 0):
     """The tile kinds (EMPTY / PARTIAL / FULL) of several layouts, one small map each."""
-    rows = -(-len(named_layouts) // columns)
+    rows = cdiv(len(named_layouts), columns)
     fig, axes = plt.subplots(rows, columns, figsize=(3.2 * columns, 3.4 * rows), constrained_layout=True,
                              squeeze=False)
     for ax, (name, layout) in zip(axes.flat, named_layouts.items()):

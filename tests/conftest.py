@@ -8,9 +8,9 @@ os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 # Notebooks executed by the tests always use the small configuration.
 os.environ.setdefault("STLIB_SIZE", "small")
 
-import jax.numpy as jnp  # noqa: E402 - after the environment settings above
+import jax.numpy as jnp
 
-import stlib  # noqa: E402
+import stlib
 
 #: The one tolerance table: max absolute error of an output against the reference, by what is
 #: compared and the input dtype (outputs are O(1): v ~ N(0, 1)).

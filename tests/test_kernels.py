@@ -11,9 +11,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import ATOL as TOLERANCES
 
 import stlib
-from conftest import ATOL as TOLERANCES
 from stlib import masks, registry
 from stlib.kernels.block_sparse import block_sparse_work, step_table
 from stlib.kernels.common import BlockSizes

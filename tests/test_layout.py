@@ -11,7 +11,8 @@ import pytest
 
 import stlib
 from stlib import TileKind, VideoGrid, block_layout, masks, tiled_order, token_major_order
-from stlib.layout import SMEM_BYTES, smem_bytes
+from stlib.device import smem_limit
+from stlib.layout import smem_bytes
 
 
 def smem_rule(shape):
@@ -113,7 +114,7 @@ def check_layout(layout, dense, valid, block_q, block_kv):
     # SMEM sizes of the prefetched tables
     assert layout.table_bytes("rows") == 2 * smem_rule((heads, nq, width)) + smem_rule((heads, nq))
     assert layout.table_bytes("flat") == 4 * smem_rule((len(steps),))
-    assert layout.fits_smem("rows") == (layout.table_bytes("rows") <= SMEM_BYTES)
+    assert layout.fits_smem("rows") == (layout.table_bytes("rows") <= smem_limit())
 
     # tiles a kernel must mask: PARTIAL, and FULL tiles whose kv tile holds padding
     kv_padded = np.array([kv < block_kv for kv in kv_valid])

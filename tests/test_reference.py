@@ -9,12 +9,12 @@ outputs are O(1) since v ~ N(0, 1)):
 from __future__ import annotations
 
 import _brute as bf
-from conftest import ATOL as TOLERANCES
-from conftest import qkv
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import ATOL as TOLERANCES
+from conftest import qkv
 
 import stlib
 from stlib import VideoGrid, masks, tiled_order

@@ -9,11 +9,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import ATOL as TOLERANCES
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import stlib
-from conftest import ATOL as TOLERANCES
 from stlib import masks
 from stlib.configs import CASE_STUDY
 from stlib.device import compile_for_tpu

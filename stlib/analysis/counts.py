@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from stlib.analysis.attribution import Attribution
 from stlib.analysis.schedule import ScheduleFormatError
 

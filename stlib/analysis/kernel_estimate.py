@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from stlib import registry
 from stlib.analysis.attribution import Attribution
 from stlib.analysis.cache import compiled_attributions
 from stlib.analysis.clock import ESTIMATE_CHIPS, _clock
-from stlib import registry
 from stlib.analysis.counts import Setup, path_counts
 from stlib.analysis.dump import KernelConfig, resolve_mask
 from stlib.analysis.schedule import ScheduleFormatError

@@ -21,13 +21,11 @@ from jax.experimental.pallas import tpu as pltpu
 
 from stlib._checks import check_positive_int
 from stlib._intmath import cdiv, round_up
-from stlib.device import CHIPS, chip_spec, current_chip, resolve_interpret, smem_limit
+from stlib.device import CHIPS, LANES, SUBLANES, chip_spec, current_chip, resolve_interpret, smem_limit
 from stlib.layout import BlockLayout, smem_bytes
 from stlib.masks import Mask
 from stlib.reference import MASK_VALUE
 
-LANES = 128
-SUBLANES = 8
 #: Every chip of the table: the Pallas kernels here compile for all of them.
 ALL_CHIPS = CHIPS
 LOG2_E = math.log2(math.e)

@@ -16,22 +16,13 @@ import enum
 
 import numpy as np
 
+from stlib._intmath import array_module as _xp
 from stlib.geometry import TokenOrder
 
 #: Largest L for which ``to_dense`` / brute-force fallbacks materialise L x L.
 DENSE_LIMIT = 16_384
 #: A per-head mask is evaluated in-kernel only with at most this many distinct head masks.
 MAX_TRACED_HEAD_MASKS = 4
-
-
-def _xp(*arrays):
-    """numpy for numpy inputs, jax.numpy when any input is a jax array (inside a kernel)."""
-    for a in arrays:
-        if type(a).__module__.startswith("jax"):
-            import jax.numpy as jnp
-
-            return jnp
-    return np
 
 
 class CombineOp(enum.Enum):

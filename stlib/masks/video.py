@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from stlib._checks import check_bool_triple, check_positive_int, check_positive_triple
-from stlib._intmath import div, floordiv, mod
+from stlib._intmath import cdiv, div, floordiv, mod
 from stlib.geometry import VideoGrid
 from stlib.masks.base import Mask, _xp
 from stlib.masks.sequence import BandMask, band_width_for_density
@@ -123,7 +123,7 @@ class SlidingTileMask(VideoMask):
         super().__init__(grid)
         self.tile = check_positive_triple("tile", tile)
         self.window = check_positive_triple("window", window)
-        self.tile_counts = tuple(-(-n // s) for n, s in zip(grid.shape, self.tile))
+        self.tile_counts = tuple(cdiv(n, s) for n, s in zip(grid.shape, self.tile))
         for axis, w, c in zip("TYX", self.window, self.tile_counts):
             if w % 2 == 0:
                 raise ValueError(f"window[{axis}]={w} must be odd (tiles centred on the query's tile)")
