@@ -69,3 +69,15 @@ def test_estimate_is_deterministic_and_cached(cache):
     record = second.as_record()
     assert record["estimate_static"] and record["estimate_libtpu"] == PINNED_LIBTPU
     assert "static estimate" in record["estimate_method"] and "STATIC ESTIMATE" in str(second)
+
+
+def test_chips_without_a_schedule_reader_are_refused_by_name():
+    """TPU7x compiles (tests/test_tpu_compile.py) but its dump writes branches in another form:
+    the estimate refuses it before compiling instead of guessing."""
+    with pytest.raises(ValueError, match="chip='tpu7x'.*covers"):
+        estimate("pallas_dense", "none", "tpu7x")
+
+
+def test_options_are_checked_against_the_implementation():
+    with pytest.raises(TypeError, match="no options"):
+        estimate("pallas_dense", "none", "v6e", options={"form": "flat"})
