@@ -23,14 +23,35 @@
 SIZE = None  # "full", "small" or None (automatic: case-study sizes on a TPU, small elsewhere); env STLIB_SIZE wins
 
 # %%
-import sys
+# Find stlib: importable -> use it; in a clone of the repository -> put the clone on sys.path; neither
+# (Colab, a lone download) -> pip install it from STLIB_SOURCE, keeping the runtime's own jax and libtpu.
+import importlib.metadata, importlib.util, os, re, subprocess, sys  # noqa: E401
 from pathlib import Path
 
-# find stlib when the repository is cloned but not installed
-repo = next((p for p in [Path.cwd(), *Path.cwd().parents] if (p / "stlib" / "__init__.py").is_file()), None)
-if repo is not None and str(repo) not in sys.path:
-    sys.path.insert(0, str(repo))
+# pip source of stlib (a path, archive URL or git+URL); empty: the environment's STLIB_SOURCE, else the repository
+STLIB_SOURCE = ""  # @param {type:"string"}
+class StlibSetupError(Exception):  # noqa: E302 - IPython shows its one sentence, not a traceback
+    def _render_traceback_(self): return [f"StlibSetupError: {self}"]  # noqa: E704
+if importlib.util.find_spec("stlib") is None:
+    repo = next((p for p in [Path.cwd(), *Path.cwd().parents] if (p / "stlib" / "__init__.py").is_file()), None)
+    if repo is not None:
+        sys.path.insert(0, str(repo))
+    else:
+        source = STLIB_SOURCE or os.environ.get("STLIB_SOURCE") or "git+https://github.com/stlib-video/stlib"
+        pip = [sys.executable, "-m", "pip", "install", "-q"]
+        print(f"installing stlib from {source} (the installed jax and libtpu stay) ...")
+        if subprocess.run([*pip, "--no-deps", source], capture_output=True).returncode:
+            raise StlibSetupError(f"could not pip install stlib from {source!r}: set STLIB_SOURCE to a reachable "
+                                  "clone, archive or git URL of the repository, or open the notebook inside a clone")
+        importlib.invalidate_caches()
+        missing = [r for r in importlib.metadata.requires("stlib") if not importlib.util.find_spec(re.split(r"\W", r)[0])]
+        if missing:
+            subprocess.run([*pip, *missing], check=True)
+import stlib  # noqa: E402
+print(f"stlib from {Path(stlib.__file__).parent}; " + ", ".join(
+    f"{d} {importlib.metadata.version(d)}" for d in ("jax", "jaxlib", "libtpu") if importlib.util.find_spec(d)))
 
+# %%
 import functools
 
 import jax
@@ -89,7 +110,7 @@ plotting.save(fig, cfg.figure("01_masks"))
 # the case-study shape and the Pallas dense kernel instead).
 
 # %%
-if cfg.on_tpu:
+if cfg.size == "full":
     H, L, D, dtype = cfg.workload.num_heads, cfg.workload.num_tokens, cfg.workload.head_dim, jnp.bfloat16
     dense_impl, skip_impl, block = "pallas_dense", "pallas_block_sparse", {"block_q": 512, "block_kv": 1024}
 else:

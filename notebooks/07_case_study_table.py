@@ -33,14 +33,35 @@
 SIZE = None  # "full", "small" or None (automatic: case-study sizes on a TPU, small elsewhere); env STLIB_SIZE wins
 
 # %%
-import sys
+# Find stlib: importable -> use it; in a clone of the repository -> put the clone on sys.path; neither
+# (Colab, a lone download) -> pip install it from STLIB_SOURCE, keeping the runtime's own jax and libtpu.
+import importlib.metadata, importlib.util, os, re, subprocess, sys  # noqa: E401
 from pathlib import Path
 
-# find stlib when the repository is cloned but not installed
-repo = next((p for p in [Path.cwd(), *Path.cwd().parents] if (p / "stlib" / "__init__.py").is_file()), None)
-if repo is not None and str(repo) not in sys.path:
-    sys.path.insert(0, str(repo))
+# pip source of stlib (a path, archive URL or git+URL); empty: the environment's STLIB_SOURCE, else the repository
+STLIB_SOURCE = ""  # @param {type:"string"}
+class StlibSetupError(Exception):  # noqa: E302 - IPython shows its one sentence, not a traceback
+    def _render_traceback_(self): return [f"StlibSetupError: {self}"]  # noqa: E704
+if importlib.util.find_spec("stlib") is None:
+    repo = next((p for p in [Path.cwd(), *Path.cwd().parents] if (p / "stlib" / "__init__.py").is_file()), None)
+    if repo is not None:
+        sys.path.insert(0, str(repo))
+    else:
+        source = STLIB_SOURCE or os.environ.get("STLIB_SOURCE") or "git+https://github.com/stlib-video/stlib"
+        pip = [sys.executable, "-m", "pip", "install", "-q"]
+        print(f"installing stlib from {source} (the installed jax and libtpu stay) ...")
+        if subprocess.run([*pip, "--no-deps", source], capture_output=True).returncode:
+            raise StlibSetupError(f"could not pip install stlib from {source!r}: set STLIB_SOURCE to a reachable "
+                                  "clone, archive or git URL of the repository, or open the notebook inside a clone")
+        importlib.invalidate_caches()
+        missing = [r for r in importlib.metadata.requires("stlib") if not importlib.util.find_spec(re.split(r"\W", r)[0])]
+        if missing:
+            subprocess.run([*pip, *missing], check=True)
+import stlib  # noqa: E402
+print(f"stlib from {Path(stlib.__file__).parent}; " + ", ".join(
+    f"{d} {importlib.metadata.version(d)}" for d in ("jax", "jaxlib", "libtpu") if importlib.util.find_spec(d)))
 
+# %%
 import json
 
 import jax.numpy as jnp
@@ -55,9 +76,9 @@ from stlib.kernels.splash import splash_blocks, splash_mask
 cfg = notebook.setup(SIZE)
 max_error, tolerance = notebook.max_error, notebook.tolerance  # checks against the plain reference
 
-# The benchmark picks its shape from the backend: the case study on a TPU, the small shape elsewhere.
-workload = configs.CASE_STUDY if cfg.on_tpu else bench.CPU_CASE
-densities = configs.DENSITIES if cfg.on_tpu else (0.15, 0.35, 0.65)  # fewer off a TPU: keeps the notebook fast
+# The size switch picks the shape: the case study at "full", the small shape at "small".
+workload = configs.CASE_STUDY if cfg.size == "full" else bench.CPU_CASE
+densities = configs.DENSITIES if cfg.size == "full" else (0.15, 0.35, 0.65)  # fewer when small: keeps it fast
 
 TOL = tolerance(workload.dtype)
 
@@ -72,7 +93,7 @@ TOL = tolerance(workload.dtype)
 # %%
 q, k, v = stlib.random_qkv(workload.qkv_shape, workload.dtype, seed=0)
 scale = workload.head_dim**-0.5
-for case in bench.case_study_cases(workload, cfg.on_tpu, densities=(0.35,)):
+for case in bench.case_study_cases(workload, cfg.size == "full", densities=(0.35,)):
     qq, kk, vv = bench.case_inputs(case, q, k, v)  # permuted for cases whose order is applied outside the call
     out = bench.case_function(case, scale, cfg.interpret)(qq, kk, vv)
     approximate = case.options.get("boundary") == "balanced"
@@ -102,7 +123,9 @@ seen = {path: len(bench.read_records(path)) for path in (times_path, work_path)}
 bench.run_case_study(cfg.data, trials=3 if cfg.on_tpu else 2, compile_check=True, densities=densities,
                     size=cfg.size)
 records = bench.read_records(times_path)[seen[times_path]:]  # this run only
-work_records = records if cfg.on_tpu else bench.read_records(work_path)[seen[work_path]:]
+if cfg.size == "small" and cfg.on_tpu:  # the benchmark records the full-shape work only off a TPU
+    bench.record_full_scale_work(cfg.data, compile_check=False)
+work_records = records if cfg.size == "full" else bench.read_records(work_path)[seen[work_path]:]
 published = json.loads(bench.write_published_reference(cfg.data).read_text())
 print(f"\n{len(records)} timing records and {len(work_records)} work records from this run; "
       f"published reference: {published['dense_splash_ms']} ms -> {published['tile_aligned_sparse_ms']} ms")
@@ -124,7 +147,7 @@ def splash_grid_steps(case, num_heads, length):
 
 
 full_cases = bench.case_study_cases(configs.CASE_STUDY, tpu=True,
-                                    densities=densities if cfg.on_tpu else configs.DENSITIES)
+                                    densities=densities if cfg.size == "full" else configs.DENSITIES)
 assert [c.label for c in full_cases] == [r["label"] for r in work_records]
 for case, record in zip(full_cases, work_records):
     if case.impl == "splash":
