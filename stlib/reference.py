@@ -31,7 +31,10 @@ def reference_attention(q, k, v, dense_mask, scale: float):
     p = jnp.exp(s - m)  # exactly 0 where masked
     l = jnp.sum(p, axis=-1, keepdims=True)
     o = jnp.einsum("hqk,hkd->hqd", p, v.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
-    return (o / jnp.where(l > 0, l, 1.0)).astype(q.dtype)
+    o = o / jnp.where(l > 0, l, 1.0)  # NaN stays NaN
+    if dense_mask is not None:  # rows the mask leaves empty are zeros, whatever v holds
+        o = jnp.where(jnp.any(jnp.asarray(dense_mask), axis=-1, keepdims=True), o, 0.0)
+    return o.astype(q.dtype)
 
 
 def xla_block_sparse_attention(q, k, v, layout: BlockLayout, scale: float):

@@ -279,12 +279,16 @@ def update_tile(q, k_ref, v_ref, m_ref, l_ref, acc_ref, options: SoftmaxOptions,
 
 
 def finish_row(o_ref, lse_ref, m_ref, l_ref, acc_ref, options: SoftmaxOptions):
-    """Write o = acc / l (zeros where no key was seen) and, if requested, the natural-log LSE."""
+    """Write o = acc / l and, if requested, the natural-log LSE. A row whose mask let it see no key
+    keeps the initial running max (masked scores are MASK_VALUE, never above it) and a zero sum:
+    zeros and an LSE of -inf there. The test is on the mask, not the data: a NaN score makes the
+    sum NaN (the running max may skip NaN: vector max is not NaN-propagating in every lowering),
+    an inf key makes the max inf, and both reach the output as the reference has them."""
     l = l_ref[...][:, :1]  # [bq, 1]
-    seen = l > 0
+    m = m_ref[...][:, :1]  # [bq, 1]
+    seen = (m != MASK_VALUE) | (l != l)  # a key was allowed, or the data is NaN
     o_ref[...] = jnp.where(seen, acc_ref[...] / jnp.where(seen, l, 1.0), 0.0).astype(o_ref.dtype)
     if lse_ref is not None:
-        m = m_ref[...][:, :1]
         log_l = jnp.log2(jnp.where(seen, l, 1.0)) if options.exp2 else jnp.log(jnp.where(seen, l, 1.0))
         lse = (m + log_l) * (math.log(2.0) if options.exp2 else 1.0)
         lse_ref[...] = jnp.where(seen, lse, -jnp.inf)
@@ -337,12 +341,12 @@ def merge_partials(o1, lse1, o2, lse2):
     """Numerically stable merge of two attention results over disjoint key sets.
 
     o [H, L, D], lse [H, L, 1] (natural log, -inf where a pass saw no key). Rows neither pass saw
-    stay zero."""
+    stay zero; a NaN in either pass stays NaN."""
     lse = jnp.logaddexp(lse1, lse2)
-    finite = jnp.isfinite(lse)
-    safe = jnp.where(finite, lse, 0.0)
-    w1 = jnp.where(finite, jnp.exp(lse1 - safe), 0.0)
-    w2 = jnp.where(finite, jnp.exp(lse2 - safe), 0.0)
+    empty = lse == -jnp.inf
+    safe = jnp.where(empty, 0.0, lse)
+    w1 = jnp.where(empty, 0.0, jnp.exp(lse1 - safe))
+    w2 = jnp.where(empty, 0.0, jnp.exp(lse2 - safe))
     out = w1 * o1.astype(jnp.float32) + w2 * o2.astype(jnp.float32)
     return out.astype(o1.dtype), lse
 
