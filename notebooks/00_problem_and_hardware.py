@@ -18,7 +18,8 @@
 # of tokens. This notebook counts that cost for the workload of the case study this project
 # reproduces (Google for Developers blog, 2026-09-30, "Accelerating Spatio-Temporal Attention for
 # Video Diffusion on TPUs": one TPU v6e, 75,600 tokens, 10 heads, head dim 128; dense Splash
-# 78.70 ms, tile-aligned sparse kernel 32.76 ms) and sets it against what a v5e and a v6e can do.
+# 78.70 ms, tile-aligned sparse kernel 32.76 ms) and sets it against what the TPUs of the hardware
+# table below (v5e, v6e, TPU7x) can do.
 #
 # Every number here comes from `stlib`; the notebook only explains.
 
@@ -28,13 +29,23 @@ SIZE = None  # "full", "small" or None (automatic: case-study sizes on a TPU, sm
 # %%
 # Find stlib: importable -> use it; in a clone of the repository -> put the clone on sys.path; neither
 # (Colab, a lone download) -> pip install it from STLIB_SOURCE, keeping the runtime's own jax and libtpu.
-import importlib.metadata, importlib.util, os, re, subprocess, sys  # noqa: E401
+import importlib.metadata
+import importlib.util
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 # pip source of stlib (a path, archive URL or git+URL); empty: the environment's STLIB_SOURCE, else the repository
 STLIB_SOURCE = ""  # @param {type:"string"}
-class StlibSetupError(Exception):  # noqa: E302 - IPython shows its one sentence, not a traceback
-    def _render_traceback_(self): return [f"StlibSetupError: {self}"]  # noqa: E704
+
+
+class StlibSetupError(Exception):  # IPython shows its one sentence, not a traceback
+    def _render_traceback_(self):
+        return [f"StlibSetupError: {self}"]
+
+
 if importlib.util.find_spec("stlib") is None:
     repo = next((p for p in [Path.cwd(), *Path.cwd().parents] if (p / "stlib" / "__init__.py").is_file()), None)
     if repo is not None:
@@ -43,14 +54,15 @@ if importlib.util.find_spec("stlib") is None:
         source = STLIB_SOURCE or os.environ.get("STLIB_SOURCE") or "git+https://github.com/stlib-video/stlib"
         pip = [sys.executable, "-m", "pip", "install", "-q"]
         print(f"installing stlib from {source} (the installed jax and libtpu stay) ...")
-        if subprocess.run([*pip, "--no-deps", source], capture_output=True).returncode:
+        if subprocess.run([*pip, "--no-deps", source], capture_output=True, check=False).returncode:
             raise StlibSetupError(f"could not pip install stlib from {source!r}: set STLIB_SOURCE to a reachable "
                                   "clone, archive or git URL of the repository, or open the notebook inside a clone")
         importlib.invalidate_caches()
         missing = [r for r in importlib.metadata.requires("stlib") if not importlib.util.find_spec(re.split(r"\W", r)[0])]
         if missing:
             subprocess.run([*pip, *missing], check=True)
-import stlib  # noqa: E402
+import stlib
+
 print(f"stlib from {Path(stlib.__file__).parent}; " + ", ".join(
     f"{d} {importlib.metadata.version(d)}" for d in ("jax", "jaxlib", "libtpu") if importlib.util.find_spec(d)))
 
@@ -60,7 +72,7 @@ import jax.numpy as jnp
 
 import stlib
 from stlib import configs, notebook, plotting
-from stlib.device import chip_spec
+from stlib.device import CHIP_TABLE, CHIPS
 from stlib.roofline import roofline
 
 cfg = notebook.setup(SIZE)
@@ -97,6 +109,39 @@ fig = plotting.cost_breakdown(shares, "Wan 14B block, forward flops by part (com
 plotting.save(fig, cfg.figure("00_cost_share"))
 
 # %% [markdown]
+# ## The hardware table
+#
+# Every hardware number in these notebooks comes from one table, `stlib.device.CHIP_TABLE`,
+# which reads JAX's own per-chip figures (`pltpu.get_tpu_info_for_chip`) and adds the compiler's
+# default scoped-VMEM limit. Numbers are per device (a TPU7x chip shows its two TensorCores as two
+# devices). Later notebooks refer back to this table instead of repeating its numbers.
+
+# %%
+MIB = 1 << 20
+hardware = {
+    "peak bf16 TFLOP/s": lambda c: f"{c.bf16_flops / 1e12:,.0f}",
+    "HBM bandwidth TB/s": lambda c: f"{c.hbm_bandwidth / 1e12:.2f}",
+    "ridge (flop / byte)": lambda c: f"{c.bf16_flops / c.hbm_bandwidth:,.0f}",
+    "VMEM MiB": lambda c: f"{c.vmem_bytes / MIB:,.0f}",
+    "scoped-VMEM default MiB": lambda c: f"{c.scoped_vmem_default / MIB:,.0f}",
+    "SMEM KiB": lambda c: f"{c.smem_bytes / 1024:,.0f}",
+    "MXUs (count x width)": lambda c: f"{c.num_mxus} x {c.mxu_width}x{c.mxu_width}",
+    "devices per chip": lambda c: f"{c.devices_per_chip}",
+}
+header = ["per device", *CHIPS]
+rows = [[name] + [fmt(CHIP_TABLE[chip]) for chip in CHIPS] for name, fmt in hardware.items()]
+widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+for row in [header, *rows]:
+    print("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))))
+try:  # rendered as a table in Jupyter; the printed one above is what a plain terminal shows
+    from IPython.display import Markdown, display
+
+    display(Markdown("\n".join(["| " + " | ".join(header) + " |", "|---" * len(header) + "|",
+                                 *("| " + " | ".join(row) + " |" for row in rows)])))
+except ImportError:
+    pass
+
+# %% [markdown]
 # ## Flops and bytes of dense attention at the case-study shape
 #
 # Per head, QK^T and PV are two L x L x D matrix products: 4 L² D flops (two per multiply-add).
@@ -118,12 +163,13 @@ flops = case.dense_flops()
 nbytes = 4 * case.num_heads * case.num_tokens * case.head_dim * 2  # q, k, v, o in bf16
 print(f"case study: {case.num_heads} heads x {case.num_tokens:,} tokens x {case.head_dim}: "
       f"{flops:.3g} flop, {nbytes / 1e6:.0f} MB moved at least -> {flops / nbytes:,.0f} flop per byte")
-for chip in ("v5e", "v6e"):
+for chip in CHIPS:
     bound = roofline(chip, flops, nbytes)
     print(f"  {chip}: compute floor {bound.compute_seconds * 1e3:6.1f} ms, memory floor {bound.memory_seconds * 1e3:5.3f} ms "
-          f"-> {bound.bound}-bound; published dense Splash on v6e: {configs.PUBLISHED['dense_splash_ms']} ms")
+          f"-> {bound.bound}-bound (one device)")
 v6e_floor = roofline("v6e", flops, nbytes).seconds * 1e3
-print(f"dense Splash reaches {v6e_floor / configs.PUBLISHED['dense_splash_ms']:.0%} of the v6e peak; "
+print(f"published dense Splash on one v6e: {configs.PUBLISHED['dense_splash_ms']} ms, "
+      f"{v6e_floor / configs.PUBLISHED['dense_splash_ms']:.0%} of the v6e peak; "
       f"the sparse kernel's 32.76 ms is {v6e_floor / configs.PUBLISHED['tile_aligned_sparse_ms']:.2f}x the dense floor's speed")
 
 # %%
@@ -131,7 +177,7 @@ points = [
     {"label": "dense attention, case study", "flops": flops, "bytes": nbytes},
     {"label": "one 128 x 128 tile (q, k, v re-read)", "flops": 4 * 128 * 128 * 128, "bytes": 3 * 128 * 128 * 2},
 ]
-fig = plotting.roofline_chart(["v5e", "v6e"], points, "Dense attention sits far right of the ridge: compute-bound")
+fig = plotting.roofline_chart(list(CHIPS), points, "Dense attention sits far right of the ridge: compute-bound")
 plotting.save(fig, cfg.figure("00_roofline"))
 
 # %% [markdown]
@@ -157,7 +203,8 @@ plotting.save(fig, cfg.figure("00_roofline"))
 # 2. Attention is 4 L² d; the rest is L d (12 d + 4 f + 4 x 512) + 4 x 512 x d². Setting them
 #    equal gives L ≈ (12 d + 4 f + 2048) / 4 ≈ 29,700 tokens: just below 480p, where
 #    `configs.WAN_14B.flops` gives 52%.
-# 3. The v5e floor is 148.6 ms (197 TFLOP/s): 4 x 78.7 = 315 ms would be 47% of its peak against
+# 3. The v5e floor is 148.6 ms (its peak, in the hardware table, is 4.7x below the v6e's):
+#    4 x 78.7 = 315 ms would be 47% of its peak against
 #    the v6e's 40%, so the v6e would be further from its floor (its exponentials and vector work
 #    did not grow as much as its matrix units).
 #

@@ -25,13 +25,23 @@ SIZE = None  # "full", "small" or None (automatic: case-study sizes on a TPU, sm
 # %%
 # Find stlib: importable -> use it; in a clone of the repository -> put the clone on sys.path; neither
 # (Colab, a lone download) -> pip install it from STLIB_SOURCE, keeping the runtime's own jax and libtpu.
-import importlib.metadata, importlib.util, os, re, subprocess, sys  # noqa: E401
+import importlib.metadata
+import importlib.util
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 # pip source of stlib (a path, archive URL or git+URL); empty: the environment's STLIB_SOURCE, else the repository
 STLIB_SOURCE = ""  # @param {type:"string"}
-class StlibSetupError(Exception):  # noqa: E302 - IPython shows its one sentence, not a traceback
-    def _render_traceback_(self): return [f"StlibSetupError: {self}"]  # noqa: E704
+
+
+class StlibSetupError(Exception):  # IPython shows its one sentence, not a traceback
+    def _render_traceback_(self):
+        return [f"StlibSetupError: {self}"]
+
+
 if importlib.util.find_spec("stlib") is None:
     repo = next((p for p in [Path.cwd(), *Path.cwd().parents] if (p / "stlib" / "__init__.py").is_file()), None)
     if repo is not None:
@@ -40,14 +50,15 @@ if importlib.util.find_spec("stlib") is None:
         source = STLIB_SOURCE or os.environ.get("STLIB_SOURCE") or "git+https://github.com/stlib-video/stlib"
         pip = [sys.executable, "-m", "pip", "install", "-q"]
         print(f"installing stlib from {source} (the installed jax and libtpu stay) ...")
-        if subprocess.run([*pip, "--no-deps", source], capture_output=True).returncode:
+        if subprocess.run([*pip, "--no-deps", source], capture_output=True, check=False).returncode:
             raise StlibSetupError(f"could not pip install stlib from {source!r}: set STLIB_SOURCE to a reachable "
                                   "clone, archive or git URL of the repository, or open the notebook inside a clone")
         importlib.invalidate_caches()
         missing = [r for r in importlib.metadata.requires("stlib") if not importlib.util.find_spec(re.split(r"\W", r)[0])]
         if missing:
             subprocess.run([*pip, *missing], check=True)
-import stlib  # noqa: E402
+import stlib
+
 print(f"stlib from {Path(stlib.__file__).parent}; " + ", ".join(
     f"{d} {importlib.metadata.version(d)}" for d in ("jax", "jaxlib", "libtpu") if importlib.util.find_spec(d)))
 
@@ -56,7 +67,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 import stlib
 from stlib import bench, masks, notebook, plotting

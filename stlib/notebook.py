@@ -1,16 +1,57 @@
 """The first cell of every notebook: what we run on, and which sizes to use.
 
-``setup(size)`` prints the JAX version, backend and device kind and returns a ``NotebookConfig``:
-the case-study sizes on a TPU, small sizes elsewhere (Pallas interpret mode on a CPU). ``size``
-("full" / "small" / None) comes from the notebook's tagged parameters cell; the environment
-variable ``STLIB_SIZE`` overrides both. Nothing here asserts that a TPU is present.
+``setup(size)`` prints the JAX version, backend and device kind and returns a ``NotebookConfig``.
+One size switch for every notebook: ``size`` ("full" / "small" / "auto" or None) comes from the
+notebook's tagged parameters cell; the environment variable ``STLIB_SIZE`` (``python -m
+stlib.reproduce --size``) overrides it. Automatic: the case-study sizes on a TPU, small sizes
+elsewhere. "full" off a TPU runs the analytic and compile-only cells at the case-study size and
+refuses Pallas kernels in interpret mode at that size (hours on a CPU) with one sentence.
+Nothing here asserts that a TPU is present.
+
+Importing this module also quiets libtpu's initialisation chatter on hosts without a TPU
+(``quiet_libtpu``): it must run before JAX initialises its backends.
 """
 
 from __future__ import annotations
 
+import functools
+import glob
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SIZES = ("small", "full", "auto")
+
+#: Off a TPU, libtpu (loaded for deviceless compilation) looks for the TPU VM's accelerator type and
+#: worker hostnames in the cloud metadata, fails, and prints a screen of warnings and a source-location
+#: trace to stderr. Naming them answers its question; it changes nothing in what is compiled (the
+#: deviceless topology is named per compile). Never set on a host with a TPU.
+QUIET_LIBTPU_ENV = {"TPU_ACCELERATOR_TYPE": "v6e-4", "TPU_WORKER_HOSTNAMES": "localhost"}
+
+#: Most grid steps a Pallas kernel may run in interpret mode when "full" was asked for off a TPU
+#: (the small configuration runs a few hundred; dense attention at the case study runs 109,520).
+INTERPRET_STEP_LIMIT = 20_000
+
+
+def host_has_tpu() -> bool:
+    """Whether a TPU chip (a Google PCI device) is attached to this host; read from sysfs, without
+    initialising JAX (the same test as JAX's own ``hardware_utils``)."""
+    return any(Path(v).read_text().strip() == "0x1ae0" for v in glob.glob("/sys/bus/pci/devices/*/vendor"))
+
+
+def quiet_libtpu(environ=os.environ) -> dict:
+    """On a host without a TPU, set ``QUIET_LIBTPU_ENV`` in ``environ`` where not already set (the
+    kernels and subprocesses that inherit it stay quiet too); return what was set."""
+    if host_has_tpu():
+        return {}
+    added = {k: v for k, v in QUIET_LIBTPU_ENV.items() if k not in environ}
+    environ.update(added)
+    return added
+
+
+quiet_libtpu()  # before JAX initialises its backends (the first jax.devices() call)
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +59,13 @@ import jax.numpy as jnp
 from stlib.configs import CASE_STUDY, SMALL_CPU, Workload
 from stlib.device import backend, device_kind, on_tpu
 
-REPO = Path(__file__).resolve().parent.parent
+
+class SetupError(ValueError):
+    """A notebook asked for something it cannot do here; shown in a notebook as its one sentence
+    (IPython prints ``_render_traceback_`` instead of a traceback)."""
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"{type(self).__name__}: {self}"]
 
 
 @dataclass(frozen=True)
@@ -45,22 +92,86 @@ class NotebookConfig:
         return device_kind() if self.on_tpu else f"{backend().upper()} (Pallas interpret mode: not TPU times)"
 
 
+def home() -> Path:
+    """Where figures/ and data/ go: the repository when stlib runs from a clone (editable install or
+    sys.path), else the working directory (stlib pip-installed, as in Colab)."""
+    return REPO if (REPO / "pyproject.toml").is_file() else Path.cwd()
+
+
+def resolve_size(size: str | None = None) -> str:
+    """"full" or "small": ``STLIB_SIZE`` if set, else ``size``; "auto" / None / "" mean full on a
+    TPU, small elsewhere. Raises SetupError (a ValueError) for anything else."""
+    env = os.environ.get("STLIB_SIZE")
+    chosen = (env or size or "auto").strip().lower()
+    if chosen not in SIZES:
+        where = f"STLIB_SIZE={env!r}" if env else f"size={size!r}"
+        raise SetupError(f"{where} is not a size: use 'small', 'full' or 'auto' (full on a TPU, small elsewhere), "
+                         f"e.g. STLIB_SIZE=small or python -m stlib.reproduce --size small.")
+    return ("full" if on_tpu() else "small") if chosen == "auto" else chosen
+
+
+class InterpretAtFullSize(SetupError):
+    """A Pallas kernel in interpret mode at the full size, off a TPU."""
+
+
+_interpret_step_limit: int | None = None  # set by setup("full") off a TPU
+
+
+def _grid_steps(grid_spec, grid) -> int:
+    grid = getattr(grid_spec, "grid", None) or grid or ()
+    grid = (grid,) if isinstance(grid, int) else tuple(grid)
+    return math.prod(g if isinstance(g, int) else 1 for g in grid)
+
+
+def _install_interpret_guard() -> None:
+    """Wrap ``jax.experimental.pallas.pallas_call`` (looked up as ``pl.pallas_call`` by stlib's
+    kernels, Splash and the notebooks' own kernels) so that, once ``setup("full")`` ran off a TPU, an
+    interpret-mode call over more than ``INTERPRET_STEP_LIMIT`` grid steps raises InterpretAtFullSize.
+    Compiled calls (deviceless compilation for TPU) and small interpret-mode calls pass through."""
+    from jax.experimental import pallas as pl
+
+    if getattr(pl.pallas_call, "_stlib_guard", False):
+        return
+    original = pl.pallas_call
+
+    @functools.wraps(original)
+    def pallas_call(kernel, *args, interpret=False, grid_spec=None, grid=(), **kwargs):
+        limit = _interpret_step_limit
+        if interpret and limit is not None and (steps := _grid_steps(grid_spec, grid)) > limit:
+            raise InterpretAtFullSize(
+                f"size 'full' on {backend().upper()} would run this Pallas kernel in interpret mode over "
+                f"{steps:,} grid steps (hours; only a TPU runs it at the case-study size): rerun with "
+                f"STLIB_SIZE=small (or auto), or on a TPU.")
+        return original(kernel, *args, interpret=interpret, grid_spec=grid_spec, grid=grid, **kwargs)
+
+    pallas_call._stlib_guard = True
+    pl.pallas_call = pallas_call
+
+
 def setup(size: str | None = None) -> NotebookConfig:
-    """Report the platform and pick the configuration (see the module docstring)."""
-    size = os.environ.get("STLIB_SIZE") or size or ("full" if on_tpu() else "small")
-    if size not in ("full", "small"):
-        raise ValueError(f"size={size!r} must be 'full', 'small' or None (STLIB_SIZE={os.environ.get('STLIB_SIZE')!r})")
+    """Report the platform and pick the configuration (see the module docstring). Raises SetupError
+    for an unknown size."""
+    global _interpret_step_limit
+    size = resolve_size(size)
     workload = CASE_STUDY if size == "full" else SMALL_CPU
     config = NotebookConfig(
         size=size, workload=workload, interpret=not on_tpu(),
         block_q=512 if size == "full" else 128, block_kv=1024 if size == "full" else 128,
-        figures=REPO / "figures", data=REPO / "data",
+        figures=home() / "figures", data=home() / "data",
     )
+    refuse = size == "full" and config.interpret
+    _interpret_step_limit = INTERPRET_STEP_LIMIT if refuse else None
+    if refuse:
+        _install_interpret_guard()
     print(f"JAX {jax.__version__} | backend {backend()} | device {device_kind()}")
     print(f"configuration: {size} -> {workload.name}: grid {workload.grid.shape} = {workload.num_tokens:,} tokens, "
           f"{workload.num_heads} heads x {workload.head_dim}, {jnp.dtype(workload.dtype).name}; "
           f"tiles {config.block_q} x {config.block_kv}; "
           + ("compiled Pallas kernels" if config.on_tpu else "Pallas interpret mode (times are not TPU times)"))
+    if refuse:
+        print("full size off a TPU: analytic and compile-only cells run at the case-study size; Pallas kernels "
+              f"in interpret mode over more than {INTERPRET_STEP_LIMIT:,} grid steps are refused (STLIB_SIZE=small "
+              "runs them all)")
     return config
 
 

@@ -109,10 +109,11 @@ def latency_bars(records: list[dict], title: str, published: dict | None = None,
     return fig
 
 
-def speedup_vs_density(records: list[dict], baseline_ms: float, title: str, ax=None):
-    """Speed-up over a dense baseline against density, one line per label, with the ideal 1/density."""
+def speedup_vs_density(records: list[dict], baseline_ms: float, title: str, ax=None, legend_outside: bool = False):
+    """Speed-up over a dense baseline against density, one line per label, with the ideal 1/density.
+    ``legend_outside``: the legend to the right of the axes (for many lines)."""
     if ax is None:
-        fig, ax = plt.subplots(figsize=(6.8, 4.6), constrained_layout=True)
+        fig, ax = plt.subplots(figsize=(9.6 if legend_outside else 6.8, 4.6), constrained_layout=True)
     else:
         fig = ax.figure
     labels = list(dict.fromkeys(r["label"] for r in records))
@@ -125,12 +126,16 @@ def speedup_vs_density(records: list[dict], baseline_ms: float, title: str, ax=N
     ax.plot(grid, 1 / grid, "k--", lw=1, label="ideal 1 / density")
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set(xlabel="density (allowed pairs / L²)", ylabel="speed-up over dense", yscale="log", title=title)
-    ax.legend(fontsize=8)
+    if legend_outside:
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
+    else:
+        ax.legend(fontsize=8)
     return fig
 
 
-def work_bars(work_records: list[dict], title: str):
-    """Executed vs useful flops and grid steps per kernel (hardware-independent work)."""
+def work_bars(work_records: list[dict], title: str, step_lines: dict[str, float] | None = None):
+    """Executed vs useful flops and grid steps per kernel (hardware-independent work).
+    ``step_lines``: reference step counts ``{label: steps}`` drawn as dashed lines on the steps panel."""
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 0.4 * max(len(work_records), 4) + 1.6), constrained_layout=True)
     labels = [r["label"] for r in work_records]
     y = np.arange(len(labels))
@@ -145,6 +150,10 @@ def work_bars(work_records: list[dict], title: str):
     ax2.set_yticks(y, [])
     ax2.invert_yaxis()
     ax2.set(xlabel="grid steps per call", title="grid steps (every step pays loop overhead)")
+    for i, (label, steps) in enumerate((step_lines or {}).items()):
+        ax2.axvline(steps, color="black", ls=["--", ":", "-."][i % 3], lw=1.2, label=label)
+    if step_lines:
+        ax2.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16))
     fig.suptitle(title, fontsize=11)
     return fig
 
@@ -355,4 +364,75 @@ def occupancy_comparison(layouts: dict, title: str, head: int = 0):
                          f"partial {layout.partial_fraction:.0%} of occupied, work efficiency "
                          f"{layout.work_efficiency:.2f}", fontsize=8)
     fig.suptitle(title, fontsize=11)
+    return fig
+
+
+def relative_bars(rows: dict[str, dict[str, float]], baseline: str, title: str, xlabel: str = "relative to the baseline"):
+    """Grouped horizontal bars: for each metric (e.g. allowed pairs, tiles computed, measured time),
+    each row's value over the ``baseline`` row's, annotated with the value itself. ``rows``:
+    ``{row label: {metric label: value}}``, every row with the same metrics."""
+    labels = list(rows)
+    metrics = list(rows[baseline])
+    fig, ax = plt.subplots(figsize=(8.8, 0.5 * len(metrics) * len(labels) + 1.8), constrained_layout=True)
+    height = 0.8 / len(labels)
+    for i, label in enumerate(labels):
+        y = np.arange(len(metrics)) - 0.4 + height * (i + 0.5)
+        ratios = [rows[label][m] / rows[baseline][m] for m in metrics]
+        bars = ax.barh(y, ratios, height * 0.92, color=PALETTE[i % len(PALETTE)], label=label)
+        for bar, ratio in zip(bars, ratios):
+            ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {ratio:.2f}x", va="center", fontsize=8)
+    ax.axvline(1.0, color="grey", lw=0.8)
+    ax.set_yticks(np.arange(len(metrics)), metrics)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1.25 * max(rows[lab][m] / rows[baseline][m] for lab in labels for m in metrics))
+    ax.set(xlabel=xlabel, title=title)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14 - 0.6 / len(metrics)), ncol=1)
+    return fig
+
+
+def tile_size_tradeoff(tile_shapes: list[str], panels: dict[str, tuple[str, dict[str, list[float]], bool]], title: str,
+                       limits: dict[str, tuple[float, str]] | None = None):
+    """Both sides of the tile-size trade-off, one panel per metric against the tile shape (labels
+    such as "512 x 1,024", in the order given), one line per pattern. ``panels``: ``{panel title:
+    (y label, {pattern: [value per tile shape]}, log y)}``; ``limits``: ``{panel title: (value,
+    label)}`` drawn as a dashed line (e.g. the SMEM of a chip)."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4.4), constrained_layout=True, squeeze=False)
+    x = np.arange(len(tile_shapes))
+    patterns = list(dict.fromkeys(p for _, series, _ in panels.values() for p in series))
+    colors = {p: PALETTE[i % len(PALETTE)] for i, p in enumerate(patterns)}
+    for ax, (name, (ylabel, series, log)) in zip(axes[0], panels.items()):
+        for pattern, values in series.items():
+            ax.plot(x, values, "o-", color=colors[pattern], label=pattern)
+        if limits and name in limits:
+            value, label = limits[name]
+            ax.axhline(value, color="black", ls="--", lw=1.2, label=label)
+        ax.set_xticks(x, tile_shapes, rotation=30, ha="right")
+        ax.set(xlabel="tile (block_q x block_kv)", ylabel=ylabel, title=name, yscale="log" if log else "linear")
+    handles = {}
+    for ax in axes[0]:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(lab, h)
+    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=len(handles), fontsize=8,
+               bbox_to_anchor=(0.5, -0.09))
+    fig.suptitle(title, fontsize=11)
+    return fig
+
+
+def estimate_speedups(rows: list[dict], title: str):
+    """Static speed-up estimates over a dense baseline (hatched: estimates, not measurements) next
+    to each one's ideal bound 1 / density. ``rows``: ``{"label", "speedup", "ideal"}``."""
+    fig, ax = plt.subplots(figsize=(8.2, 0.45 * max(len(rows), 4) + 1.6), constrained_layout=True)
+    y = np.arange(len(rows))
+    bars = ax.barh(y, [r["speedup"] for r in rows], color="white", edgecolor=PALETTE[0], hatch=ESTIMATE_HATCH,
+                   label="static v6e estimate (not a measurement)")
+    for bar, row in zip(bars, rows):
+        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {row['speedup']:.2f}x", va="center",
+                fontsize=8)
+    ax.plot([r["ideal"] for r in rows], y, "k|", markersize=16, mew=2, label="ideal 1 / density")
+    ax.axvline(1.0, color="grey", lw=0.8)
+    ax.set_yticks(y, [r["label"] for r in rows])
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1.15 * max(max(r["speedup"], r["ideal"]) for r in rows))
+    ax.set(xlabel="speed-up over dense Splash", title=title)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2)
     return fig

@@ -4,8 +4,12 @@
     python -m stlib.reproduce --size small    # force the small configuration
     python -m stlib.reproduce --only 03 05    # some notebooks
 
-The committed .ipynb files are executed in memory and never rewritten (they stay output-free).
-Ends with a table: notebook, status, seconds, figures written. Exits 1 if any notebook failed.
+The committed .ipynb files are executed in memory and never rewritten (they stay output-free); each
+executed copy, outputs included (also of a notebook that failed), is written to notebooks/executed/
+(git-ignored), with an HTML rendering beside it where nbconvert is installed. On a host without a TPU
+the kernels and their subprocesses get ``stlib.notebook.QUIET_LIBTPU_ENV``, so libtpu's initialisation
+chatter stays out of this log (its errors still print). Ends with a table: notebook, status,
+seconds, figures written. Exits 1 if any notebook failed.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = REPO / "notebooks"
 FIGURES = REPO / "figures"
+EXECUTED = NOTEBOOKS / "executed"
 
 
 def notebook_paths(only=None) -> list[Path]:
@@ -29,29 +34,67 @@ def notebook_paths(only=None) -> list[Path]:
     return paths
 
 
-def execute(path: Path, timeout: int = 1800) -> None:
-    """Execute one notebook in memory with the python3 kernel, working directory notebooks/."""
+def execute(path: Path, timeout: int = 1800, out_dir: Path | None = None) -> None:
+    """Execute one notebook in memory with the python3 kernel, working directory notebooks/ (the
+    kernel inherits this process's environment). With ``out_dir``, write the executed copy there
+    (also when a cell fails: then it shows the error) and an HTML rendering where nbconvert is
+    installed. Raises what nbclient raises (CellExecutionError for a failing cell)."""
     import nbformat
     from nbclient import NotebookClient
+    from traitlets.config import Config
 
     notebook = nbformat.read(path, as_version=4)
-    client = NotebookClient(notebook, timeout=timeout, kernel_name="python3",
-                            resources={"metadata": {"path": str(path.parent)}})
-    client.execute()
+    # a busy machine may need more than 5 s to shut a kernel down; SIGTERM'd, libtpu prints a stack trace
+    config = Config({"KernelManager": {"shutdown_wait_time": 60.0}})
+    client = NotebookClient(notebook, timeout=timeout, kernel_name="python3", config=config,
+                            resources={"metadata": {"path": str(path.parent)}},
+                            extra_arguments=["--IPKernelApp.log_level=ERROR"])  # no "running over TCP" warning
+    try:
+        client.execute()
+    finally:
+        if out_dir is not None:
+            write_executed(notebook, Path(out_dir) / path.name)
+
+
+def write_executed(notebook, target: Path) -> None:
+    """Write an executed notebook to ``target`` (.ipynb) and, where nbconvert is installed, ``target``
+    with the suffix .html beside it."""
+    import nbformat
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(notebook, target)
+    try:
+        from nbconvert import HTMLExporter
+    except ImportError:
+        return
+    html, _ = HTMLExporter().from_notebook_node(notebook)
+    target.with_suffix(".html").write_text(html, encoding="utf-8")
 
 
 def _figure_times() -> dict[Path, float]:
     return {p: p.stat().st_mtime for p in FIGURES.glob("*.png")} if FIGURES.exists() else {}
 
 
+def _shown(path: Path) -> str:
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m stlib.reproduce", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--size", choices=["full", "small"], help="override the automatic configuration")
+    parser.add_argument("--size", choices=["small", "full", "auto"], help="override the automatic configuration")
     parser.add_argument("--only", nargs="*", help="notebook numbers to run, e.g. 00 03")
     args = parser.parse_args(argv)
     if args.size:
         os.environ["STLIB_SIZE"] = args.size
+    from stlib.notebook import quiet_libtpu
+
+    quiet_libtpu(os.environ)  # inherited by every notebook kernel and its subprocesses
+    # kernels and their compile subprocesses may overlap with other users of libtpu's lockfile
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     paths = notebook_paths(args.only)
     if not paths:
         print(f"no notebooks found in {NOTEBOOKS}", file=sys.stderr)
@@ -62,7 +105,7 @@ def main(argv=None) -> int:
         before = _figure_times()
         start = time.perf_counter()
         try:
-            execute(path)
+            execute(path, out_dir=EXECUTED)
             status = "ok"
         except Exception as error:  # noqa: BLE001 - report every notebook, then fail at the end
             status = "FAILED"
@@ -77,7 +120,8 @@ def main(argv=None) -> int:
     for name, status, seconds, written in rows:
         print(f"{name:<{width}}  {status:<7}{seconds:>9.1f}  {', '.join(written) or '-'}")
     failed = [r for r in rows if r[1] != "ok"]
-    print(f"\n{len(rows) - len(failed)} of {len(rows)} notebooks ran; total {sum(r[2] for r in rows):.0f} s")
+    print(f"\n{len(rows) - len(failed)} of {len(rows)} notebooks ran; total {sum(r[2] for r in rows):.0f} s; "
+          f"executed notebooks (with their outputs) in {_shown(EXECUTED)}/")
     return 1 if failed else 0
 
 

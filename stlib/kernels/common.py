@@ -286,7 +286,7 @@ def finish_row(o_ref, lse_ref, m_ref, l_ref, acc_ref, options: SoftmaxOptions):
     an inf key makes the max inf, and both reach the output as the reference has them."""
     l = l_ref[...][:, :1]  # [bq, 1]
     m = m_ref[...][:, :1]  # [bq, 1]
-    seen = (m != MASK_VALUE) | (l != l)  # a key was allowed, or the data is NaN
+    seen = (m != MASK_VALUE) | jnp.isnan(l)  # a key was allowed, or the data is NaN
     o_ref[...] = jnp.where(seen, acc_ref[...] / jnp.where(seen, l, 1.0), 0.0).astype(o_ref.dtype)
     if lse_ref is not None:
         log_l = jnp.log2(jnp.where(seen, l, 1.0)) if options.exp2 else jnp.log(jnp.where(seen, l, 1.0))
