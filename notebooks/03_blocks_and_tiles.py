@@ -140,34 +140,67 @@ tiles = np.abs(np.subtract.outer(np.arange(L // block), np.arange(L // block))) 
 full_tiles = np.kron(tiles, np.ones((block, block), bool))
 half_tiles = full_tiles & (np.arange(L)[None, :] % 2 == 0)
 q, k, v = stlib.random_qkv((2, L, 64), jnp.float32, seed=0)
+trials = 5
 rows = {}
 for name, array in [("FULL tiles", full_tiles), ("the same tiles, PARTIAL (half the keys)", half_tiles)]:
     m = masks.from_array(array)
     lay = stlib.block_layout(m, block, block)
     timing = bench.time_function(functools.partial(stlib.attention, mask=m, impl="xla", block_q=block, block_kv=block),
-                                 q, k, v, trials=5)
-    rows[name] = timing.median_ms
+                                 q, k, v, trials=trials)
+    rows[name] = {"allowed pairs (useful work)": lay.density * L * L,
+                  "tiles computed": int((lay.kinds > 0).sum()),
+                  f"measured time (median of {trials})": timing.median_ms}
     print(f"{name:<42} density {lay.density:.3f}  tiles computed {int((lay.kinds > 0).sum())}  "
-          f"kinds {lay.kind_counts()}  median {timing.median_ms:.1f} ms")
-print(f"half the pairs cost {rows['the same tiles, PARTIAL (half the keys)'] / rows['FULL tiles']:.2f}x the time "
-      f"on {jax.devices()[0].device_kind}")
+          f"kinds {lay.kind_counts()}  median {timing.median_ms:.1f} ms (min {timing.min_ms:.1f}, max {timing.max_ms:.1f})")
+half, full = (rows[name][f"measured time (median of {trials})"] for name in rows)
+print(f"half the pairs cost {half / full:.2f}x the time on {jax.devices()[0].device_kind}")
+fig = plotting.relative_bars(rows, "FULL tiles", f"Half the pairs, the same tiles: a PARTIAL tile costs a FULL one\n"
+                             f"(L = {L:,}, {block} x {block} tiles, impl='xla' on {jax.devices()[0].device_kind}: "
+                             "plain XLA, not a TPU time)", xlabel="relative to the FULL tiles")
+plotting.save(fig, cfg.figure("03_partial_costs_full"))
 
 # %% [markdown]
+# The figure puts both masks side by side, each measure relative to the FULL-tile mask: half the
+# allowed pairs, the same tiles computed, and about the same time (a little more where the mask
+# costs something to apply). On a CPU with plain XLA this is an honest measurement of this
+# backend; on a TPU the masking costs more (vector-unit work on every score of the tile).
+#
 # ## Tile size is a trade-off
 #
-# Bigger tiles mean fewer grid steps (less per-step overhead, smaller prefetch tables), but they
-# cover the mask more coarsely: more of each occupied tile is wasted. Work efficiency (allowed
-# pairs / pairs in occupied tiles) for three patterns as the tiles grow:
+# Bigger tiles cover the mask more coarsely: more of each occupied tile is wasted, so work
+# efficiency (allowed pairs / pairs in occupied tiles) falls. Smaller tiles cost in other ways:
+# more grid steps (every step pays the loop's overhead and issues its own copies) and bigger
+# prefetched tables, which must fit in SMEM (the hardware table of notebook 00; the tables are
+# padded to whole 8 x 128 words, hence the floor on the right). Both sides for three patterns, per head, in raster order; grid steps of the
+# compacted "rows" grid a tile-skipping kernel walks (q tiles x the widest row, notebook 06), and
+# of the full grid a block-sparse kernel walks (notebook 05); SMEM of the "rows" tables
+# (`layout.table_bytes("rows")`).
 
 # %%
+from stlib.device import smem_limit
+
 sizes = [(128, 128), (256, 256), (512, 512), (512, 1024), (1024, 2048)]
-series = {name: [] for name in ("band (density 0.25)", "spatial (frame window 1)", "sliding tile 3x8x16, window 3")}
-for name in series:
-    for bq, bkv in sizes:
-        series[name].append((bq * bkv / 1e6, stlib.block_layout(catalog[name], bq, bkv).work_efficiency))
-fig = plotting.timing_lines(series, "Work efficiency vs tile size at 75,600 tokens (raster order)",
-                            "tile size (million pairs per tile)", "allowed / computed pairs")
-fig.axes[0].set_xscale("log")
+patterns = ("band (density 0.25)", "spatial (frame window 1)", "sliding tile 3x8x16, window 3")
+efficiency, steps, table = ({name: [] for name in patterns} for _ in range(3))
+steps["full grid (block-sparse)"] = []
+for bq, bkv in sizes:
+    for name in patterns:
+        lay = stlib.block_layout(catalog[name], bq, bkv)
+        efficiency[name].append(lay.work_efficiency)
+        steps[name].append(lay.grid_shape[0] * lay.max_row_width)
+        table[name].append(lay.table_bytes("rows") / 1024)
+    steps["full grid (block-sparse)"].append(lay.grid_shape[0] * lay.grid_shape[1])
+shapes = [f"{bq:,} x {bkv:,}" for bq, bkv in sizes]
+for i, shape in enumerate(shapes):
+    print(f"{shape:>13}: " + "; ".join(f"{name.split(' (')[0].split(' 3x')[0]} efficiency {efficiency[name][i]:.2f}, "
+                                       f"{steps[name][i]:,} steps, {table[name][i]:,.0f} KiB" for name in patterns))
+fig = plotting.tile_size_tradeoff(
+    shapes, {"useful work (higher is better)": ("allowed / computed pairs", efficiency, False),
+             "grid steps per head (lower is better)": ("grid steps", steps, True),
+             "SMEM tables, rows form (must fit)": ("KiB of SMEM", table, True)},
+    "Tile size trade-off at 75,600 tokens, raster order: coarse tiles waste work, fine tiles cost steps and SMEM\n"
+    "(computed from the layouts, hardware-independent)",
+    limits={"SMEM tables, rows form (must fit)": (smem_limit() / 1024, f"SMEM per device ({smem_limit() / 1024:,.0f} KiB)")})
 plotting.save(fig, cfg.figure("03_tile_size"))
 
 # %% [markdown]
@@ -176,8 +209,11 @@ plotting.save(fig, cfg.figure("03_tile_size"))
 # Sparsity pays in tiles, not pairs. A kernel can skip EMPTY tiles and run FULL tiles mask-free, but
 # a PARTIAL tile costs a whole tile plus masking. In raster order the video patterns that matter
 # most (temporal, sliding tile, neighbourhood) are almost all PARTIAL: that is the case study's
-# lesson of a sparse mask that is no faster than dense. Notebook 06 reorders the tokens so the same
-# masks become mostly FULL and EMPTY tiles.
+# lesson of a sparse mask that is no faster than dense. Tile size trades wasted work against grid
+# steps and SMEM. Next, notebook 04 writes the flash-attention kernel that computes one tile at a
+# time in Pallas, notebook 05 teaches it to skip EMPTY tiles and run FULL ones mask-free (the
+# Splash way), and notebook 06 reorders the tokens so the same masks become mostly FULL and EMPTY
+# tiles.
 #
 # ## Exercises
 #

@@ -254,9 +254,44 @@ for name, mask in grid_masks.items():
           f"({rows_steps / flat_steps:.2f}x fewer); "
           f"widest row {lay.max_row_width} of {lay.grid_shape[1]} kv tiles; tables: rows "
           f"{lay.table_bytes('rows'):,} B, flat {lay.table_bytes('flat'):,} B of SMEM")
+dense_steps = case.num_heads * lay.grid_shape[0] * lay.grid_shape[1]
 fig = plotting.work_bars(work_records, "pallas_tile grids at the case-study shape (10 x 75,600 x 128, 512 x 1,024 "
-                         "tiles): computed, not measured")
+                         "tiles): computed, not measured",
+                         step_lines={f"the full grid of a dense / block-sparse kernel ({dense_steps:,} steps)": dense_steps})
 plotting.save(fig, cfg.figure("06_grids"))
+
+# why "rows" can walk more steps than the full grid: each pass has a rows grid of its own
+causal_case = stlib.block_layout(grid_masks["frame causal"], 512, 1024)
+widths = {str(p.name): int(p.selected.sum(axis=2).max()) for p in split_passes(causal_case, TileOptions().boundary)}
+nq, nk = causal_case.grid_shape
+print(f"frame causal, rows: {case.num_heads} heads x {nq} q tiles x (" + " + ".join(
+    f"{w} ({name} pass)" for name, w in widths.items()) + f") = {case.num_heads * nq * sum(widths.values()):,} steps; "
+      f"the full grid: {case.num_heads} x {nq} x {nk} = {dense_steps:,}")
+# radial: is a better token order or a smaller tile the cure for its 3x work?
+radial = grid_masks["radial (window 1200)"]
+print(f"radial: choose_orders keeps {choose_orders(case.grid, radial, 512, 1024)[0].name!r}; "
+      "work efficiency (allowed / computed pairs) by tile: " + ", ".join(
+          f"{bq} x {bkv} {stlib.block_layout(radial, bq, bkv).work_efficiency:.2f}" for bq, bkv in [(512, 1024), (128, 128)]))
+
+# %% [markdown]
+# Two bars of the figure need a word.
+#
+# * **Frame-causal "rows" walks more steps than the full grid** (the dashed line). `pallas_tile`
+#   runs up to three passes (section 4: mask-free FULL tiles, the ragged tail, the masked PARTIAL
+#   tiles), and in the rows form each pass has a grid of its own: q tiles x *that pass's* widest
+#   row. A frame-causal mask's last frame sees every key, so the main pass alone is as wide as the
+#   full grid, and the masked and ragged passes add their own rows on top (the sum printed above).
+#   Rows of very different widths are exactly what "flat" is for: it walks only the non-empty
+#   tiles, half the steps here. `pallas_tile` lets you pick the form (`TileOptions(form="flat")`).
+# * **Radial attention computes about 3x its useful work**, and the figure shows it in raster
+#   order on purpose: it is the best order on offer. `choose_orders` tries raster, token-major
+#   (and the 3-D tiled orders a mask suggests; radial suggests none) and keeps raster: in
+#   token-major order every occupied tile becomes PARTIAL.
+#   The waste comes from the tile size: radial's window halves each time the frame distance
+#   doubles (1,200 keys of the same frame, 600 of the next, ..., 75 of far frames), so every far
+#   frame contributes a thin diagonal slice that still occupies whole 1,024-key tiles. With
+#   128 x 128 tiles the same mask wastes far less (the efficiencies printed above), at the price
+#   of 32x more grid steps and bigger tables: the trade-off of notebook 03.
 
 # %%
 causal = masks.frame_causal(grid)

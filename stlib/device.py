@@ -39,7 +39,8 @@ class Chip:
     """One row of the chip table. The peak numbers are read from JAX's own table
     (``pltpu.get_tpu_info_for_chip``, per device: a TPU7x chip shows its two TensorCores as two
     devices); the row adds what that table lacks: how libtpu names the chip, its deviceless
-    topology, the compiler's default scoped-VMEM limit, and the default kernel blocks."""
+    topology, the compiler's default scoped-VMEM limit, the default kernel blocks, and the form in which
+    libtpu's bundle dump writes branches (``stlib.analysis.schedule.BRANCH_FORMS``)."""
 
     name: str  # our name: "v5e", "v6e", "tpu7x"
     jax_version: str  # tpu_info.ChipVersion value
@@ -50,6 +51,7 @@ class Chip:
     block_q: int = 512  # default kernel blocks (big tiles keep 10-head prefetch tables in SMEM)
     block_kv: int = 1024
     block_kv_compute: int | None = 512
+    schedule_form: str = "delay4"  # how the bundle dump writes a branch's delay shadow
 
     @functools.cached_property
     def _info(self):
@@ -96,7 +98,7 @@ CHIP_TABLE: dict[str, Chip] = {
     for chip in (
         Chip("v5e", "v5e", "v5e:2x2", ("tpu v5 lite", "tpu v5e", "tpu v5litepod"), 1, 16 * _MIB),
         Chip("v6e", "v6e", "v6e:2x2", ("tpu v6 lite", "tpu v6e"), 1, 32 * _MIB),
-        Chip("tpu7x", "7x", "tpu7x:2x2x1", ("tpu7x",), 2, 32 * _MIB),
+        Chip("tpu7x", "7x", "tpu7x:2x2x1", ("tpu7x",), 2, 32 * _MIB, schedule_form="tpu7x"),
     )
 }
 #: Chip names, in table order.

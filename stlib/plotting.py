@@ -386,7 +386,7 @@ def relative_bars(rows: dict[str, dict[str, float]], baseline: str, title: str, 
     ax.invert_yaxis()
     ax.set_xlim(0, 1.25 * max(rows[lab][m] / rows[baseline][m] for lab in labels for m in metrics))
     ax.set(xlabel=xlabel, title=title)
-    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14 - 0.6 / len(metrics)), ncol=1)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.08 - 0.3 / len(metrics)), ncol=len(labels))
     return fig
 
 

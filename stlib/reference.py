@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from stlib._intmath import array_module
 from stlib.layout import BlockLayout
 
 HIGHEST = jax.lax.Precision.HIGHEST
@@ -33,7 +34,8 @@ def reference_attention(q, k, v, dense_mask, scale: float):
     o = jnp.einsum("hqk,hkd->hqd", p, v.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
     o = o / jnp.where(l > 0, l, 1.0)  # NaN stays NaN
     if dense_mask is not None:  # rows the mask leaves empty are zeros, whatever v holds
-        o = jnp.where(jnp.any(jnp.asarray(dense_mask), axis=-1, keepdims=True), o, 0.0)
+        xp = array_module(dense_mask)  # on the host for a numpy mask: no [L, L] constant to fold
+        o = jnp.where(jnp.asarray(xp.any(dense_mask, axis=-1, keepdims=True)), o, 0.0)
     return o.astype(q.dtype)
 
 

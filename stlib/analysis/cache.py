@@ -23,6 +23,7 @@ from stlib.analysis.dump import (
     stlib_dir,
 )
 from stlib.analysis.schedule import parse_schedule
+from stlib.device import chip_spec
 
 #: Bumped when the attribution format or rules change (invalidates the cache).
 FORMAT_VERSION = 1
@@ -64,9 +65,10 @@ def compiled_attributions(impl: str, config: KernelConfig, mask_bytes: bytes | N
             Path(config.mask_file).write_bytes(mask_bytes)
         seconds = compile_with_dump(config, dump)
         found = _dump_files(dump)
+        form = chip_spec(config.chip).schedule_form
         kernels = []
         for name, (text, analysis) in sorted(found.items()):
-            attribution = attribute(parse_schedule(text, analysis), impl, name)
+            attribution = attribute(parse_schedule(text, analysis, form), impl, name)
             kernels.append(dataclasses.asdict(attribution))
         glue = glue_bytes(_read_hlo(dump))
     result = {"key": key_data, "kernels": kernels, "glue_bytes": glue, "compile_seconds": seconds}

@@ -34,9 +34,10 @@ _BAND = re.compile(r"^band \((density|width) ([0-9.]+)\)$")
 @dataclass(frozen=True)
 class KernelConfig:
     """A kernel call at a named workload: ``mask`` names an entry of
-    ``stlib.masks.case_study_masks()``, or is "none" (dense attention), "full",
+    ``stlib.masks.case_study_masks()``, or is "none" (dense attention), "full", "causal",
     "band (density X)" or "band (width W)" on ``length`` tokens (default: the case study's);
-    ``mask_file``: a pickled stlib mask used instead of ``mask``."""
+    ``mask_file``: a pickled stlib mask used instead of ``mask``. ``num_kv_heads`` (q heads sharing
+    k / v heads) and ``head_dim_v`` (v / output head dim) are compiled for Splash only."""
 
     impl: str
     mask: str = "none"
@@ -49,6 +50,8 @@ class KernelConfig:
     options: dict = field(default_factory=dict)  # fields of the implementation's options type
     length: int | None = None
     mask_file: str | None = None
+    num_kv_heads: int | None = None  # None: num_heads (multi-head attention)
+    head_dim_v: int | None = None  # None: head_dim
 
 
 def resolve_mask(config: KernelConfig):
@@ -65,6 +68,10 @@ def resolve_mask(config: KernelConfig):
         return None
     if config.mask == "full":
         return masks.full(length)
+    if config.mask == "causal":
+        from stlib.kernels.splash import causal
+
+        return causal(length)
     band = _BAND.match(config.mask)
     if band:
         if band[1] == "density":
@@ -91,14 +98,29 @@ def _build_and_compile(config: KernelConfig) -> float:
 
     mask = resolve_mask(config)
     length = (config.length or stlib.CASE_STUDY.num_tokens) if mask is None else mask.length
-    shape = jax.ShapeDtypeStruct((config.num_heads, length, config.head_dim), jnp.dtype(config.dtype))
+    dtype = jnp.dtype(config.dtype)
+    kv_heads = config.num_kv_heads or config.num_heads
+    dv = config.head_dim_v or config.head_dim
+    q_shape = jax.ShapeDtypeStruct((config.num_heads, length, config.head_dim), dtype)
+    k_shape = jax.ShapeDtypeStruct((kv_heads, length, config.head_dim), dtype)
+    v_shape = jax.ShapeDtypeStruct((kv_heads, length, dv), dtype)
 
-    def fn(q, k, v):
-        return stlib.attention(q, k, v, mask, impl=config.impl, block_q=config.block_q, block_kv=config.block_kv,
-                               options=config.options or None, interpret=False)
+    if (kv_heads, dv) != (config.num_heads, config.head_dim):
+        if config.impl != "splash":
+            raise ValueError(f"impl={config.impl!r}: shared kv heads and head_dim_v != head_dim are compiled for "
+                             "Splash only")
+        from stlib.kernels.splash import splash_attention
+
+        def fn(q, k, v):  # Splash's MHA kernel takes kv heads dividing the q heads and its own v head dim
+            return splash_attention(q, k, v, mask, scale=config.head_dim**-0.5, block_q=config.block_q,
+                                    block_kv=config.block_kv, interpret=False)
+    else:
+        def fn(q, k, v):
+            return stlib.attention(q, k, v, mask, impl=config.impl, block_q=config.block_q,
+                                   block_kv=config.block_kv, options=config.options or None, interpret=False)
 
     start = time.perf_counter()
-    compile_for_tpu(fn, shape, shape, shape, chip=config.chip)
+    compile_for_tpu(fn, q_shape, k_shape, v_shape, chip=config.chip)
     return time.perf_counter() - start
 
 
@@ -204,6 +226,45 @@ def _read_hlo(directory: str) -> str:
     return Path(directory, names[0]).read_text(errors="replace")
 
 
+_TILE = re.compile(r"T\((\d+)(?:,(\d+))?\)(?:\((\d+),(\d+)\))?")
+
+
+def padded_bytes(dtype: str, dims: list[int], layout: str) -> int:
+    """HBM bytes of an array as XLA lays it out: the minor dimensions padded to the layout's tile
+    (``{2,1,0:T(8,128)}``: an f32[H, L, 1] takes 128 lanes per row, 128x its logical bytes; a
+    ``(2,1)`` sub-tile packs two bf16 rows per sublane). Minor-to-major order from the layout."""
+    size = list(dims)
+    order_text, _, tiling = layout.partition(":")
+    order = [int(x) for x in order_text.split(",") if x.strip().isdigit()] or list(range(len(size)))[::-1]
+    tile = _TILE.search(tiling)
+    if tile and size:
+        sizes = [int(tile[1])] if tile[2] is None else [int(tile[1]), int(tile[2])]
+        if tile[3] is not None and len(sizes) == 2:
+            sizes[0] *= int(tile[3])  # sub-tile packing: rows per sublane
+        for axis, t in zip(order, reversed(sizes)):  # the tile's last size pads the most-minor axis
+            size[axis] = -(-size[axis] // t) * t
+    return _ITEMSIZE[dtype] * math.prod(size)
+
+
+def kernel_layouts(hlo: str) -> dict[str, list[str]]:
+    """Per Pallas kernel call in the scheduled HLO: the layouts (``{2,1,0:T(8,128)}``) of its operands
+    then its results, in operand-index order (as the kernel dump numbers them)."""
+    entry = hlo[hlo.index("\nENTRY"):] if "\nENTRY" in hlo else ""
+    shapes: dict[str, list[str]] = {}
+    out: dict[str, list[str]] = {}
+    for line in entry.split("\n")[1:]:
+        match = _INSTR.match(line)
+        if not match:
+            continue
+        name, shape, opcode, operands = match.groups()
+        layouts = [f"{{{layout}}}" for _, _, layout in _ARRAY.findall(shape)]
+        shapes[name] = layouts
+        if opcode == "custom-call" and is_pallas_kernel(name.lstrip("%")):
+            args = [a for op in re.findall(r"%[\w.\-]+", operands) for a in shapes.get(op, ["{}"])[:1]]
+            out[name.lstrip("%")] = args + layouts
+    return out
+
+
 _ITEMSIZE = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4, "s32": 4,
              "u32": 4, "f64": 8, "s64": 8, "u64": 8}
 _ARRAY = re.compile(r"\b(pred|[fsu]\d+|bf16)\[([\d,]*)\]\{([^}]*)\}")
@@ -215,8 +276,8 @@ _NOT_GLUE = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "
 def glue_bytes(hlo: str) -> int:
     """HBM bytes read and written by the XLA ops around the kernels (padding, scaling, merging,
     slicing) in the entry computation of the scheduled HLO: outputs plus operands of every op that
-    is not a kernel call or a no-op. Arrays placed in other memory spaces (layout ``S(n)``) are
-    left out."""
+    is not a kernel call or a no-op, each at its laid-out size (``padded_bytes``). Arrays placed in
+    other memory spaces (layout ``S(n)``) are left out."""
     entry = hlo[hlo.index("\nENTRY"):] if "\nENTRY" in hlo else ""
     if not entry:
         raise ScheduleFormatError("no ENTRY computation in the scheduled HLO")
@@ -227,7 +288,7 @@ def glue_bytes(hlo: str) -> int:
         if not match:
             continue
         name, shape, opcode, operands = match.groups()
-        size = sum(_ITEMSIZE[t] * math.prod(int(d) for d in dims.split(",") if d)
+        size = sum(padded_bytes(t, [int(d) for d in dims.split(",") if d], layout)
                    for t, dims, layout in _ARRAY.findall(shape) if "S(" not in layout)
         sizes[name] = size
         if opcode not in _NOT_GLUE:

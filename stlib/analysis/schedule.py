@@ -2,10 +2,18 @@
 its bundles, and the tree of loops and conditional regions their branches form.
 
 A bundle issues in one cycle. ``Start region N`` / ``End region N`` annotate the bundles; a branch
-``sbr.rel (p) target = $regionN`` takes effect after ``DELAY_SLOTS`` bundles; a loop is an ``LB``
-body closed by a backward branch on the negation of its ``loop exit test`` against the trip count.
+``sbr.rel (p) target = $regionN`` is followed by a shadow of bundles that run on both paths; a loop
+is an ``LB`` body closed by a backward branch on the negation of its ``loop exit test`` against the
+trip count. How long the shadow is and how it is marked differs per chip (``BRANCH_FORMS``, keyed
+from the chip table's ``schedule_form``):
+
+* ``"delay4"`` (v5e, v6e): four delay bundles, the fourth carrying an ``End region``;
+* ``"tpu7x"``: the branch's region closes with an ``End region`` within the next six bundles (the
+  shadow ends at the last one), or, where the scheduler moved the first bundles of the conditional
+  region up behind the branch, one empty bundle and then the region's ``Start region``.
+
 The dump is an internal format of the pinned libtpu (``PINNED_LIBTPU``): anything this parser does
-not know raises ``ScheduleFormatError``.
+not know, a form included, raises ``ScheduleFormatError``.
 """
 
 from __future__ import annotations
@@ -16,6 +24,8 @@ from dataclasses import dataclass, field
 PINNED_LIBTPU = "0.0.42.1"
 #: Bundles issued after a branch before it takes effect (libtpu 0.0.42.1, v5e and v6e).
 DELAY_SLOTS = 4
+#: The most bundles a TPU7x branch's region runs on behind it (libtpu 0.0.42.1).
+TPU7X_SHADOW = 6
 
 
 class ScheduleFormatError(RuntimeError):
@@ -129,10 +139,38 @@ def parse_bundles(text: str) -> list[Bundle]:
     return [Bundle(a, m, t) for a, m, t in bundles]
 
 
-def parse_schedule(text: str, analysis: str | None = None) -> Schedule:
+def _shadow_delay4(bundles: list[Bundle], a: int) -> int:
+    if a + DELAY_SLOTS >= len(bundles) or "End region" not in bundles[a + DELAY_SLOTS].text:
+        raise ScheduleFormatError(f"branch at {a:#x}: no region ends {DELAY_SLOTS} delay slots later")
+    return DELAY_SLOTS
+
+
+def _is_empty(bundle: Bundle) -> bool:
+    return not _OP.search(bundle.code)
+
+
+def _shadow_tpu7x(bundles: list[Bundle], a: int) -> int:
+    ends = [k for k in range(1, TPU7X_SHADOW + 1) if a + k < len(bundles) and "End region" in bundles[a + k].text]
+    if ends:
+        return ends[-1]
+    if a + 2 < len(bundles) and _is_empty(bundles[a + 1]) and "Start region" in bundles[a + 2].text:
+        return 1
+    raise ScheduleFormatError(f"branch at {a:#x}: neither a region end within {TPU7X_SHADOW} bundles nor one "
+                              "empty delay bundle followed by 'Start region' (the TPU7x forms)")
+
+
+#: Per dump form: the bundles behind a branch at address a that run on both of its paths.
+BRANCH_FORMS = {"delay4": _shadow_delay4, "tpu7x": _shadow_tpu7x}
+
+
+def parse_schedule(text: str, analysis: str | None = None, form: str = "delay4") -> Schedule:
     """Bundles plus the loop / conditional-region tree of a final_bundles dump. ``analysis`` (the
-    ``...-schedule-analysis_final_bundles.txt`` text) is cross-checked against the bundle count.
-    Raises ScheduleFormatError on any structure this parser does not know."""
+    ``...-schedule-analysis_final_bundles.txt`` text) is cross-checked against the bundle count;
+    ``form`` names the chip's branch form (``BRANCH_FORMS``; the chip table's ``schedule_form``).
+    Raises ScheduleFormatError on any form or structure this parser does not know."""
+    if form not in BRANCH_FORMS:
+        raise ScheduleFormatError(f"form={form!r}: the schedule reader knows the branch forms {sorted(BRANCH_FORMS)}")
+    shadow = BRANCH_FORMS[form]
     bundles = parse_bundles(text)
     if analysis is not None:
         total = _TOTAL.search(analysis)
@@ -160,15 +198,14 @@ def parse_schedule(text: str, analysis: str | None = None) -> Schedule:
         if int(region) not in starts:
             raise ScheduleFormatError(f"branch at {b.address:#x} targets region {region}, which never starts")
         target, a = starts[int(region)], b.address
-        if a + DELAY_SLOTS >= len(bundles) or "End region" not in bundles[a + DELAY_SLOTS].text:
-            raise ScheduleFormatError(f"branch at {a:#x}: no region ends {DELAY_SLOTS} delay slots later")
+        delay = shadow(bundles, a)
         if target <= a:
-            nodes.append(_loop(bundles, target, a, negated, predicate))
+            nodes.append(_loop(bundles, target, a, negated, predicate, delay))
         else:
             if bundles[target].marker != "PF":
                 raise ScheduleFormatError(f"forward branch at {a:#x} lands on {target:#x}, not a PF bundle")
-            if a + DELAY_SLOTS + 1 <= target - 1:
-                nodes.append(Node("cond", a + DELAY_SLOTS + 1, target - 1, a, negated + predicate))
+            if a + delay + 1 <= target - 1:
+                nodes.append(Node("cond", a + delay + 1, target - 1, a, negated + predicate))
     for b in bundles:
         if b.marker == "LB" and not any(n.kind == "loop" and n.first == b.address for n in nodes):
             raise ScheduleFormatError(f"loop body marker at {b.address:#x} without a backward branch to it")
@@ -178,14 +215,14 @@ def parse_schedule(text: str, analysis: str | None = None) -> Schedule:
     return Schedule(bundles, _nest(nodes))
 
 
-def _loop(bundles, target: int, branch: int, negated: str, predicate: str) -> Node:
+def _loop(bundles, target: int, branch: int, negated: str, predicate: str, delay: int) -> Node:
     if bundles[target].marker != "LB":
         raise ScheduleFormatError(f"backward branch at {branch:#x} targets {target:#x}, not a loop body (LB)")
     exits = [m for b in bundles[target:branch + 1] for m in _EXIT.findall(b.text) if m[0] == predicate]
     if negated != "!" or len(exits) != 1:
         raise ScheduleFormatError(f"loop {target:#x}..{branch:#x}: expected one 'loop exit test' defining "
                                   f"{predicate} and a branch on its negation")
-    return Node("loop", target, branch + DELAY_SLOTS, branch, negated + predicate, trip=int(exits[0][1]))
+    return Node("loop", target, branch + delay, branch, negated + predicate, trip=int(exits[0][1]))
 
 
 def _nest(nodes: list[Node]) -> list[Node]:

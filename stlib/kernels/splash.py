@@ -3,7 +3,8 @@ stlib masks: the baseline every sparse kernel is measured against.
 
 What the adapter does around ``make_splash_mha``:
 
-* masks: full -> Splash ``FullMask``, band |q - k| <= w -> ``LocalMask`` window (w, w), ``&`` / ``|``
+* masks: full -> Splash ``FullMask``, causal (``causal``: k <= q) -> ``CausalMask``, band |q - k| <= w
+  -> ``LocalMask`` window (w, w), ``&`` / ``|``
   of those -> Splash ``LogicalAnd`` / ``LogicalOr``, a different mask per head -> ``MultiHeadMask``.
   Anything else becomes a block-exact ``NumpyMask`` of the stlib mask, only for L <= DENSE_LIMIT.
 * ragged lengths: Splash needs block sizes that divide L, so q, k, v are padded with zeros to Lp;
@@ -12,6 +13,10 @@ What the adapter does around ``make_splash_mha``:
 * rows that see no key: Splash returns garbage there (the mean of v over the keys of the tiles it
   ran, or NaN when it ran none), so they are set to zero from the mask's own row visibility.
 * scale: Splash does not scale scores, so q is multiplied by ``scale`` first.
+
+* shared kv heads (k, v with H / G heads) and a v head dim other than q's go straight to Splash's
+  MHA kernel, which supports both; ``stlib.attention`` itself takes equal shapes, so only callers of
+  ``splash_attention`` (the static estimate's compile) use them.
 
 Only the forward pass is built (no backward block sizes), so the result is not differentiable.
 """
@@ -26,6 +31,7 @@ import numpy as np
 from jax.experimental.pallas.ops.tpu import splash_attention as sa
 
 from stlib import masks as M
+from stlib._checks import check_positive_int
 from stlib._intmath import round_up
 from stlib.device import resolve_interpret
 from stlib.kernels.common import ALL_CHIPS, LANES, block_changes, work_from_counts
@@ -89,6 +95,31 @@ def splash_blocks(length: int, block_q: int | None = None, block_kv: int | None 
 # stlib mask -> Splash mask
 
 
+class CausalMask(M.Mask):
+    """k <= q: Splash's ``CausalMask`` as an stlib mask (language-model attention, the tokamax
+    benchmarks' mask). It belongs with the sequence masks (stlib.masks); it lives here while only
+    the Splash adapter and the static estimate use it."""
+
+    traceable = True
+
+    def __init__(self, length: int):
+        self.length = check_positive_int("length", length)
+
+    def _key(self):
+        return (self.length,)
+
+    def _allowed(self, q, k, head):
+        return k <= q
+
+    def _intervals(self, rows, head):
+        return np.zeros((rows.shape[0], 1), np.int64), np.minimum(rows + 1, self.length)[:, None]
+
+
+def causal(length: int) -> CausalMask:
+    """The causal mask (k <= q) on ``length`` tokens."""
+    return CausalMask(length)
+
+
 class _Band(sa.LocalMask):
     """Splash ``LocalMask`` with window (w, w): the same in-kernel mask function, but whole blocks
     that lie inside or outside the band are answered without evaluating it. Splash classifies every
@@ -117,6 +148,8 @@ def _lazy(mask: M.Mask, head: int, padded: int):
     shape = (padded, padded)
     if isinstance(mask, M.FullMask):
         return sa.FullMask(shape)
+    if isinstance(mask, CausalMask):  # pad keys lie right of every real query: masked already
+        return sa.CausalMask(shape)
     if isinstance(mask, (M.BandMask, M._VideoBand)):
         return _Band(shape, mask.width)
     if isinstance(mask, M.MultiHeadMask):
@@ -172,16 +205,20 @@ def splash_mask(mask: M.Mask | None, num_heads: int, length: int, padded: int):
 
 
 def splash_attention(q, k, v, mask, *, scale, block_q, block_kv, options=None, interpret):
-    """Splash attention on validated [H, L, D] inputs (see ``stlib.attention``); returns [H, L, D] in
-    q's dtype, zeros for rows that see no key. Raises ValueError for block sizes that are not
-    multiples of 128 and for masks without a lazy Splash form above DENSE_LIMIT tokens."""
+    """Splash attention on validated [H, L, D] inputs (see ``stlib.attention``); returns [H, L, Dv] in
+    q's dtype, zeros for rows that see no key. k and v may have H / G heads (G q heads per kv head)
+    and v its own head dim Dv. Raises ValueError for block sizes that are not multiples of 128, kv
+    heads that do not divide the q heads, and masks without a lazy Splash form above DENSE_LIMIT
+    tokens."""
     num_heads, length, _ = q.shape
+    if num_heads % k.shape[0] or k.shape[0] != v.shape[0]:
+        raise ValueError(f"k and v heads ({k.shape[0]}, {v.shape[0]}) must be equal and divide the q heads {num_heads}")
     blocks = splash_blocks(length, block_q, block_kv)
     padded = blocks.padded_length(length)
     splash, visible = splash_mask(mask, num_heads, length, padded)
     if visible is not None and not visible.any():
         # Splash asserts on a mask with no allowed pair at all (its grid shrinks to width 0)
-        return jnp.zeros(q.shape, q.dtype)
+        return jnp.zeros((*q.shape[:2], v.shape[2]), q.dtype)
 
     dtype = jnp.result_type(q.dtype, k.dtype, v.dtype)
     q_scaled = (q.astype(jnp.float32) * scale).astype(dtype)  # Splash computes softmax(q k^T) v
@@ -193,7 +230,7 @@ def splash_attention(q, k, v, mask, *, scale, block_q, block_kv, options=None, i
 
     kernel = sa.make_splash_mha(splash, block_sizes=blocks.to_splash(), head_shards=1, q_seq_shards=1,
                                 interpret=resolve_interpret(interpret))
-    out = kernel(q_p, k_p, v_p, segment_ids)[:, :length]  # [H, L, D]
+    out = kernel(q_p, k_p, v_p, segment_ids)[:, :length]  # [H, L, Dv]
     if visible is not None:
         out = jnp.where(jnp.asarray(visible)[:, :, None], out, 0)
     return out.astype(q.dtype)
@@ -223,16 +260,19 @@ def splash_work(layout, num_heads: int, head_dim: int):
 def splash_schedule_counts(setup, attribution) -> ScheduleCounts:
     """Splash's grid (named in the dump) is H x q tiles x (widest row of non-empty kv tiles); every
     non-empty tile of its padded mask is computed (its masking is branch-free), and a kv tile is
-    fetched once per non-empty tile (data_next). Knows full and band masks."""
+    fetched once per non-empty tile (data_next); q heads sharing a kv head (G per kv head, Splash's
+    index map h // G) fetch it again at every head. Knows full, causal and band masks."""
     blocks = splash_blocks(setup.length, setup.block_q, setup.block_kv)
     padded = blocks.padded_length(setup.length)
     mask = setup.mask
     if mask is None or isinstance(mask, M.FullMask):
         padded_mask = M.full(padded)
+    elif isinstance(mask, CausalMask):
+        padded_mask = causal(padded)
     elif isinstance(mask, M.BandMask):
         padded_mask = M.band(padded, mask.width)
     else:
-        raise NotImplementedError(f"the Splash estimate knows full and band masks, not {mask!r}")
+        raise NotImplementedError(f"the Splash estimate knows full, causal and band masks, not {mask!r}")
     if attribution.grid is None:
         raise ValueError(f"{attribution.kernel}: the dump does not name Splash's grid")
     layout = block_layout(padded_mask, blocks.block_q, blocks.block_kv)
@@ -243,7 +283,8 @@ def splash_schedule_counts(setup, attribution) -> ScheduleCounts:
                          f"(heads, q tiles) = {(h, nq)}")
     from stlib.kernels.block_sparse import step_table
 
-    kv = np.arange(h)[:, None, None] * nk + np.broadcast_to(step_table(layout) >> 2, (h, nq, nk))
+    group = h // (getattr(setup, "num_kv_heads", None) or h)  # q heads per kv head
+    kv = (np.arange(h) // group)[:, None, None] * nk + np.broadcast_to(step_table(layout) >> 2, (h, nq, nk))
     counts = {"init": h * nq, "finalise": h * nq, "compute": int(np.sum(layout.kinds != TileKind.EMPTY)) * h}
     return ScheduleCounts(counts, attribution.grid_steps, h * nq, block_changes(kv), blocks.block_q,
                           blocks.block_kv, setup.itemsize, writes_lse=False)
