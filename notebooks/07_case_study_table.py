@@ -286,7 +286,7 @@ for r in modelled:
 same_as = {}
 for label, curve in curves.items():
     same_as.setdefault(tuple(sorted(curve)), []).append(label)
-merged = {labels[0]: " = ".join(labels) for labels in same_as.values()}
+merged = {labels[0]: "\n= ".join(labels) for labels in same_as.values()}
 modelled = [{**r, "label": merged[r["label"]]} for r in modelled if r["label"] in merged]
 dense_model = next(r for r in work_records if r["label"] == "Splash (dense)")["roofline_v6e_ms"]
 fig = plotting.speedup_vs_density(modelled, dense_model, "Work model at 10 x 75,600 x 128: v6e roofline of the "

@@ -1,6 +1,7 @@
 """stlib: sparse spatio-temporal attention for video diffusion transformers on TPUs."""
 
 from stlib import kernels, masks  # importing kernels registers pallas_dense, _block_sparse, _tile, splash
+from stlib.analysis.static import static_estimate  # the static TPU estimate, read from libtpu's dump
 from stlib.api import IMPLEMENTATIONS, attention, random_qkv, register, video_attention
 from stlib.configs import CASE_STUDY, SMALL_CPU, WAN_480P, Workload
 from stlib.geometry import (
@@ -33,6 +34,7 @@ __all__ = [
     "random_qkv",
     "raster_order",
     "register",
+    "static_estimate",
     "tiled_order",
     "token_major_order",
     "video_attention",

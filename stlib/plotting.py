@@ -425,14 +425,41 @@ def estimate_speedups(rows: list[dict], title: str):
     y = np.arange(len(rows))
     bars = ax.barh(y, [r["speedup"] for r in rows], color="white", edgecolor=PALETTE[0], hatch=ESTIMATE_HATCH,
                    label="static v6e estimate (not a measurement)")
-    for bar, row in zip(bars, rows):
-        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {row['speedup']:.2f}x", va="center",
-                fontsize=8)
+    for bar, row in zip(bars, rows):  # the value right of both the bar and the ideal mark
+        ax.text(max(row["speedup"], row["ideal"]), bar.get_y() + bar.get_height() / 2, f"  {row['speedup']:.2f}x",
+                va="center", fontsize=8)
     ax.plot([r["ideal"] for r in rows], y, "k|", markersize=16, mew=2, label="ideal 1 / density")
     ax.axvline(1.0, color="grey", lw=0.8)
     ax.set_yticks(y, [r["label"] for r in rows])
     ax.invert_yaxis()
-    ax.set_xlim(0, 1.15 * max(max(r["speedup"], r["ideal"]) for r in rows))
+    ax.set_xlim(0, 1.2 * max(max(r["speedup"], r["ideal"]) for r in rows))
     ax.set(xlabel="speed-up over dense Splash", title=title)
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2)
+    return fig
+
+
+def estimate_vs_published(rows: list[dict], title: str):
+    """Static estimates (y) against published times (x), log-log, one marker per chip: calibration
+    points filled stars, held-out points circles; the diagonal is a perfect prediction and the band
+    +-25%. ``rows``: records of ``stlib.analysis.published.table`` (rows without ``estimate_ms`` are
+    left out)."""
+    rows = [r for r in rows if r.get("estimate_ms")]
+    fig, ax = plt.subplots(figsize=(6.4, 5.2))
+    chips = sorted({r["chip"] for r in rows})
+    colors = dict(zip(chips, sns.color_palette("colorblind", len(chips))))
+    for r in rows:
+        ax.scatter(r["published_ms"], r["estimate_ms"], s=140 if r["calibration"] else 50, color=colors[r["chip"]],
+                   marker="*" if r["calibration"] else "o", edgecolor="black", linewidth=0.6, zorder=3)
+    values = [v for r in rows for v in (r["published_ms"], r["estimate_ms"])] or [1.0, 10.0]
+    lo, hi = min(values) / 1.5, max(values) * 1.5
+    ax.plot([lo, hi], [lo, hi], color="0.3", linewidth=1)
+    ax.fill_between([lo, hi], [lo * 0.75, hi * 0.75], [lo * 1.25, hi * 1.25], color="0.85", zorder=0)
+    ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="published (ms)",
+           ylabel="static estimate (ms, not a measurement)", title=title)
+    handles = [Patch(color=colors[c], label=c) for c in chips]
+    handles += [plt.Line2D([], [], marker="*", linestyle="", color="0.4", markersize=11, label="calibration point"),
+                plt.Line2D([], [], marker="o", linestyle="", color="0.4", label="held out"),
+                Patch(color="0.85", label="within 25%")]
+    ax.legend(handles=handles, loc="upper left", fontsize=8)
+    fig.tight_layout()
     return fig

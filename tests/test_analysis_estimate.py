@@ -71,13 +71,82 @@ def test_estimate_is_deterministic_and_cached(cache):
     assert "static estimate" in record["estimate_method"] and "STATIC ESTIMATE" in str(second)
 
 
-def test_chips_without_a_schedule_reader_are_refused_by_name():
-    """TPU7x compiles (tests/test_tpu_compile.py) but its dump writes branches in another form:
-    the estimate refuses it before compiling instead of guessing."""
-    with pytest.raises(ValueError, match="chip='tpu7x'.*covers"):
-        estimate("pallas_dense", "none", "tpu7x")
+def test_chips_outside_the_table_are_refused_by_name():
+    with pytest.raises(ValueError, match="chip='v4'.*covers"):
+        estimate("pallas_dense", "none", "v4")
+
+
+def test_estimate_covers_every_chip_of_the_table():
+    from stlib.analysis.clock import BORROWED, CALIBRATION_POINTS, ESTIMATE_CHIPS
+    from stlib.device import CHIPS
+
+    assert set(ESTIMATE_CHIPS) == set(CHIPS)
+    assert all(chip in CALIBRATION_POINTS or chip in BORROWED for chip in ESTIMATE_CHIPS)
+
+
+def test_layouts_pad_the_minor_dimension():
+    from stlib.analysis.dump import glue_bytes, laid_out_minor, padded_bytes
+
+    # the [H, L, 1] f32 LSE laid out T(8,128) takes 128 lanes per row: 128x its logical bytes
+    assert padded_bytes("f32", [10, 75776, 1], "2,1,0:T(8,128)") == 128 * 10 * 75776 * 4
+    assert padded_bytes("bf16", [2, 8192, 192], "2,1,0:T(8,128)(2,1)") == 2 * 8192 * 256 * 2
+    assert laid_out_minor(1, "{2,1,0:T(8,128)}") == 128 and laid_out_minor(128, "{}") == 128
+    hlo = ("HloModule m\n\nENTRY %main (p: f32[2,64,1]) -> f32[2,64,1] {\n"
+           "  %p = f32[2,64,1]{2,1,0:T(8,128)} parameter(0)\n"
+           "  ROOT %n = f32[2,64,1]{2,1,0:T(8,128)} negate(%p)\n}\n")
+    assert glue_bytes(hlo) == 2 * (2 * 64 * 128 * 4)
+
+
+def test_static_estimate_validates_its_arguments():
+    import stlib
+
+    common = {"num_heads": 4, "head_dim": 128, "length": 1024}
+    with pytest.raises(ValueError, match="block_sizes"):
+        stlib.static_estimate("splash", "causal", "v6e", block_sizes="fastest", **common)
+    with pytest.raises(ValueError, match="unknown keys"):
+        stlib.static_estimate("splash", "causal", "v6e", block_sizes={"bq": 512}, **common)
+    with pytest.raises(ValueError, match="divisor"):
+        stlib.static_estimate("splash", "causal", "v6e", num_kv_heads=3, **common)
+    with pytest.raises(ValueError, match="impl='splash' only"):
+        stlib.static_estimate("pallas_dense", "none", "v6e", num_kv_heads=2, **common)
+
+
+def test_tuned_blocks_take_the_best_of_the_sweep(monkeypatch):
+    from types import SimpleNamespace
+
+    from stlib.analysis import static
+
+    def fake(impl, mask, chip, *, block_q, block_kv, **kwargs):
+        if block_q == 2048:
+            raise RuntimeError("exceeds scoped vmem")
+        return static.Estimate(impl, mask, chip, {"resolved_blocks": {"block_q": block_q, "block_kv": block_kv}},
+                               (SimpleNamespace(seconds=1e-3 * abs(block_q - 1024) / 512 + 1e-3 * block_kv / 1024),),
+                               1e9, "given", 0, 0.0, "0.0.42.1")
+
+    monkeypatch.setattr(static, "estimate", fake)
+    est = static.static_estimate("splash", "causal", "tpu7x", num_heads=4, head_dim=128, length=8192,
+                                 block_sizes="tuned")
+    assert est.blocks == {"block_q": 1024, "block_kv": 1024}
+    assert len(est.sweep) == len(static.SPLASH_SWEEP) and "does not compile" in est.sweep[-1][2]
 
 
 def test_options_are_checked_against_the_implementation():
     with pytest.raises(TypeError, match="no options"):
         estimate("pallas_dense", "none", "v6e", options={"form": "flat"})
+
+
+@pytest.mark.tpu_compile
+def test_splash_gqa_causal_unequal_head_dims_on_tpu7x(cache):
+    """One real TPU7x compile: 4 q heads sharing 2 kv heads, causal, head dims 192 (q, k) / 128 (v)."""
+    import stlib
+
+    est = stlib.static_estimate("splash", "causal", "tpu7x", num_heads=4, num_kv_heads=2, head_dim=192,
+                                head_dim_v=128, length=4096, clock=1e9)
+    (kernel,) = est.kernels
+    counts = {p: v["count"] for p, v in kernel.breakdown.items()}
+    # 512 x 1024 tiles: q rows 0..7 see 1, 1, 2, 2, 3, 3, 4, 4 kv tiles under the causal mask
+    assert counts["compute"] == 4 * 20 and counts["init"] == counts["finalise"] == 4 * 8
+    assert kernel.grid_steps == 4 * 8 * 4
+    assert est.blocks == {"block_q": 512, "block_kv": 1024, "block_kv_compute": 512}
+    assert est.total_seconds == pytest.approx(est.seconds + est.glue_seconds)
+    assert est.config["num_kv_heads"] == 2 and est.config["head_dim_v"] == 128

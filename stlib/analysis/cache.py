@@ -20,13 +20,15 @@ from stlib.analysis.dump import (
     check_libtpu,
     compile_with_dump,
     glue_bytes,
+    kernel_layouts,
     stlib_dir,
 )
-from stlib.analysis.schedule import parse_schedule
+from stlib.analysis.schedule import ScheduleFormatError, parse_schedule
 from stlib.device import chip_spec
 
-#: Bumped when the attribution format or rules change (invalidates the cache).
-FORMAT_VERSION = 1
+#: Bumped when the attribution format or rules change (invalidates the cache). 2: operand layouts,
+#: laid-out glue bytes, per-chip branch forms.
+FORMAT_VERSION = 2
 #: The stlib modules (or packages) whose sources shape the compiled kernels.
 SOURCES = ("kernels", "masks", "layout", "geometry", "api")
 
@@ -49,8 +51,9 @@ def _source_hash() -> str:
 
 def compiled_attributions(impl: str, config: KernelConfig, mask_bytes: bytes | None = None,
                           use_cache: bool = True) -> dict:
-    """{"kernels": [Attribution as dict], "glue_bytes": int, "compile_seconds": float} of ``config``,
-    compiled in a subprocess and attributed; cached on disk by libtpu version and config."""
+    """{"kernels": [Attribution as dict], "layouts": {kernel: [operand layouts]}, "glue_bytes": int,
+    "compile_seconds": float} of ``config``, compiled in a subprocess and attributed; cached on disk
+    by libtpu version and config."""
     version = check_libtpu()
     key_data = {"format": FORMAT_VERSION, "libtpu": version, "jax": importlib.metadata.version("jax"),
                 "source": _source_hash(), "config": dataclasses.asdict(dataclasses.replace(config, mask_file=None)),
@@ -70,8 +73,14 @@ def compiled_attributions(impl: str, config: KernelConfig, mask_bytes: bytes | N
         for name, (text, analysis) in sorted(found.items()):
             attribution = attribute(parse_schedule(text, analysis, form), impl, name)
             kernels.append(dataclasses.asdict(attribution))
-        glue = glue_bytes(_read_hlo(dump))
-    result = {"key": key_data, "kernels": kernels, "glue_bytes": glue, "compile_seconds": seconds}
+        hlo = _read_hlo(dump)
+        glue = glue_bytes(hlo)
+        layouts = kernel_layouts(hlo)
+    missing = sorted({k["kernel"] for k in kernels} - set(layouts))
+    if missing:
+        raise ScheduleFormatError(f"kernels {missing} have no custom-call in the scheduled HLO to read layouts from")
+    result = {"key": key_data, "kernels": kernels, "layouts": {k["kernel"]: layouts[k["kernel"]] for k in kernels},
+              "glue_bytes": glue, "compile_seconds": seconds}
     if use_cache:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")

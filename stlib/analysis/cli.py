@@ -6,6 +6,7 @@ Usage::
     python -m stlib.estimate kernel pallas_tile "band (density 0.25)" --form flat
     python -m stlib.estimate calibrate
     python -m stlib.estimate table --chip v6e
+    python -m stlib.estimate published       # predicted vs published, figures/estimate_published.png
 """
 
 from __future__ import annotations
@@ -21,18 +22,18 @@ from stlib.configs import CASE_STUDY, PUBLISHED
 from stlib.kernels.tile import BoundaryPolicy, GridForm
 
 
-def _print_calibration(rows) -> None:
-    print("STATIC ESTIMATE: dense Splash, 75,600 x 10 heads x 128, bf16, v6e (libtpu "
-          f"{libtpu_version()}); published {PUBLISHED['dense_splash_ms']} ms")
+def _print_calibration(rows, chip: str = "v6e") -> None:
+    cal = calibration(chip)
+    print(f"STATIC ESTIMATE of the calibration point {cal.point.describe()} (libtpu {libtpu_version()})")
     print(f"{'block_q':>7} {'block_kv':>8} {'steps':>8} {'cycles':>13} {'implied GHz':>11} "
           f"{'est. ms':>8} {'DMA floor ms':>12}  bundles per step path")
     for r in rows:
         print(f"{r['block_q']:>7} {r['block_kv']:>8} {r['grid_steps']:>8,} {r['cycles']:>13,} "
               f"{r['implied_clock_ghz']:>11.3f} {r['estimate_ms']:>8.2f} {r['memory_floor_ms']:>12.2f}  {r['paths']}")
-    cal = calibration()
-    print(f"calibration: {cal.describe('v6e')}")
-    for chip in ESTIMATE_CHIPS:
-        print(f"  {chip}: calibrated {cal.clock_hz(chip) / 1e9:.3f} GHz; peak-implied {peak_clock_hz(chip) / 1e9:.3f} GHz")
+    print(f"calibration: {cal.describe(chip)}")
+    for other in ESTIMATE_CHIPS:
+        print(f"  {other}: calibrated {calibration(other).clock_hz(other) / 1e9:.3f} GHz; peak-implied "
+              f"{peak_clock_hz(other) / 1e9:.3f} GHz")
 
 
 def _print_table(rows, chip: str) -> None:
@@ -56,8 +57,27 @@ def _print_table(rows, chip: str) -> None:
           f"{published} ms (density not published)")
 
 
+def _published(use_cache: bool = True) -> None:
+    from stlib import plotting
+    from stlib.analysis.published import RECORDS, table
+
+    rows = table(use_cache)
+    RECORDS.write_text(json.dumps({"libtpu": libtpu_version(), "rows": rows}, indent=1) + "\n")
+    print(f"STATIC ESTIMATES vs published (libtpu {libtpu_version()}); * = calibration point, others held out")
+    print(f"{'':2}{'chip':<6} {'mask':<7} {'heads':>6} {'D':>4} {'L':>7} {'published':>10} {'estimate':>9} "
+          f"{'error':>7}  blocks  source")
+    for r in rows:
+        heads = f"{r['num_heads']}:{r['num_kv_heads']}"
+        est = (f"{r['estimate_ms']:>9.2f} {r['error_pct']:>+6.1f}%  {r['estimate_blocks']['block_q']}/"
+               f"{r['estimate_blocks']['block_kv']}" if "estimate_ms" in r else f"  {r['estimate_error'][:60]}")
+        print(f"{'*' if r['calibration'] else ' ':2}{r['chip']:<6} {r['mask']:<7} {heads:>6} {r['head_dim']:>4} "
+              f"{r['length']:>7,} {r['published_ms']:>10.2f} {est}  {r['source_title'][:40]}")
+    fig = plotting.estimate_vs_published(rows, "Static estimate vs published TPU kernel times")
+    print(f"wrote {RECORDS} and {plotting.save(fig, RECORDS.parents[1] / 'figures' / 'estimate_published.png')}")
+
+
 def main(argv=None) -> None:
-    """``python -m stlib.estimate kernel | calibrate | table``: print static estimates."""
+    """``python -m stlib.estimate kernel | calibrate | table | published``: print static estimates."""
     parser = argparse.ArgumentParser(prog="python -m stlib.estimate", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     one = sub.add_parser("kernel", help="estimate one kernel call")
@@ -69,10 +89,16 @@ def main(argv=None) -> None:
     one.add_argument("--form", choices=[f.value for f in GridForm])
     one.add_argument("--boundary", choices=[b.value for b in BoundaryPolicy])
     one.add_argument("--heads", type=int, default=CASE_STUDY.num_heads)
+    one.add_argument("--kv-heads", type=int, help="kv heads shared by the q heads (Splash only)")
+    one.add_argument("--head-dim", type=int, default=CASE_STUDY.head_dim)
+    one.add_argument("--head-dim-v", type=int, help="v / output head dim (Splash only)")
+    one.add_argument("--tuned", action="store_true", help="the best blocks of a small sweep")
     one.add_argument("--length", type=int)
     one.add_argument("--clock", default="calibrated", help="'calibrated', 'peak' or Hz")
     one.add_argument("--json", action="store_true")
-    sub.add_parser("calibrate", help="dense Splash at several block sizes; the implied clock")
+    calibrate = sub.add_parser("calibrate", help="each chip's calibration point at several block sizes; the implied clock")
+    calibrate.add_argument("--chip", default="v6e", choices=("v6e", "tpu7x"))
+    sub.add_parser("published", help="every public measurement in data/published_measurements.json vs its estimate")
     table = sub.add_parser("table", help="every stlib kernel at band densities 0.15-0.65 and sliding tile")
     table.add_argument("--chip", default="v6e", choices=ESTIMATE_CHIPS)
     table.add_argument("--json", action="store_true")
@@ -80,11 +106,18 @@ def main(argv=None) -> None:
     if args.command == "kernel":
         opts = {k: v for k, v in (("form", args.form), ("boundary", args.boundary)) if v}
         clock = args.clock if args.clock in ("calibrated", "peak") else float(args.clock)
-        est = estimate(args.impl, args.mask, args.chip, block_q=args.block_q, block_kv=args.block_kv,
-                       options=opts or None, num_heads=args.heads, length=args.length, clock=clock)
+        from stlib.analysis.static import static_estimate
+
+        blocks = "tuned" if args.tuned else {"block_q": args.block_q, "block_kv": args.block_kv}
+        est = static_estimate(args.impl, args.mask, args.chip, num_heads=args.heads, num_kv_heads=args.kv_heads,
+                              head_dim=args.head_dim, head_dim_v=args.head_dim_v,
+                              length=args.length or CASE_STUDY.num_tokens, block_sizes=blocks,
+                              options=opts or None, clock=clock)
         print(json.dumps(est.as_record(), indent=1) if args.json else est)
     elif args.command == "calibrate":
-        _print_calibration(calibration_table())
+        _print_calibration(calibration_table(args.chip), args.chip)
+    elif args.command == "published":
+        _published()
     else:
         rows = case_study_table(args.chip)
         if args.json:

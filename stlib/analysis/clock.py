@@ -1,16 +1,58 @@
-"""Clocks: the static cycle count becomes time through an explicit clock, by default the one
-calibration (dense Splash's static cycles against its published time), or the peak-implied clock."""
+"""Clocks: the static cycle count becomes time through an explicit clock, by default the chip's
+calibration (the static estimate of one published measurement on that chip, solved for the clock),
+or the peak-implied clock.
+
+One published point per chip, nothing else fitted (``CALIBRATION_POINTS``); a chip without one
+borrows another chip's calibration scaled by their peak-implied clocks (``BORROWED``). Every other
+published measurement (``data/published_measurements.json``) is held out to judge the model.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stlib.configs import PUBLISHED
+from stlib.configs import CASE_STUDY, PUBLISHED
 
 PUBLISHED_DENSE_SPLASH_SECONDS = PUBLISHED["dense_splash_ms"] * 1e-3
-#: Chips the estimate covers: the schedule reader knows their dump form (TPU7x writes branches in
-#: another form, see ../shared/REFERENCE.md section 6, and has no reader yet) and a clock exists.
-ESTIMATE_CHIPS = ("v6e", "v5e")
+
+
+@dataclass(frozen=True)
+class CalibrationPoint:
+    """A published kernel time on one chip and the call that produced it. ``blocks``: the Splash
+    blocks (block_q, block_kv) assumed, or "tuned" (the best of ``static.SPLASH_SWEEP``, as blocks
+    tuned by the benchmark's authors)."""
+
+    chip: str
+    published_seconds: float
+    source: str
+    impl: str = "splash"
+    mask: str = "full"
+    num_heads: int = CASE_STUDY.num_heads
+    num_kv_heads: int | None = None
+    head_dim: int = CASE_STUDY.head_dim
+    length: int = CASE_STUDY.num_tokens
+    blocks: tuple[int, int] | str = (512, 1024)
+
+    def describe(self) -> str:
+        kv = "" if self.num_kv_heads is None else f" ({self.num_kv_heads} kv heads)"
+        return (f"{self.impl} {self.mask}, {self.num_heads} heads{kv} x {self.length:,} x {self.head_dim} bf16 on "
+                f"{self.chip}: {self.published_seconds * 1e3:.2f} ms ({self.source})")
+
+
+#: The one published point per chip the clock is solved from.
+CALIBRATION_POINTS = {
+    "v6e": CalibrationPoint("v6e", PUBLISHED_DENSE_SPLASH_SECONDS, PUBLISHED["source"]),
+    "tpu7x": CalibrationPoint(
+        "tpu7x", 24.75e-3, 'tokamax, "Performance Benchmarks on Ironwood TPU", November 2025 (Splash forward, '
+        "batch 1, blocks tuned by its authors)", mask="causal", num_heads=32, num_kv_heads=8, head_dim=128,
+        length=32768, blocks="tuned"),
+}
+#: Chips without a published point: whose calibration they borrow, scaled by peak-implied clocks
+#: (an assumption: the same share of cycles lost to stalls the schedule does not show).
+BORROWED = {"v5e": "v6e"}
+#: Chips the estimate covers: the schedule reader knows their dump form (the chip table's
+#: ``schedule_form``) and a calibrated clock exists.
+ESTIMATE_CHIPS = ("v6e", "v5e", "tpu7x")
 
 
 def peak_clock_hz(chip: str) -> float:
@@ -24,45 +66,76 @@ def peak_clock_hz(chip: str) -> float:
 
 @dataclass(frozen=True)
 class Calibration:
-    """The one calibration used throughout: the clock at which the static cycles of dense Splash
-    (impl "splash", mask "full", the adapter's default blocks 512 / 1024 / 512, case-study shape,
-    v6e) take the published 78.70 ms. It folds the stalls the static count misses into the clock.
-    Other chips scale it by the ratio of their peak-implied clocks (an assumption: the same
-    fraction of the clock lost to stalls)."""
+    """The clock at which the static estimate of ``point`` takes its published time: it folds the
+    stalls the static count misses into the clock. ``blocks``: the blocks the point ran with here."""
 
     static_cycles: int
     implied_clock_hz: float
     published_seconds: float = PUBLISHED_DENSE_SPLASH_SECONDS
+    point: CalibrationPoint = CALIBRATION_POINTS["v6e"]
+    blocks: tuple[int, int] = (512, 1024)
 
     def clock_hz(self, chip: str) -> float:
-        return self.implied_clock_hz * peak_clock_hz(chip) / peak_clock_hz("v6e")
+        if chip == self.point.chip:
+            return self.implied_clock_hz
+        if BORROWED.get(chip) != self.point.chip:
+            raise ValueError(f"chip={chip!r} does not borrow the {self.point.chip} calibration")
+        return self.implied_clock_hz * peak_clock_hz(chip) / peak_clock_hz(self.point.chip)
 
     def describe(self, chip: str) -> str:
-        return (f"calibrated: {self.clock_hz(chip) / 1e9:.3f} GHz effective = clock at which dense Splash's "
-                f"{self.static_cycles:,} static v6e cycles (blocks 512/1024/512) take the published "
-                f"{self.published_seconds * 1e3:.2f} ms" + ("" if chip == "v6e" else
-                f", scaled by peak-implied clocks {chip}/v6e"))
+        own = self.point.chip
+        return (f"calibrated: {self.clock_hz(chip) / 1e9:.3f} GHz effective = clock at which the static estimate of "
+                f"{self.point.impl} / {self.point.mask} ({self.static_cycles:,} {own} cycles, blocks "
+                f"{self.blocks[0]}/{self.blocks[1]}) takes the published {self.published_seconds * 1e3:.2f} ms"
+                + ("" if chip == own else f"; {chip} has no published point: scaled by peak-implied clocks "
+                   f"{chip}/{own}"))
 
 
-_CALIBRATION: Calibration | None = None
+_CALIBRATIONS: dict[str, Calibration] = {}
 
 
-def calibration(use_cache: bool = True) -> Calibration:
-    """The calibration (computed once per process; ``use_cache=False`` recompiles and recomputes it)."""
-    global _CALIBRATION
-    from stlib.analysis.kernel_estimate import estimate  # the calibration is itself an estimate
+def solve_clock(point: CalibrationPoint, block_q: int | None, block_kv: int | None, use_cache: bool = True):
+    """(cycles, clock in Hz) at which the estimate of ``point`` with these blocks takes its published
+    time: cycles / clock + exposed DMA = published (fixed point; the exposed part is small)."""
+    from stlib.analysis.kernel_estimate import estimate
 
-    if _CALIBRATION is None or not use_cache:
-        reference = estimate("splash", "full", "v6e", clock=1.0, use_cache=use_cache)
-        if reference.memory_seconds >= PUBLISHED_DENSE_SPLASH_SECONDS:
-            raise RuntimeError("dense Splash's memory floor exceeds its published time: cannot calibrate a clock")
-        _CALIBRATION = Calibration(reference.cycles, reference.cycles / PUBLISHED_DENSE_SPLASH_SECONDS)
-    return _CALIBRATION
+    def run(clock):
+        return estimate(point.impl, point.mask, point.chip, block_q=block_q, block_kv=block_kv,
+                        num_heads=point.num_heads, num_kv_heads=point.num_kv_heads, head_dim=point.head_dim,
+                        length=point.length, clock=clock, use_cache=use_cache)
+
+    est = run(1.0)
+    if est.memory_seconds >= point.published_seconds:
+        raise RuntimeError(f"the DMA floor of {point.describe()} exceeds its published time: cannot calibrate a clock")
+    hz = est.cycles / point.published_seconds
+    for _ in range(3):
+        exposed = run(hz).exposed_dma_seconds
+        hz = est.cycles / (point.published_seconds - exposed)
+    return est.cycles, hz
+
+
+def calibration(chip: str = "v6e", use_cache: bool = True) -> Calibration:
+    """The calibration ``chip``'s clock comes from (its own point, or the one it borrows); computed
+    once per process (``use_cache=False`` recompiles and recomputes it)."""
+    owner = BORROWED.get(chip, chip)
+    if owner not in CALIBRATION_POINTS:
+        raise ValueError(f"chip={chip!r} has no calibration point and borrows none: {sorted(CALIBRATION_POINTS)}")
+    if owner not in _CALIBRATIONS or not use_cache:
+        point = CALIBRATION_POINTS[owner]
+        if point.blocks == "tuned":
+            from stlib.analysis.static import best_blocks
+
+            blocks = best_blocks(point, use_cache=use_cache)
+        else:
+            blocks = point.blocks
+        cycles, hz = solve_clock(point, *blocks, use_cache=use_cache)
+        _CALIBRATIONS[owner] = Calibration(cycles, hz, point.published_seconds, point, tuple(blocks))
+    return _CALIBRATIONS[owner]
 
 
 def _clock(clock, chip: str, use_cache: bool) -> tuple[float, str]:
     if clock == "calibrated":
-        cal = calibration(use_cache)
+        cal = calibration(chip, use_cache)
         return cal.clock_hz(chip), cal.describe(chip)
     if clock == "peak":
         hz = peak_clock_hz(chip)

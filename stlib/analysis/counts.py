@@ -80,7 +80,7 @@ def _hbm_roles(att: Attribution, head_dim: int, head_dim_v: int | None = None,
     """Per role q, k, v, o, lse: whether the kernel moves it through HBM (XLA may place whole operands
     in VMEM at small shapes, and then the pipeline moves nothing for them) and its row's minor
     dimension as laid out (``layouts``: per operand index, from the scheduled HLO)."""
-    from stlib.analysis.dump import padded_bytes
+    from stlib.analysis.dump import laid_out_minor
 
     dv = head_dim_v or head_dim
     inputs = [(i, op) for i, op in enumerate(att.operands)
@@ -93,8 +93,7 @@ def _hbm_roles(att: Attribution, head_dim: int, head_dim_v: int | None = None,
 
     def role(i, op):
         layout = layouts[i] if layouts and i < len(layouts) else "{}"
-        minor = padded_bytes(op[1], [8, op[2][-1]], layout.strip("{}")) // padded_bytes(op[1], [8], "0")
-        return op[0] == "hbm", minor
+        return op[0] == "hbm", laid_out_minor(op[2][-1], layout)
 
     roles = {name: role(*x) for name, x in zip("qkv", inputs)}
     return {**roles, "o": role(*o[0]), "lse": role(*lse[0]) if lse else (False, 1)}

@@ -246,6 +246,14 @@ def padded_bytes(dtype: str, dims: list[int], layout: str) -> int:
     return _ITEMSIZE[dtype] * math.prod(size)
 
 
+def laid_out_minor(n: int, layout: str) -> int:
+    """The length of a most-minor dimension of ``n`` elements under ``layout``: padded to the tile's
+    lane count (``T(8,128)``: 128)."""
+    tile = _TILE.search(layout)
+    lanes = 1 if tile is None else int(tile[2] or tile[1])
+    return -(-n // lanes) * lanes
+
+
 def kernel_layouts(hlo: str) -> dict[str, list[str]]:
     """Per Pallas kernel call in the scheduled HLO: the layouts (``{2,1,0:T(8,128)}``) of its operands
     then its results, in operand-index order (as the kernel dump numbers them)."""

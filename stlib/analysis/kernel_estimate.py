@@ -1,13 +1,16 @@
 """A static TPU time estimate of one attention call from its compiled kernel schedules: the
 compiler as a stopwatch.
 
-Each Pallas kernel of the call is compiled for a v6e / v5e chip without a TPU, its scheduled bundles
-are attributed to control paths (``stlib.analysis.attribution``), multiplied by how often each path
-runs (``stlib.analysis.counts``) and turned into time through an explicit clock
-(``stlib.analysis.clock``). A bundle issues in one cycle; stalls (DMA waits, MXU latency the
-schedule does not cover) are not in the count, so the HBM bytes the kernel's DMAs move / bandwidth
-floor the time. A static estimate, never a measurement: a libtpu or a dump this parser does not
-know raises ``ScheduleFormatError`` and no number is returned.
+Each Pallas kernel of the call is compiled for a chip of ``ESTIMATE_CHIPS`` without a TPU, its
+scheduled bundles are attributed to control paths (``stlib.analysis.attribution``), multiplied by how
+often each path runs (``stlib.analysis.counts``) and turned into time through an explicit clock
+(``stlib.analysis.clock``). A bundle issues in one cycle; stalls the schedule does not show are
+folded into the calibrated clock, except the DMA the pipeline cannot hide (``PathCounts.
+exposed_seconds``: prologue, and steps whose compute is shorter than their copies), which is added;
+the HBM bytes the kernel's DMAs move (at their laid-out sizes) / bandwidth floor each kernel's time.
+The XLA glue around the kernels (padding, scaling, merging) is a memory-bound line of its own:
+``total_seconds = seconds (kernels) + glue_seconds``. A static estimate, never a measurement: a
+libtpu or a dump this parser does not know raises ``ScheduleFormatError`` and no number is returned.
 """
 
 from __future__ import annotations
@@ -29,8 +32,9 @@ from stlib.analysis.schedule import ScheduleFormatError
 from stlib.configs import CASE_STUDY
 from stlib.roofline import ComputeOrMemoryBound
 
-METHOD = ("static estimate: VLIW bundles of the libtpu schedule per control path (1 bundle = 1 cycle, no "
-          "stalls) x path counts from the tile layout / clock, floored by kernel DMA bytes / HBM bandwidth")
+METHOD = ("static estimate: VLIW bundles of the libtpu schedule per control path (1 bundle = 1 cycle) x path "
+          "counts from the tile layout / calibrated clock, + exposed DMA (prologue, steps shorter than their "
+          "copies), floored by laid-out kernel DMA bytes / HBM bandwidth; + XLA glue bytes / HBM bandwidth")
 
 
 @dataclass(frozen=True)
@@ -42,12 +46,18 @@ class KernelEstimate(ComputeOrMemoryBound):
     compute_seconds: float
     dma_bytes: int
     memory_seconds: float
+    exposed_dma_seconds: float = 0.0  # copies not hidden behind compute (counts.PathCounts.exposed_seconds)
+
+    @property
+    def seconds(self) -> float:
+        return max(self.compute_seconds + self.exposed_dma_seconds, self.memory_seconds)
 
 
 @dataclass(frozen=True)
 class Estimate:
-    """A static estimate of one attention call on a chip: kernels only (``seconds``), with the XLA
-    glue around them (padding, merging) as a separate memory floor (``glue_seconds``)."""
+    """A static estimate of one attention call on a chip: the kernels (``seconds``), the XLA glue
+    around them (padding, scaling, merging: ``glue_seconds``, its bytes / HBM bandwidth) and their
+    sum (``total_seconds``); ``blocks`` the kernel blocks used, ``kernels`` the per-path breakdown."""
 
     impl: str
     mask: str
@@ -77,6 +87,19 @@ class Estimate:
     def seconds(self) -> float:
         return sum(k.seconds for k in self.kernels)
 
+    @property
+    def exposed_dma_seconds(self) -> float:
+        return sum(k.exposed_dma_seconds for k in self.kernels)
+
+    @property
+    def total_seconds(self) -> float:
+        return self.seconds + self.glue_seconds
+
+    @property
+    def blocks(self) -> dict:
+        """The blocks the kernels ran with (resolved: defaults filled in)."""
+        return dict(self.config.get("resolved_blocks") or {})
+
     def path_bundles(self) -> dict[str, int]:
         """Bundles one grid step costs on each path: "skipped step" (grid-loop iteration + step
         overhead), "tile" / "FULL tile" / "masked tile" (the same plus the kernel's compute region;
@@ -103,6 +126,10 @@ class Estimate:
             "estimate_compute_ms": self.compute_seconds * 1e3,
             "estimate_memory_floor_ms": self.memory_seconds * 1e3,
             "estimate_glue_floor_ms": self.glue_seconds * 1e3,
+            "estimate_glue_ms": self.glue_seconds * 1e3,
+            "estimate_total_ms": self.total_seconds * 1e3,
+            "estimate_exposed_dma_ms": self.exposed_dma_seconds * 1e3,
+            "estimate_blocks": self.blocks,
             "estimate_cycles": self.cycles,
             "estimate_clock_hz": self.clock_hz,
             "estimate_clock_assumption": self.clock_assumption,
@@ -112,17 +139,19 @@ class Estimate:
 
     def __str__(self) -> str:
         lines = [(f"STATIC ESTIMATE (not a measurement) {self.impl} / {self.mask} on {self.chip}: "
-                  f"{self.seconds * 1e3:.2f} ms"),
+                  f"{self.total_seconds * 1e3:.2f} ms total = kernels {self.seconds * 1e3:.2f} ms + glue "
+                  f"{self.glue_seconds * 1e3:.3f} ms; blocks {self.blocks}"),
                  f"  clock: {self.clock_assumption}",
                  f"  libtpu {self.libtpu_version}; {self.method}"]
         for k in self.kernels:
             lines.append(f"  kernel {k.kernel}: {k.grid_steps:,} grid steps, {k.cycles:,} cycles -> compute "
-                         f"{k.compute_seconds * 1e3:.2f} ms, DMA floor {k.memory_seconds * 1e3:.2f} ms "
-                         f"({k.dma_bytes / 1e9:.2f} GB), {k.bound}-bound")
+                         f"{k.compute_seconds * 1e3:.2f} ms + exposed DMA {k.exposed_dma_seconds * 1e3:.3f} ms, "
+                         f"DMA floor {k.memory_seconds * 1e3:.2f} ms ({k.dma_bytes / 1e9:.2f} GB), {k.bound}-bound")
             for path, v in k.breakdown.items():
                 lines.append(f"    {path:<15} {v['bundles']:>7,} bundles x {v['count']:>11,} = "
                              f"{v['cycles']:>15,} cycles ({v['cycles'] / max(k.cycles, 1):6.1%})")
-        lines.append(f"  XLA glue around the kernels (memory floor, not included): {self.glue_seconds * 1e3:.3f} ms")
+        lines.append(f"  XLA glue around the kernels ({self.glue_bytes / 1e9:.3f} GB / HBM bandwidth, included in the "
+                     f"total): {self.glue_seconds * 1e3:.3f} ms")
         return "\n".join(lines)
 
 
@@ -137,15 +166,16 @@ def setup_for(impl: str, config: KernelConfig, mask) -> Setup:
 
         blocks = splash_blocks(length, config.block_q, config.block_kv)
         return Setup(impl, mask, length, config.num_heads, config.head_dim, itemsize, blocks.block_q,
-                     blocks.block_kv, blocks.block_kv_compute, {})
+                     blocks.block_kv, blocks.block_kv_compute, {}, config.num_kv_heads, config.head_dim_v)
     sizes = block_sizes_for(length, config.block_q, config.block_kv, interpret=False)
     return Setup(impl, mask, length, config.num_heads, config.head_dim, itemsize, sizes.block_q, sizes.block_kv,
-                 sizes.block_kv_compute, dict(config.options))
+                 sizes.block_kv_compute, dict(config.options), config.num_kv_heads, config.head_dim_v)
 
 
 def make_config(impl: str, mask, chip: str, *, block_q=None, block_kv=None, options: dict | None = None,
                 num_heads: int = CASE_STUDY.num_heads, head_dim: int = CASE_STUDY.head_dim,
-                dtype: str = "bfloat16", length: int | None = None) -> tuple[KernelConfig, bytes | None]:
+                dtype: str = "bfloat16", length: int | None = None, num_kv_heads: int | None = None,
+                head_dim_v: int | None = None) -> tuple[KernelConfig, bytes | None]:
     """The KernelConfig (and pickled mask, for a mask object) of an estimate request."""
     from stlib.masks import Mask
 
@@ -162,9 +192,18 @@ def make_config(impl: str, mask, chip: str, *, block_q=None, block_kv=None, opti
         name = mask
     else:
         raise TypeError(f"mask must be a name, a stlib mask or None, got {type(mask).__name__}")
+    if num_kv_heads == num_heads:
+        num_kv_heads = None
+    if head_dim_v == head_dim:
+        head_dim_v = None
+    if num_kv_heads is not None and (num_kv_heads <= 0 or num_heads % num_kv_heads):
+        raise ValueError(f"num_kv_heads={num_kv_heads} must be a positive divisor of num_heads={num_heads}")
+    if (num_kv_heads, head_dim_v) != (None, None) and impl != "splash":
+        raise ValueError(f"impl={impl!r}: num_kv_heads / head_dim_v other than num_heads / head_dim are estimated "
+                         "for impl='splash' only")
     config = KernelConfig(impl=impl, mask=name if mask_bytes is None else "none", num_heads=num_heads,
                           head_dim=head_dim, dtype=dtype, block_q=block_q, block_kv=block_kv, chip=chip,
-                          length=length)
+                          length=length, num_kv_heads=num_kv_heads, head_dim_v=head_dim_v)
     implementation = registry.get(impl)
     fields = {f.name for f in dataclasses.fields(implementation.options_type)}
     if "block_kv_compute" in fields:  # resolve the chunk here, so the config names the kernel exactly
@@ -181,12 +220,15 @@ def make_config(impl: str, mask, chip: str, *, block_q=None, block_kv=None, opti
 def estimate(impl: str, mask="none", chip: str = "v6e", *, block_q: int | None = None,
              block_kv: int | None = None, options: dict | None = None, num_heads: int = CASE_STUDY.num_heads,
              head_dim: int = CASE_STUDY.head_dim, dtype: str = "bfloat16", length: int | None = None,
-             clock="calibrated", use_cache: bool = True) -> Estimate:
+             num_kv_heads: int | None = None, head_dim_v: int | None = None, clock="calibrated",
+             use_cache: bool = True) -> Estimate:
     """Static estimate of ``impl`` ("splash", "pallas_dense", "pallas_block_sparse", "pallas_tile")
-    on ``mask`` (a name: "none", "full", "band (density X)", "band (width W)", a case-study catalog
-    name; or a picklable stlib mask) for ``chip`` ("v6e" / "v5e"), [num_heads, length, head_dim]
-    inputs (length defaults to the case study's). ``options``: TileOptions fields for pallas_tile.
-    ``clock``: "calibrated" (default, see ``calibration``), "peak", or Hz.
+    on ``mask`` (a name: "none", "full", "causal", "band (density X)", "band (width W)", a case-study
+    catalog name; or a picklable stlib mask) for ``chip`` (one of ``ESTIMATE_CHIPS``), q [num_heads,
+    length, head_dim], k [num_kv_heads, length, head_dim], v [num_kv_heads, length, head_dim_v]
+    (length defaults to the case study's; kv heads and head_dim_v other than q's: Splash only).
+    ``options``: TileOptions fields for pallas_tile. ``clock``: "calibrated" (default, see
+    ``calibration``), "peak", or Hz.
 
     Raises ScheduleFormatError when the libtpu or its dump is not the one this parser knows,
     RuntimeError when the kernel does not compile."""
@@ -196,7 +238,8 @@ def estimate(impl: str, mask="none", chip: str = "v6e", *, block_q: int | None =
         raise ValueError(f"chip={chip!r}: the static estimate covers {ESTIMATE_CHIPS} (the schedule reader "
                          "knows their dump form)")
     config, mask_bytes = make_config(impl, mask, chip, block_q=block_q, block_kv=block_kv, options=options,
-                                     num_heads=num_heads, head_dim=head_dim, dtype=dtype, length=length)
+                                     num_heads=num_heads, head_dim=head_dim, dtype=dtype, length=length,
+                                     num_kv_heads=num_kv_heads, head_dim_v=head_dim_v)
     compiled = compiled_attributions(impl, config, mask_bytes, use_cache)
     setup = setup_for(impl, config, pickle.loads(mask_bytes) if mask_bytes else resolve_mask(config))
     attributions = [Attribution(**{**k, "grid": k["grid"] and tuple(k["grid"])}) for k in compiled["kernels"]]
@@ -204,9 +247,10 @@ def estimate(impl: str, mask="none", chip: str = "v6e", *, block_q: int | None =
         _check_block_sparse_probe(attributions[0], config, setup, use_cache)
     hz, assumption = _clock(clock, chip, use_cache)
     bandwidth = chip_spec(chip).hbm_bandwidth
+    layouts = compiled["layouts"]
     kernels = []
     for att in attributions:
-        counts = path_counts(setup, att)
+        counts = path_counts(setup, att, layouts.get(att.kernel))
         if counts.grid_steps != att.grid_steps:
             raise ScheduleFormatError(f"{att.kernel}: the dump's grid loop runs {att.grid_steps} steps, the layout "
                                       f"says {counts.grid_steps}")
@@ -217,11 +261,22 @@ def estimate(impl: str, mask="none", chip: str = "v6e", *, block_q: int | None =
                 raise ScheduleFormatError(f"{att.kernel}: no count for path {path!r}")
             breakdown[path] = {"bundles": bundles, "count": executions[path], "cycles": bundles * executions[path]}
         cycles = sum(v["cycles"] for v in breakdown.values())
+        exposed = counts.exposed_seconds(_computed_step_cycles(att.paths) / hz, bandwidth)
         kernels.append(KernelEstimate(att.kernel, att.grid_steps, cycles, breakdown, cycles / hz,
-                                      counts.dma_bytes, counts.dma_bytes / bandwidth))
-    return Estimate(impl, mask if isinstance(mask, str) else repr(mask), chip, dataclasses.asdict(config),
+                                      counts.dma_bytes, counts.dma_bytes / bandwidth, exposed))
+    record = {**dataclasses.asdict(config),
+              "resolved_blocks": {"block_q": setup.block_q, "block_kv": setup.block_kv,
+                                  "block_kv_compute": setup.block_kv_compute}}
+    return Estimate(impl, mask if isinstance(mask, str) else repr(mask), chip, record,
                     tuple(kernels), hz, assumption, compiled["glue_bytes"], compiled["glue_bytes"] / bandwidth,
                     compiled["key"]["libtpu"])
+
+
+def _computed_step_cycles(paths: dict[str, int]) -> int:
+    """Bundles of the cheapest grid step that computes a tile: loop iteration + step + its cheapest
+    compute region (the step itself for a kernel whose compute is unconditional)."""
+    compute = [v for p, v in paths.items() if p.startswith("compute")]
+    return paths["iteration"] + paths["step"] + (min(compute) if compute else 0)
 
 
 def _check_block_sparse_probe(att: Attribution, config: KernelConfig, setup: Setup, use_cache: bool) -> None:

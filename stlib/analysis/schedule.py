@@ -150,11 +150,11 @@ def _is_empty(bundle: Bundle) -> bool:
 
 
 def _shadow_tpu7x(bundles: list[Bundle], a: int) -> int:
+    if a + 2 < len(bundles) and _is_empty(bundles[a + 1]) and "Start region" in bundles[a + 2].text:
+        return 1  # the conditional region starts right behind one empty delay bundle
     ends = [k for k in range(1, TPU7X_SHADOW + 1) if a + k < len(bundles) and "End region" in bundles[a + k].text]
     if ends:
         return ends[-1]
-    if a + 2 < len(bundles) and _is_empty(bundles[a + 1]) and "Start region" in bundles[a + 2].text:
-        return 1
     raise ScheduleFormatError(f"branch at {a:#x}: neither a region end within {TPU7X_SHADOW} bundles nor one "
                               "empty delay bundle followed by 'Start region' (the TPU7x forms)")
 

@@ -1,0 +1,91 @@
+"""``stlib.static_estimate``: the pinned entry point of the static TPU estimate, for any kernel of the
+registry and any Splash configuration (shared kv heads, causal, head dims qk != v, long sequences),
+with ``block_sizes="tuned"``: the best of a small sweep, as a practitioner who tunes would."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+from stlib.analysis.kernel_estimate import Estimate, estimate
+
+#: The Splash blocks (block_q, block_kv) a tuned estimate chooses from (block_kv_compute: 512 where
+#: it divides block_kv, as the adapter does).
+SPLASH_SWEEP = ((512, 1024), (512, 2048), (1024, 1024), (1024, 2048), (2048, 2048))
+#: The same for stlib's own Pallas kernels (block_kv_compute: their default).
+PALLAS_SWEEP = ((512, 1024), (512, 2048), (1024, 1024), (1024, 2048))
+
+
+@dataclasses.dataclass(frozen=True)
+class TunedEstimate(Estimate):
+    """An estimate at the best blocks of a sweep; ``sweep``: (block_q, block_kv, total ms, or the
+    reason the blocks failed) for every candidate."""
+
+    sweep: tuple = ()
+
+
+def _sweep_for(impl: str):
+    return SPLASH_SWEEP if impl == "splash" else PALLAS_SWEEP
+
+
+def best_blocks(point, chip: str | None = None, use_cache: bool = True) -> tuple[int, int]:
+    """The (block_q, block_kv) of ``SPLASH_SWEEP`` with the fewest static cycles for a calibration
+    point (clock-free: the clock is what the point calibrates)."""
+    results = []
+    for bq, bkv in _sweep_for(point.impl):
+        try:
+            est = estimate(point.impl, point.mask, chip or point.chip, block_q=bq, block_kv=bkv,
+                           num_heads=point.num_heads, num_kv_heads=point.num_kv_heads, head_dim=point.head_dim,
+                           length=point.length, clock=1.0, use_cache=use_cache)
+        except RuntimeError:  # does not compile (VMEM): not a candidate
+            continue
+        results.append((est.cycles, (bq, bkv)))
+    if not results:
+        raise RuntimeError(f"no block size of the sweep compiles for {point.describe()}")
+    return min(results)[1]
+
+
+def static_estimate(impl: str, mask="none", chip: str = "v6e", *, num_heads: int, num_kv_heads: int | None = None,
+                    head_dim: int, head_dim_v: int | None = None, length: int, dtype: str = "bfloat16",
+                    block_sizes=None, options=None, clock="calibrated", use_cache: bool = True) -> Estimate:
+    """Static TPU time estimate of one attention call (never a measurement): q [num_heads, length,
+    head_dim], k [num_kv_heads, length, head_dim], v [num_kv_heads, length, head_dim_v] of ``dtype``.
+
+    ``impl``: a registered Pallas implementation ("splash", "pallas_tile", ...); ``mask``: "none",
+    "full", "causal", "band (density X)", "band (width W)", a case-study catalogue name, or an stlib
+    mask; ``chip``: one of ``ESTIMATE_CHIPS`` ("v6e", "v5e", "tpu7x"). ``block_sizes``: None (the
+    kernel's defaults), {"block_q": .., "block_kv": ..}, or "tuned" (the best total of a small sweep;
+    the result's ``sweep`` lists every candidate). Shared kv heads and head_dim_v != head_dim:
+    impl="splash" only. Returns an ``Estimate``: ``seconds`` (kernels), ``glue_seconds``,
+    ``total_seconds``, ``blocks`` and the per-path breakdown in ``kernels``.
+
+    Raises ValueError for an unknown chip, impl, option or an unsupported configuration,
+    ScheduleFormatError for a libtpu or dump this estimator does not know, RuntimeError when the
+    kernel does not compile."""
+    common = {"num_heads": num_heads, "num_kv_heads": num_kv_heads, "head_dim": head_dim, "head_dim_v": head_dim_v,
+              "length": length, "dtype": dtype, "options": dict(options) if options else None, "clock": clock,
+              "use_cache": use_cache}
+    if block_sizes is None:
+        return estimate(impl, mask, chip, **common)
+    if isinstance(block_sizes, Mapping):
+        unknown = sorted(set(block_sizes) - {"block_q", "block_kv"})
+        if unknown:
+            raise ValueError(f"block_sizes has unknown keys {unknown}; use 'block_q' and 'block_kv'")
+        return estimate(impl, mask, chip, block_q=block_sizes.get("block_q"), block_kv=block_sizes.get("block_kv"),
+                        **common)
+    if block_sizes != "tuned":
+        raise ValueError(f"block_sizes={block_sizes!r} must be None, 'tuned' or a dict of block_q / block_kv")
+    best, sweep = None, []
+    for bq, bkv in _sweep_for(impl):
+        try:
+            est = estimate(impl, mask, chip, block_q=bq, block_kv=bkv, **common)
+        except RuntimeError as error:  # a block that does not compile (VMEM, SMEM) is no candidate
+            sweep.append((bq, bkv, f"does not compile: {str(error).strip().splitlines()[-1][:160]}"))
+            continue
+        sweep.append((bq, bkv, est.total_seconds * 1e3))
+        if best is None or est.total_seconds < best.total_seconds:
+            best = est
+    if best is None:
+        raise RuntimeError(f"no block size of the sweep compiles: {sweep}")
+    fields = {f.name: getattr(best, f.name) for f in dataclasses.fields(Estimate)}
+    return TunedEstimate(**fields, sweep=tuple(sweep))
