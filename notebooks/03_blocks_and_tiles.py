@@ -79,7 +79,7 @@ import numpy as np
 
 import stlib
 from stlib import bench, masks, notebook, plotting
-from stlib.layout_catalog import case_study_masks
+from stlib.masks import case_study_masks
 
 cfg = notebook.setup(SIZE)
 

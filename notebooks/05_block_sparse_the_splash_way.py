@@ -78,7 +78,7 @@ from stlib import bench, configs, masks, notebook, plotting
 from stlib.kernels.block_sparse import step_table
 from stlib.kernels.splash import splash_blocks, splash_mask
 from stlib.layout import smem_bytes
-from stlib.layout_catalog import case_study_masks
+from stlib.masks import case_study_masks
 from stlib.roofline import work_summary
 
 cfg = notebook.setup(SIZE)

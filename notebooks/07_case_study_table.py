@@ -83,7 +83,7 @@ import stlib.kernels  # registers the Pallas kernels with stlib.attention
 from stlib import bench, configs, masks, notebook, plotting
 from stlib.device import current_chip
 from stlib.kernels.splash import splash_blocks, splash_mask
-from stlib.layout_catalog import case_study_masks
+from stlib.masks import case_study_masks
 
 STA_MASK, STA_RASTER = "sliding tile, 3-D tiled order", "sliding tile 3x8x16, window 3"  # catalogue names
 

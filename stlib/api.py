@@ -97,13 +97,15 @@ def attention(q, k, v, mask: Mask | None = None, *, impl: str = "reference", sca
 
 
 def video_attention(q, k, v, grid: VideoGrid, mask: Mask | None = None, *, impl: str = "reference",
-                    orders=None, **kwargs):
+                    orders=None, plan=None, **kwargs):
     """Attention over the raster-order tokens of ``grid``: q, k, v [H, T*Y*X, D], ``mask`` in raster
     order. The tokens are reordered so the mask is tile-aligned (``choose_orders``: the candidate
     order with the fewest non-empty tiles, per head for per-head masks), the kernel runs, and the
     output is restored to raster order: equal to ``attention(..., impl="reference")`` on the
     raster-order mask. ``orders`` overrides the choice (one TokenOrder, or one per head).
-    Raises ValueError if the grid does not match L."""
+    ``plan`` (a ``stlib.routing.SvgPlan``, instead of mask and orders) runs that plan: its orders
+    and tile layout, nothing rebuilt (``stlib.routing.run_plan``). Raises ValueError if the grid
+    does not match L."""
     from stlib.reorder import choose_orders
 
     if not isinstance(grid, VideoGrid):
@@ -111,6 +113,14 @@ def video_attention(q, k, v, grid: VideoGrid, mask: Mask | None = None, *, impl:
     check_qkv(q, k, v)
     grid.check_length(q.shape[1])
     check_mask(mask, q.shape[0], q.shape[1])
+    if plan is not None:
+        from stlib.routing import run_plan
+
+        if mask is not None or orders is not None:
+            raise ValueError("give either plan or mask / orders, not both")
+        if plan.grid != grid:
+            raise ValueError(f"the plan is for grid {plan.grid.shape}, not {grid.shape}")
+        return run_plan(q, k, v, plan, impl=impl, **kwargs)
     if mask is None:
         return attention(q, k, v, None, impl=impl, **kwargs)
     if orders is None:

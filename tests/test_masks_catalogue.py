@@ -1,8 +1,8 @@
-"""The named case-study masks (stlib/masks/catalogue.py) and the stlib.layout_catalog shim."""
+"""The named case-study masks (stlib/masks/catalogue.py)."""
 
 from __future__ import annotations
 
-from stlib import VideoGrid, layout_catalog, masks
+from stlib import VideoGrid, masks
 from stlib.configs import CASE_STUDY
 from stlib.masks import SlidingTileMask
 
@@ -33,9 +33,3 @@ def test_catalogue_is_equal_by_value_when_rebuilt():
     assert "per-head SVG (2 spatial, 2 temporal)" in first
     assert first == second and all(first[n] is not second[n] for n in first)
     assert len(set(first.values())) == len(first)
-
-
-def test_layout_catalog_shim():
-    assert layout_catalog.case_study_masks is masks.case_study_masks
-    assert layout_catalog.STA_TILE == CASE_STUDY.sta_tile
-    assert layout_catalog.STA_WINDOW == CASE_STUDY.sta_window

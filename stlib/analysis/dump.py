@@ -166,14 +166,20 @@ def stlib_dir() -> Path:
     return Path(stlib.__file__).resolve().parent
 
 
+def subprocess_env() -> dict:
+    """This process's environment for a ``python -m stlib...`` subprocess: it imports this very
+    stlib, also where stlib is importable only through sys.path, and may load libtpu beside us."""
+    env = dict(os.environ)
+    env.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    env["PYTHONPATH"] = os.pathsep.join([str(stlib_dir().parent), *filter(None, [env.get("PYTHONPATH")])])
+    return env
+
+
 def compile_with_dump(config: KernelConfig, directory: str, timeout: float = 600) -> float:
     """Compile ``config`` for its chip in a subprocess with libtpu's dump written to ``directory``;
     return the compile seconds. Raises RuntimeError if compilation fails."""
-    env = dict(os.environ)
+    env = subprocess_env()
     env["LIBTPU_INIT_ARGS"] = (env.get("LIBTPU_INIT_ARGS", "") + f" --xla_jf_dump_to={directory}").strip()
-    env.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-    # the subprocess imports this very stlib, also where it is importable only through sys.path
-    env["PYTHONPATH"] = os.pathsep.join([str(stlib_dir().parent), *filter(None, [env.get("PYTHONPATH")])])
     proc = subprocess.run([sys.executable, "-m", "stlib.compile_report", json.dumps(asdict(config))],
                           capture_output=True, text=True, env=env, timeout=timeout, check=False)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]

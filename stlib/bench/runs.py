@@ -135,13 +135,14 @@ def run_cpu_scaling(out_dir: Path = DATA_DIR, lengths=(4096, 8192, 16384, 32768)
 def run_layout(out_dir: Path = DATA_DIR, block_q: int = 128, block_kv: int = 128) -> Path:
     """Mask + layout construction time and peak memory of every built-in pattern at the case-study
     grid, each in a fresh subprocess so its peak memory is its own."""
-    from stlib.layout_catalog import case_study_masks
+    from stlib.analysis.dump import subprocess_env
+    from stlib.masks import case_study_masks
 
     recorder = Recorder(Path(out_dir) / "layout.jsonl")
     names = list(case_study_masks())
     for n, name in enumerate(names, 1):
-        proc = subprocess.run([sys.executable, "-m", "stlib.layout_catalog", name, str(block_q), str(block_kv)],
-                              capture_output=True, text=True, check=True)
+        proc = subprocess.run([sys.executable, "-m", "stlib.bench.layout_probe", name, str(block_q), str(block_kv)],
+                              capture_output=True, text=True, check=True, env=subprocess_env())
         result = json.loads(proc.stdout.strip().splitlines()[-1])
         recorder.write({"benchmark": "layout", "grid": list(CASE_STUDY.grid.shape), "heads": CASE_STUDY.num_heads,
                         "block_q": block_q, "block_kv": block_kv, **result})

@@ -1,19 +1,13 @@
 """Layout build time and peak memory of one named case-study mask, measured in its own process.
 
-``python -m stlib.layout_catalog NAME BLOCK_Q BLOCK_KV`` builds one layout and prints its build
-time and peak memory as JSON (used by ``python -m stlib.bench layout``, one process per mask). The
-named masks live in ``stlib.masks.catalogue``; ``case_study_masks``, ``STA_TILE`` and ``STA_WINDOW``
-are re-exported here only for callers that have not moved yet.
+``python -m stlib.bench.layout_probe NAME BLOCK_Q BLOCK_KV`` builds one layout and prints its build
+time and peak memory as JSON (``python -m stlib.bench layout`` runs it once per mask, so each peak
+is that mask's own).
 """
 
 from __future__ import annotations
 
-from stlib.configs import CASE_STUDY
 from stlib.masks.catalogue import case_study_masks
-
-# compatibility: use stlib.configs.CASE_STUDY.sta_tile / .sta_window and stlib.masks.case_study_masks
-STA_TILE = CASE_STUDY.sta_tile
-STA_WINDOW = CASE_STUDY.sta_window
 
 
 def measure_layout(name: str, block_q: int, block_kv: int) -> dict:

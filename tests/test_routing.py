@@ -1,0 +1,256 @@
+"""Sparse VideoGen routing and the public design's tile budget (stlib.routing)."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import stlib
+from stlib import SMALL_CPU, VideoGrid
+from stlib.configs import CASE_STUDY
+from stlib.geometry import token_major_order
+from stlib.kernels.tile import BoundaryPolicy
+from stlib.masks import band_width_for_density
+from stlib.routing import Anchor, TokenMajorPrefixMask, route, svg_plan
+from stlib.synthetic import HeadKind, video_qkv
+
+from .conftest import ATOL
+
+SMALL = SMALL_CPU.grid  # 3 x 8 x 48 = 1,152 tokens
+PLANTED = ("spatial", "temporal", "temporal", "spatial")
+CASE_BLOCKS = {"block_q": 3328, "block_kv": 2816}  # the public design's tiles
+
+
+@functools.cache
+def small_inputs(seed=0):
+    return video_qkv(SMALL, PLANTED, 64, seed=seed)
+
+
+# --- budget ---------------------------------------------------------------------------------
+
+
+def test_band_width_is_the_public_budget():
+    length = CASE_STUDY.grid.num_tokens
+    assert band_width_for_density(length, 0.15) == math.ceil(length * (1 - math.sqrt(0.85)) / 128) * 128 == 6016
+    plan = svg_plan(CASE_STUDY.grid, ["spatial", "temporal"], 0.15, **CASE_BLOCKS)
+    assert plan.width == 6016 and plan.width % 128 == 0
+
+
+@pytest.mark.parametrize("anchor", list(Anchor))
+@pytest.mark.parametrize("density", [0.15, 0.25])
+def test_balanced_pairs_within_two_percent_at_case_study(density, anchor):
+    plan = svg_plan(CASE_STUDY.grid, ["spatial", "temporal"], density, anchor=anchor, **CASE_BLOCKS)
+    assert plan.layout.grid_shape == (23, 27)
+    assert np.all(np.abs(plan.pairs / plan.exact_pairs - 1) <= 0.02)
+    assert np.all(plan.main_tiles > 0) and np.all(plan.masked_tiles == 0)
+    # the last kv tile holds 75,600 - 26 * 2,816 = 384 real keys: tiles there are the ragged tail
+    assert np.all(plan.tail_tiles == plan.kept[:, :, -1].sum(axis=1))
+    assert np.all(plan.computed_tiles == plan.kept.sum(axis=(1, 2)))
+
+
+@pytest.mark.parametrize("density", [0.15, 0.25, 0.5])
+def test_balanced_pairs_within_two_percent_at_small_grid(density):
+    plan = svg_plan(SMALL, PLANTED, density, block_q=128, block_kv=128)
+    assert np.all(np.abs(plan.pairs / plan.exact_pairs - 1) <= 0.02)
+    dense = plan.mask.to_dense()  # the rounded mask in raster order holds exactly those pairs
+    assert np.array_equal(dense.sum(axis=(1, 2)), plan.pairs)
+
+
+def test_exact_boundary_computes_the_exact_mask():
+    plan = svg_plan(SMALL, PLANTED, 0.25, block_q=128, block_kv=128, boundary="exact")
+    assert np.array_equal(plan.pairs, plan.exact_pairs)
+    assert np.all(plan.masked_tiles > 0)
+    dense = plan.mask.to_dense()
+    for h, m in enumerate(plan.exact_masks):
+        assert np.array_equal(dense[h], m.to_dense())
+
+
+def test_reordered_anchor_beats_frame0_on_temporal_heads_at_case_study():
+    kinds = ["temporal"]
+    reordered = svg_plan(CASE_STUDY.grid, kinds, 0.15, boundary="exact", **CASE_BLOCKS)
+    frame0 = svg_plan(CASE_STUDY.grid, kinds, 0.15, boundary="exact", anchor="frame0", **CASE_BLOCKS)
+    assert reordered.computed_tiles[0] < 0.5 * frame0.computed_tiles[0]
+
+
+# --- anchor semantics -----------------------------------------------------------------------
+
+
+def _own_order_dense(plan, h):
+    return plan.layout.mask.head(h).to_dense()
+
+
+def test_reordered_anchor_is_the_first_hw_keys_of_the_reordered_sequence():
+    plan = svg_plan(SMALL, ["spatial", "temporal"], 0.15, block_q=128, block_kv=128, boundary="exact")
+    length, hw = SMALL.num_tokens, SMALL.tokens_per_frame
+    pos = np.arange(length)
+    expected = (np.abs(pos[:, None] - pos[None, :]) <= plan.width) | (pos[None, :] < hw)
+    for h in range(2):  # in its own order every head is band | key < H*W
+        assert np.array_equal(_own_order_dense(plan, h), expected)
+    # in raster terms, the temporal head's anchor is the keys whose token-major position is < H*W
+    anchor = TokenMajorPrefixMask(SMALL).to_dense()
+    assert np.array_equal(anchor, np.broadcast_to(token_major_order(SMALL).inverse[None, :] < hw, anchor.shape))
+
+
+def test_frame0_anchor_is_frame_zero_in_every_order():
+    plan = svg_plan(SMALL, ["spatial", "temporal"], 0.15, block_q=128, block_kv=128, boundary="exact",
+                    anchor="frame0")
+    length, hw, frames = SMALL.num_tokens, SMALL.tokens_per_frame, SMALL.frames
+    pos = np.arange(length)
+    in_band = np.abs(pos[:, None] - pos[None, :]) <= plan.width
+    assert np.array_equal(_own_order_dense(plan, 0), in_band | (pos[None, :] < hw))
+    assert np.array_equal(_own_order_dense(plan, 1), in_band | (pos[None, :] % frames == 0))
+    raster = plan.mask.to_dense()
+    assert raster[:, :, :hw].all()  # every query sees frame 0 in raster order
+
+
+def test_orders_follow_kinds():
+    plan = svg_plan(SMALL, ["temporal", "spatial"], 0.15, block_q=128, block_kv=128)
+    assert plan.kinds == (HeadKind.TEMPORAL, HeadKind.SPATIAL)
+    assert plan.orders[0] == stlib.token_major_order(SMALL) and plan.orders[1] == stlib.raster_order(SMALL)
+    assert plan.anchor == Anchor.REORDERED and plan.boundary == BoundaryPolicy.BALANCED
+
+
+# --- routing ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_routing_recovers_planted_kinds(seed):
+    q, k, _ = small_inputs(seed)
+    plan = route(q, k, SMALL, 0.15, seed=seed)
+    assert plan.kinds == tuple(HeadKind(kind) for kind in PLANTED)
+    assert plan.routing.mse.shape == plan.routing.recall.shape == (2, len(PLANTED))
+    assert plan.routing.rows.shape == (64,)
+
+
+def test_routing_recovers_planted_kinds_on_more_frames():
+    grid = VideoGrid(9, 8, 16)
+    kinds = ("temporal", "spatial", "temporal")
+    q, k, _ = video_qkv(grid, kinds, 64, seed=3)
+    assert route(q, k, grid, 0.25, num_samples=32).kinds == tuple(HeadKind(x) for x in kinds)
+
+
+def test_route_is_the_plan_of_its_kinds():
+    q, k, _ = small_inputs()
+    plan = route(q, k, SMALL, 0.25, block_q=64, block_kv=128, anchor="frame0", boundary="exact")
+    again = svg_plan(SMALL, plan.kinds, 0.25, block_q=64, block_kv=128, anchor="frame0", boundary="exact")
+    assert np.array_equal(plan.layout.counts, again.layout.counts)
+    assert (plan.block_q, plan.block_kv) == (64, 128)
+
+
+# --- end to end -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("boundary", ["balanced", "exact"])
+def test_route_plan_kernel_end_to_end(boundary, monkeypatch):
+    q, k, v = small_inputs()
+    plan = route(q, k, SMALL, 0.15, boundary=boundary)
+    # the kernel call rebuilds no layout: it runs the plan's own
+    import stlib.kernels.tile as tile
+    import stlib.reorder as reorder
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a layout was rebuilt")
+
+    monkeypatch.setattr(tile, "block_layout", refuse)
+    monkeypatch.setattr(reorder, "block_layout", refuse)
+    out = stlib.video_attention(q, k, v, SMALL, plan=plan, impl="pallas_tile")
+    monkeypatch.undo()
+    expected = stlib.attention(q, k, v, plan.mask, impl="reference")
+    np.testing.assert_allclose(np.asarray(out), np.asarray(expected), atol=ATOL["kernel"][jnp.float32])
+    dense = stlib.attention(q, k, v, None, impl="reference")
+    rel = float(jnp.linalg.norm(out - dense) / jnp.linalg.norm(dense))
+    assert rel < 0.15  # the routed sparse output stays close to dense on planted inputs
+
+
+def test_plan_with_reference_impl_runs_the_rounded_mask():
+    q, k, v = small_inputs()
+    plan = svg_plan(SMALL, PLANTED, 0.15, block_q=128, block_kv=128)
+    out = stlib.video_attention(q, k, v, SMALL, plan=plan)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(stlib.attention(q, k, v, plan.mask)), atol=1e-6)
+
+
+# --- bad input --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("density", [0.0, -0.1, 1.5])
+def test_bad_density(density):
+    q, k, _ = small_inputs()
+    with pytest.raises(ValueError, match="density"):
+        route(q, k, SMALL, density)
+    with pytest.raises(ValueError, match="density"):
+        svg_plan(SMALL, PLANTED, density, block_q=128, block_kv=128)
+
+
+@pytest.mark.parametrize("num_samples", [0, SMALL.num_tokens + 1])
+def test_bad_sample_size(num_samples):
+    q, k, _ = small_inputs()
+    with pytest.raises(ValueError, match="num_samples"):
+        route(q, k, SMALL, 0.15, num_samples=num_samples)
+
+
+def test_whole_sequence_as_sample_is_fine():
+    q, k, _ = small_inputs()
+    assert route(q, k, SMALL, 0.15, num_samples=SMALL.num_tokens).kinds == tuple(map(HeadKind, PLANTED))
+
+
+def test_grid_must_match_length():
+    q, k, v = small_inputs()
+    with pytest.raises(ValueError, match="video grid"):
+        route(q, k, VideoGrid(3, 8, 32), 0.15)
+    plan = svg_plan(SMALL, PLANTED, 0.15, block_q=128, block_kv=128)
+    with pytest.raises(ValueError, match="grid|video grid"):
+        stlib.video_attention(q[:, :768], k[:, :768], v[:, :768], VideoGrid(2, 8, 48), plan=plan, impl="pallas_tile")
+
+
+@pytest.mark.parametrize("where", ["q", "k"])
+@pytest.mark.parametrize("value", [np.nan, np.inf])
+def test_non_finite_inputs(where, value):
+    q, k, _ = small_inputs()
+    rows = stlib.routing.sample_rows(SMALL.num_tokens, 64, 0)
+    if where == "q":
+        q = q.at[1, rows[5], 3].set(value)  # in a sampled row
+    else:
+        k = k.at[2, 17, 0].set(value)
+    with pytest.raises(ValueError, match="NaN or inf"):
+        route(q, k, SMALL, 0.15)
+
+
+def test_bad_plan_use():
+    q, k, v = small_inputs()
+    plan = svg_plan(SMALL, PLANTED, 0.15, block_q=128, block_kv=128)
+    with pytest.raises(ValueError, match="heads"):
+        stlib.video_attention(q[:2], k[:2], v[:2], SMALL, plan=plan, impl="pallas_tile")
+    with pytest.raises(ValueError, match="not both"):
+        stlib.video_attention(q, k, v, SMALL, plan.mask, plan=plan, impl="pallas_tile")
+    with pytest.raises(ValueError, match="boundary"):
+        stlib.video_attention(q, k, v, SMALL, plan=plan, impl="pallas_tile", options={"boundary": "exact"})
+    with pytest.raises(ValueError, match="candidates|kinds"):
+        route(q, k, SMALL, 0.15, candidates=("spatial", "radial"))
+    with pytest.raises(ValueError, match="anchor"):
+        svg_plan(SMALL, PLANTED, 0.15, block_q=128, block_kv=128, anchor="first")
+    with pytest.raises(ValueError, match="block_kv"):
+        svg_plan(SMALL, PLANTED, 0.15, block_q=128, block_kv=100)
+
+
+# --- compiles for TPU at the case-study shape -----------------------------------------------
+
+
+@pytest.mark.tpu_compile
+def test_plan_compiles_for_v6e_at_case_study_shape():
+    from stlib.device import compile_for_tpu
+
+    grid = CASE_STUDY.grid
+    kinds = ["spatial"] * 5 + ["temporal"] * 5
+    plan = svg_plan(grid, kinds, 0.15, **CASE_BLOCKS)
+    shape = jax.ShapeDtypeStruct(CASE_STUDY.qkv_shape, jnp.bfloat16)
+
+    def fn(q, k, v):
+        return stlib.video_attention(q, k, v, grid, plan=plan, impl="pallas_tile", interpret=False)
+
+    compiled = compile_for_tpu(fn, shape, shape, shape, chip="v6e")
+    assert "stlib_tile_full" in compiled.text()
