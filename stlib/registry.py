@@ -48,7 +48,8 @@ class Implementation:
     a compiled program (empty: not a Pallas implementation). ``compute_regions(kernel, n)`` names
     the n conditional compute regions of a compiled step; ``schedule_counts(setup, attribution)``
     -> ``ScheduleCounts`` of one compiled kernel (stlib.analysis). ``chips``: the chips it compiles
-    for. ``blocks``: per-chip default blocks where they differ from the chip table's.
+    for. ``blocks``: per-chip default blocks where they differ from the chip table's. ``title`` and
+    ``variants`` (label -> options) say how the case-study comparisons run it.
     """
 
     name: str
@@ -61,6 +62,16 @@ class Implementation:
     schedule_counts: Callable | None = None
     chips: tuple[str, ...] = ()
     blocks: Mapping[str, object] = field(default_factory=dict)
+    title: str = ""  # how comparisons name it ("" : its name)
+    variants: Mapping[str, Mapping] = field(default_factory=dict)  # labelled options comparisons run
+
+    def comparison_runs(self) -> list[tuple[str, dict]]:
+        """(label, options) of each variant the benchmark and estimate comparisons run: its
+        ``variants``, or its defaults under its title."""
+        title = self.title or self.name
+        if not self.variants:
+            return [(title, {})]
+        return [(f"{title} {label}", dict(options)) for label, options in self.variants.items()]
 
     @property
     def is_pallas(self) -> bool:

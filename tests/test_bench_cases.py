@@ -53,7 +53,7 @@ def test_block_sizes_follow_the_backend_and_the_workload_tile(small_cases):
 
 
 def test_densities_default_to_the_configured_sweep():
-    bands = [c for c in case_study_cases(SMALL_CPU, tpu=False) if c.label == "Splash (band)"]
+    bands = [c for c in case_study_cases(SMALL_CPU, tpu=False) if c.label == "Splash"]
     assert len(bands) == len(DENSITIES)
 
 

@@ -6,21 +6,13 @@ from __future__ import annotations
 import os
 from concurrent.futures import ThreadPoolExecutor
 
+from stlib import registry
 from stlib.analysis.clock import calibration, solve_clock
 from stlib.analysis.kernel_estimate import estimate
 from stlib.configs import DENSITIES
 
 SPLASH_BLOCKS = ((512, 1024), (512, 2048), (1024, 1024), (1024, 2048), (2048, 2048))
 STA_MASK = "sliding tile, 3-D tiled order"
-TABLE_KERNELS = (
-    ("splash", {}),  # bands only: the sliding-tile order has no lazy Splash mask
-    ("pallas_dense", {}),
-    ("pallas_block_sparse", {}),
-    ("pallas_tile", {"form": "rows"}),
-    ("pallas_tile", {"form": "flat"}),
-    ("pallas_tile", {"form": "rows", "boundary": "balanced"}),
-    ("pallas_tile", {"form": "flat", "boundary": "balanced"}),
-)
 
 
 def _parallel(fn, items, workers: int | None = None):
@@ -55,12 +47,12 @@ def case_study_table(chip: str = "v6e", use_cache: bool = True) -> list[dict]:
     sliding-tile pattern (3-D tiled order, 384-token tiles)."""
     masks_ = [(f"band (density {d})", None) for d in DENSITIES] + [(STA_MASK, 384)]
     calibration(chip, use_cache)
-    items = [(impl, opts, m, b) for impl, opts in TABLE_KERNELS for m, b in masks_
-             if not (impl == "splash" and m == STA_MASK)]
+    items = [(impl.name, label, opts, m, b) for impl in registry.tpu_kernels()
+             for label, opts in impl.comparison_runs() for m, b in masks_
+             if not (impl.name == "splash" and m == STA_MASK)]  # bands only: no lazy Splash sliding tile
 
-    def one(impl, opts, mask, block):
+    def one(impl, label, opts, mask, block):
         est = estimate(impl, mask, chip, block_q=block, block_kv=block, options=opts or None, use_cache=use_cache)
-        label = impl + ("" if not opts else " " + ",".join(str(v) for v in opts.values()))
         return {"kernel": label, "mask": mask, "estimate_ms": est.seconds * 1e3,
                 "compute_ms": est.compute_seconds * 1e3, "memory_floor_ms": est.memory_seconds * 1e3,
                 "grid_steps": sum(k.grid_steps for k in est.kernels), "paths": est.path_bundles()}

@@ -12,7 +12,7 @@ import numpy as np
 
 import stlib
 import stlib.kernels  # registers the Pallas kernels with stlib.attention
-from stlib import masks
+from stlib import masks, registry
 from stlib._intmath import cdiv
 from stlib.configs import DENSITIES, Workload
 from stlib.geometry import VideoGrid, tiled_order
@@ -68,14 +68,8 @@ def case_study_cases(workload: Workload, tpu: bool, densities=DENSITIES) -> list
     ]
     for density in densities:
         band = masks.band(length, masks.band_width_for_density(length, density))
-        cases += [
-            Case("splash", "band", band, "Splash (band)", **big),
-            Case("pallas_dense", "band", band, "pallas_dense (masked)", **big),
-            Case("pallas_block_sparse", "band", band, "pallas_block_sparse", **big),
-            Case("pallas_tile", "band", band, "pallas_tile rows", **big, options={"form": "rows"}),
-            Case("pallas_tile", "band", band, "pallas_tile flat", **big, options={"form": "flat"}),
-            Case("pallas_tile", "band", band, "pallas_tile balanced", **big, options={"boundary": "balanced"}),
-        ]
+        cases += [Case(impl.name, "band", band, label, **big, options=options)
+                  for impl in registry.tpu_kernels() for label, options in impl.comparison_runs()]
     order = tiled_order(grid, sta_tile)
     counts = [cdiv(n, s) for n, s in zip(grid.shape, sta_tile)]
     for window in sta_windows(grid, sta_tile):

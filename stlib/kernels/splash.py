@@ -292,6 +292,7 @@ def splash_schedule_counts(setup, attribution) -> ScheduleCounts:
 
 IMPLEMENTATION = register(Implementation(
     name="splash",
+    title="Splash",
     forward=splash_attention,
     description="JAX's Splash attention on stlib masks: the baseline",
     work=lambda layout, num_heads, head_dim, options: splash_work(layout, num_heads, head_dim),

@@ -386,4 +386,5 @@ IMPLEMENTATION = register(Implementation(
     compute_regions=_compute_regions,
     schedule_counts=tile_schedule_counts,
     chips=common.ALL_CHIPS,
+    variants={"rows": {"form": "rows"}, "flat": {"form": "flat"}, "balanced": {"boundary": "balanced"}},
 ))
