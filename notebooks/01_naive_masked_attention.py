@@ -129,7 +129,7 @@ else:
 q, k, v = stlib.random_qkv((H, L, D), dtype, seed=1)
 series = {f"{dense_impl}: every score, then the mask": [], f"{skip_impl}: skips empty tiles": []}
 work = []
-for density in (0.1, 0.25, 0.5, 1.0):
+for density in bench.progress((0.1, 0.25, 0.5, 1.0), "density"):  # prints the time so far and left
     mask = masks.full(L) if density == 1.0 else masks.band(L, masks.band_width_for_density(L, density))
     layout = stlib.block_layout(mask, block["block_q"], block["block_kv"])
     for impl, name in zip((dense_impl, skip_impl), series):

@@ -142,7 +142,8 @@ half_tiles = full_tiles & (np.arange(L)[None, :] % 2 == 0)
 q, k, v = stlib.random_qkv((2, L, 64), jnp.float32, seed=0)
 trials = 5
 rows = {}
-for name, array in [("FULL tiles", full_tiles), ("the same tiles, PARTIAL (half the keys)", half_tiles)]:
+cases = [("FULL tiles", full_tiles), ("the same tiles, PARTIAL (half the keys)", half_tiles)]
+for name, array in bench.progress(cases, "timing"):  # prints the time so far and an estimate of the time left
     m = masks.from_array(array)
     lay = stlib.block_layout(m, block, block)
     timing = bench.time_function(functools.partial(stlib.attention, mask=m, impl="xla", block_q=block, block_kv=block),

@@ -457,12 +457,14 @@ runs = [  # (label, impl, mask here, mask at the case-study shape)
 environment = bench.environment()
 trials = 9  # interpret-mode times on a shared CPU scatter by tens of percent: the median of 9, min-max whiskers
 records, work_records = [], []
+tracker = bench.Progress(len(runs), "run")  # each line ends with the time so far and an estimate of the time left
 for label, impl, mask, case_mask in runs:
     options = None if impl == "splash" else {"exp2": False}  # like for like: natural exp everywhere, as in Splash
-    fn = functools.partial(stlib.attention, mask=mask, impl=impl, options=options, **kernel_args)
+    fn = bench.compile_function(functools.partial(stlib.attention, mask=mask, impl=impl, options=options,
+                                                  **kernel_args), q, k, v)  # compiled once: checked, then timed
     err = max_error(fn(q, k, v), q, k, v, mask)
     assert err < TOL, (label, err)
-    timing = bench.time_function(fn, q, k, v, trials=trials)
+    timing = bench.time_function(fn, q, k, v, trials=trials, warmup=0)  # the checked call was the warm-up
     here = stlib.block_layout(mask or masks.full(L), cfg.block_q, cfg.block_kv)
     records.append({**environment, "interpret": cfg.interpret, "label": label, "density": here.density,
                     **dataclasses.asdict(timing)})
@@ -471,10 +473,10 @@ for label, impl, mask, case_mask in runs:
     if impl == "splash" and case_mask is not None:
         work["grid_steps"] = splash_steps  # Splash shrinks its grid (above); the generic model does not
     work_records.append({"label": label, **work})
-    print(f"PASSED {label:<44} density {here.density:.3f}  max error {err:.1e}  median {timing.median_ms:7.1f} ms"
-          + ("" if cfg.on_tpu else " (interpret mode, NOT a TPU time)")
-          + f" | case-study shape: {work['grid_steps']:>7,} steps, executed/useful flops {work['flop_ratio']:.2f}, "
-          f"v6e roofline {work['roofline_v6e_ms']:.1f} ms")
+    tracker.step(f"PASSED {label:<44} density {here.density:.3f}  max error {err:.1e}  median "
+                 f"{timing.median_ms:7.1f} ms" + ("" if cfg.on_tpu else " (interpret mode, NOT a TPU time)")
+                 + f" | case-study shape: {work['grid_steps']:>7,} steps, executed/useful flops "
+                 f"{work['flop_ratio']:.2f}, v6e roofline {work['roofline_v6e_ms']:.1f} ms")
 
 fig = plotting.latency_bars(records, f"Measured at {H} x {L:,} x {D} ({jnp.dtype(workload.dtype).name}), "
                             f"tiles {cfg.block_q} x {cfg.block_kv}: median of {trials} calls, whiskers min-max")

@@ -103,21 +103,26 @@ TOL = tolerance(workload.dtype)
 # reference (`stlib.bench.case_study_cases` is the list the benchmark runs; tile-aligned cases with
 # a token order get permuted inputs, as in the benchmark, and are compared in that order; the
 # "+ reordering" case runs `video_attention` on raster inputs, permutation and restore included).
+# Each case is compiled once (`stlib.bench.compile_case`): the benchmark below times the executable
+# checked here instead of compiling it again. Every line ends with the time so far and an estimate
+# of the time left.
 
 # %%
 q, k, v = stlib.random_qkv(workload.qkv_shape, workload.dtype, seed=0)
 scale = workload.head_dim**-0.5
-for case in bench.case_study_cases(workload, cfg.size == "full", densities=(0.35,)):
+checks = bench.case_study_cases(workload, cfg.size == "full", densities=(0.35,))
+tracker = bench.Progress(len(checks), "check")
+for case in checks:
     qq, kk, vv = bench.case_inputs(case, q, k, v)  # permuted for cases whose order is applied outside the call
-    out = bench.case_function(case, scale, cfg.interpret)(qq, kk, vv)
+    out = bench.compile_case(case, scale, cfg.interpret, qq, kk, vv)(qq, kk, vv)
     approximate = case.options.get("boundary") == "balanced"
     err = max_error(out, qq, kk, vv, case.mask)
     if approximate:
-        print(f"        {case.label:<30} {case.pattern:<13} approximate by design (balanced rounding): "
-              f"max difference {err:.2f} from the exact mask (notebook 06 checks it against the rounded mask)")
+        tracker.step(f"APPROX  {case.label:<30} {case.pattern:<13} approximate by design (balanced rounding): max "
+                     f"difference {err:.2f} from the exact mask (notebook 06 checks it against the rounded mask)")
         continue
     assert err < TOL, (case.label, err)
-    print(f"PASSED  {case.label:<30} {case.pattern:<13} == reference (max error {err:.2e})")
+    tracker.step(f"PASSED  {case.label:<30} {case.pattern:<13} == reference (max error {err:.2e})")
 
 # %% [markdown]
 # ## The benchmark
@@ -128,7 +133,9 @@ for case in bench.case_study_cases(workload, cfg.size == "full", densities=(0.35
 # case-study shape in `data/case_study_work.jsonl` (grid steps, computed and masked tiles, executed
 # and useful flops, bytes, the v5e / v6e roofline), compiling one configuration per kernel for
 # v6e on the way (about a minute on a 2-core CPU). The published numbers go to
-# `data/case_study_reference.json`.
+# `data/case_study_reference.json`. On a TPU the records carry the device kind (`device_kind`,
+# `interpret: false`), so `python -m stlib.bench figures` draws this run's TPU times next to the
+# static estimates later, without the hardware (`figures/bench_tpu_case_study_latency.png`).
 
 # %%
 times_path = cfg.data / "case_study.jsonl"
@@ -228,7 +235,7 @@ estimates, estimate_note = [], None
 try:  # the static TPU estimate (stlib.estimate), where it is available
     from stlib import analysis as static
 
-    for label, impl, mask, block, options in estimate_runs:
+    for label, impl, mask, block, options in bench.progress(estimate_runs, "static estimate"):
         est = static.estimate(impl, mask, "v6e", block_q=block, block_kv=block, options=options)
         estimates.append({"label": label, "ms": est.seconds * 1e3, "density": full_density.get(mask, 1.0)})
     print(f"static v6e estimates ({static.calibration().describe('v6e')}); Pallas kernels with exp2 off unless named:")

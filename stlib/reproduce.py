@@ -99,7 +99,10 @@ def main(argv=None) -> int:
     if not paths:
         print(f"no notebooks found in {NOTEBOOKS}", file=sys.stderr)
         return 1
+    from stlib.bench.progress import Progress
+
     rows = []
+    tracker = Progress(len(paths), "notebooks")  # the time left: the mean time per notebook so far
     for n, path in enumerate(paths, 1):
         print(f"[{n}/{len(paths)}] running {path.name} ...", flush=True)
         before = _figure_times()
@@ -114,7 +117,8 @@ def main(argv=None) -> int:
         seconds = time.perf_counter() - start
         written = sorted(p.name for p, t in _figure_times().items() if before.get(p) != t)
         rows.append((path.name, status, seconds, written))
-        print(f"    {status} in {seconds:.1f} s, figures: {', '.join(written) or '-'}", flush=True)
+        tracker.step(show=False)
+        print(f"    {status} in {seconds:.1f} s, figures: {', '.join(written) or '-'}  ({tracker.times()})", flush=True)
     width = max(len(r[0]) for r in rows)
     print(f"\n{'notebook':<{width}}  {'status':<7}{'seconds':>9}  figures written")
     for name, status, seconds, written in rows:

@@ -19,3 +19,23 @@ def test_draw_figures_from_the_committed_records(tmp_path):
 
 def test_draw_figures_without_records_draws_nothing(tmp_path):
     assert draw_figures(tmp_path / "empty", tmp_path) == []
+
+
+def test_the_latest_tpu_run_is_drawn_next_to_the_static_estimates(tmp_path):
+    """A TPU run appended to case_study.jsonl keeps its own figure after later CPU runs."""
+    import json
+    import shutil
+
+    from stlib.bench.records import read_records
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ("case_study_work.jsonl", "case_study_reference.json"):
+        shutil.copy(DATA_DIR / name, data / name)
+    cpu = read_records(DATA_DIR / "case_study.jsonl", latest_run=True)
+    tpu = [{**r, "backend": "tpu", "device_kind": "TPU v6 lite", "interpret": False, "run": "tpu"} for r in cpu]
+    later = [{**r, "run": "later-cpu"} for r in cpu]
+    (data / "case_study.jsonl").write_text("".join(json.dumps(r) + "\n" for r in tpu + later))
+    names = {p.name for p in draw_figures(data, tmp_path / "figures")}
+    assert {"bench_tpu_case_study_latency.png", "bench_case_study_roofline.png"} <= names
+    assert "bench_case_study_latency.png" in names  # the latest (CPU) run, as before

@@ -8,7 +8,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from stlib.bench import records
-from stlib.bench.records import RUN_ID, Recorder, Timing, environment, read_records, time_function
+from stlib.bench.records import (
+    RUN_ID,
+    Compiled,
+    Recorder,
+    Timing,
+    compile_function,
+    environment,
+    read_records,
+    time_function,
+)
 
 ENVIRONMENT_FIELDS = {"backend", "device_kind", "jax", "jaxlib", "libtpu", "git_rev"}
 
@@ -65,3 +74,25 @@ def test_time_function_statistics():
     assert timing.trials == 4
     assert 0 <= timing.min_ms <= timing.median_ms <= timing.max_ms
     assert timing.compile_ms >= 0
+
+
+def test_a_compiled_function_is_timed_without_compiling_again(monkeypatch):
+    x = jnp.arange(8.0)
+    compiled = compile_function(lambda a: a * 2 + 1, x)
+    assert isinstance(compiled, Compiled)
+    np.testing.assert_allclose(compiled(x), np.arange(8.0) * 2 + 1)
+
+    def no_second_compile(*args):
+        raise AssertionError("compiled again")
+
+    monkeypatch.setattr(records, "compile_function", no_second_compile)
+    timing = time_function(compiled, x, trials=2, warmup=0)
+    assert timing.compile_ms == compiled.compile_ms and timing.trials == 2
+
+
+def test_read_records_latest_run_among_the_accepted(tmp_path):
+    path = tmp_path / "r.jsonl"
+    rows = [{"run": "a", "interpret": False}, {"run": "b", "interpret": True}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert read_records(path, latest_run=True) == rows[1:]
+    assert read_records(path, latest_run=True, where=lambda r: not r["interpret"]) == rows[:1]

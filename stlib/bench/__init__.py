@@ -1,9 +1,9 @@
 """Benchmarks: time any implementation on the backend at hand and record every measurement
 (``python -m stlib.bench --help``).
 
-``records`` (environment, JSON-lines records, ``time_function``) · ``cases`` (the case-study
-cases, their calls, inputs, work and estimates) · ``runs`` (one run per command) · ``figures``
-(redrawn from ``data/``) · ``cli``.
+``records`` (environment, JSON-lines records, ``compile_function``, ``time_function``) · ``progress``
+(counts and time left of long loops) · ``cases`` (the case-study cases, their calls, inputs, work
+and estimates) · ``runs`` (one run per command) · ``figures`` (redrawn from ``data/``) · ``cli``.
 """
 
 from stlib.bench.cases import (
@@ -17,9 +17,21 @@ from stlib.bench.cases import (
 )
 from stlib.bench.cli import main
 from stlib.bench.figures import draw_figures
-from stlib.bench.records import DATA_DIR, RUN_ID, Recorder, Timing, environment, read_records, time_function
+from stlib.bench.progress import Progress, progress
+from stlib.bench.records import (
+    DATA_DIR,
+    RUN_ID,
+    Compiled,
+    Recorder,
+    Timing,
+    compile_function,
+    environment,
+    read_records,
+    time_function,
+)
 from stlib.bench.runs import (
     CPU_CASE,
+    compile_case,
     record_full_scale_work,
     run_case_study,
     run_cpu_scaling,
@@ -32,16 +44,21 @@ __all__ = [
     "DATA_DIR",
     "RUN_ID",
     "Case",
+    "Compiled",
+    "Progress",
     "Recorder",
     "Timing",
     "case_function",
     "case_inputs",
     "case_study_cases",
     "case_work",
+    "compile_case",
+    "compile_function",
     "draw_figures",
     "environment",
     "estimate_fields",
     "main",
+    "progress",
     "read_records",
     "record_full_scale_work",
     "run_case_study",

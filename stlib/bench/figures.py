@@ -38,10 +38,21 @@ def draw_figures(data_dir: Path = DATA_DIR, figures_dir: Path | None = None) -> 
         fig = plotting.speedup_vs_density([r for r in case if r["pattern"] != "dense"], dense["median_ms"],
                                           f"Speed-up over dense Splash, [{shape}]\n{where}")
         written.append(plotting.save(fig, figures_dir / "bench_case_study_speedup.png"))
-        chip = chip_of_device_kind(case[0].get("device_kind", ""))
-        if not case[0].get("interpret") and chip is not None:
-            fig = plotting.roofline_fraction(_near_density(case), chip, f"Fraction of the {chip} roofline, [{shape}]")
-            written.append(plotting.save(fig, figures_dir / "bench_case_study_roofline.png"))
+    # the latest TPU run, even when CPU runs were appended since: its times next to the static estimates
+    tpu = read_records(data_dir / "case_study.jsonl", latest_run=True, where=lambda r: not r.get("interpret", True))
+    chip = chip_of_device_kind(tpu[0].get("device_kind", "")) if tpu else None
+    if tpu and chip is not None:
+        shape = " x ".join(str(n) for n in tpu[0]["shape"])
+        field = f"estimate_{chip}_ms"
+        work = read_records(data_dir / "case_study_work.jsonl", latest_run=True, where=lambda r: field in r)
+        estimates = [{"label": f"{r['label']}, density {r['density']:.2f} (static estimate)", "ms": r[field]}
+                     for r in _near_density(work)]
+        fig = plotting.latency_bars(_near_density(tpu), f"Measured on {tpu[0]['device_kind']} ({tpu[0]['date'][:10]}, "
+                                    f"rev {tpu[0]['git_rev']}), [{shape}]: dense and band density ~0.25",
+                                    published, estimates=estimates or None)
+        written.append(plotting.save(fig, figures_dir / "bench_tpu_case_study_latency.png"))
+        fig = plotting.roofline_fraction(_near_density(tpu), chip, f"Fraction of the {chip} roofline, [{shape}]")
+        written.append(plotting.save(fig, figures_dir / "bench_case_study_roofline.png"))
     work = read_records(data_dir / "case_study_work.jsonl", latest_run=True)
     if work:
         fig = plotting.work_bars(_near_density(work), "Work per call at the case-study shape [10 x 75,600 x 128], dense "

@@ -71,12 +71,16 @@ def _jsonable(value):
     return str(value)
 
 
-def read_records(path: Path, latest_run: bool = False) -> list[dict]:
-    """The records of a .jsonl file (only those of its most recent run with ``latest_run``)."""
+def read_records(path: Path, latest_run: bool = False, where=None) -> list[dict]:
+    """The records of a .jsonl file (only those of its most recent run with ``latest_run``); with
+    ``where`` (record -> bool), only the records it accepts, and the latest run among those (e.g.
+    the latest TPU run of a file that CPU runs appended to since)."""
     path = Path(path)
     if not path.exists():
         return []
     records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if where is not None:
+        records = [r for r in records if where(r)]
     if latest_run and records:
         last = records[-1].get("run")
         records = [r for r in records if r.get("run") == last]
@@ -94,12 +98,29 @@ class Timing:
     trials: int
 
 
-def time_function(fn, *args, trials: int = 5, warmup: int = 1) -> Timing:
-    """Compile ``fn`` (excluded, reported separately), warm up, then time ``trials`` calls with
-    block_until_ready."""
+@dataclass(frozen=True)
+class Compiled:
+    """``fn`` jit-compiled once for the arguments it was lowered with, and how long that took; call
+    it like ``fn``. Check a result with it, then time the same executable (``time_function``)."""
+
+    executable: object
+    compile_ms: float
+
+    def __call__(self, *args):
+        return self.executable(*args)
+
+
+def compile_function(fn, *args) -> Compiled:
+    """``jax.jit(fn)`` lowered and compiled for ``args`` (arrays or ShapeDtypeStructs), timed."""
     start = time.perf_counter()
-    compiled = jax.jit(fn).lower(*args).compile()
-    compile_ms = (time.perf_counter() - start) * 1e3
+    executable = jax.jit(fn).lower(*args).compile()
+    return Compiled(executable, (time.perf_counter() - start) * 1e3)
+
+
+def time_function(fn, *args, trials: int = 5, warmup: int = 1) -> Timing:
+    """Compile ``fn`` (excluded, reported separately; a ``Compiled`` is reused as it is, never
+    compiled again), warm up, then time ``trials`` calls with block_until_ready."""
+    compiled = fn if isinstance(fn, Compiled) else compile_function(fn, *args)
     for _ in range(warmup):
         jax.block_until_ready(compiled(*args))
     times = []
@@ -107,4 +128,4 @@ def time_function(fn, *args, trials: int = 5, warmup: int = 1) -> Timing:
         start = time.perf_counter()
         jax.block_until_ready(compiled(*args))
         times.append((time.perf_counter() - start) * 1e3)
-    return Timing(statistics.median(times), min(times), max(times), compile_ms, trials)
+    return Timing(statistics.median(times), min(times), max(times), compiled.compile_ms, trials)

@@ -17,12 +17,32 @@ import jax.numpy as jnp
 import stlib
 from stlib import masks
 from stlib.bench.cases import case_function, case_inputs, case_study_cases, case_work, estimate_fields
-from stlib.bench.records import DATA_DIR, Recorder, time_function
+from stlib.bench.progress import Progress
+from stlib.bench.records import DATA_DIR, Compiled, Recorder, compile_function, time_function
 from stlib.configs import CASE_STUDY, DENSITIES, PUBLISHED, SMALL_CPU
 from stlib.device import backend, compile_for_tpu, on_tpu, resolve_interpret
 
 #: The workload the case study runs at off a TPU (Pallas interpret mode).
 CPU_CASE = SMALL_CPU
+
+#: Cases compiled by ``compile_case`` and not yet timed by ``run_case_study`` (which takes them out).
+_COMPILED: dict = {}
+
+
+def _case_key(case, scale: float, interpret: bool, args) -> tuple:
+    return (case.impl, case.label, case.mask, case.order, case.grid, case.block_q, case.block_kv,
+            json.dumps(case.options, sort_keys=True), scale, interpret,
+            tuple((tuple(a.shape), jnp.dtype(a.dtype).name) for a in args))
+
+
+def compile_case(case, scale: float, interpret: bool, *args) -> Compiled:
+    """The call of ``case`` (``case_function``) compiled for ``args``, compiled once: a later
+    ``run_case_study`` of the same case and shapes times this executable instead of compiling again
+    (check a case with it first, as notebook 07 does)."""
+    key = _case_key(case, scale, interpret, args)
+    if key not in _COMPILED:
+        _COMPILED[key] = compile_function(case_function(case, scale, interpret), *args)
+    return _COMPILED[key]
 
 
 def run_case_study(out_dir: Path = DATA_DIR, trials: int = 3, compile_check: bool = True,
@@ -42,9 +62,13 @@ def run_case_study(out_dir: Path = DATA_DIR, trials: int = 3, compile_check: boo
               f"x {workload.num_heads} heads; these times say nothing about TPU speed.", flush=True)
     q, k, v = stlib.random_qkv(workload.qkv_shape, workload.dtype, seed=0)
     scale = workload.head_dim**-0.5
-    for n, case in enumerate(cases, 1):
+    tracker = Progress(len(cases), "case study")
+    for case in cases:
         qq, kk, vv = case_inputs(case, q, k, v)
-        timing = time_function(case_function(case, scale, interpret), qq, kk, vv, trials=trials)
+        compiled = _COMPILED.pop(_case_key(case, scale, interpret, (qq, kk, vv)), None)  # compiled by a check
+        compiled = compiled or compile_function(case_function(case, scale, interpret), qq, kk, vv)
+        timing = time_function(compiled, qq, kk, vv, trials=trials)
+        del compiled
         work = case_work(case, workload)
         if estimates and not interpret and workload is CASE_STUDY:
             work.update(estimate_fields(case))
@@ -54,8 +78,8 @@ def run_case_study(out_dir: Path = DATA_DIR, trials: int = 3, compile_check: boo
             "shape": list(workload.qkv_shape), "grid": list(workload.grid.shape), "dtype": jnp.dtype(workload.dtype).name,
             "interpret": interpret, **dataclasses.asdict(timing), **work,
         })
-        print(f"[{n}/{len(cases)}] {case.label:<30} {case.pattern:<13} density {record['density']:.3f}  "
-              f"median {timing.median_ms:9.2f} ms{' (interpret)' if interpret else ''}", flush=True)
+        tracker.step(f"{case.label:<30} {case.pattern:<13} density {record['density']:.3f}  "
+                     f"median {timing.median_ms:9.2f} ms{' (interpret)' if interpret else ''}")
     if interpret:
         record_full_scale_work(out_dir, compile_check=compile_check, estimates=estimates)
     return recorder.path
@@ -67,7 +91,8 @@ def record_full_scale_work(out_dir: Path = DATA_DIR, compile_check: bool = True,
     recorder = Recorder(Path(out_dir) / "case_study_work.jsonl")
     cases = case_study_cases(CASE_STUDY, tpu=True)
     compiled = set()
-    for n, case in enumerate(cases, 1):
+    tracker = Progress(len(cases), "full-shape work")
+    for case in cases:
         work = case_work(case, CASE_STUDY)
         key = (case.impl, case.pattern, json.dumps(case.options, sort_keys=True))
         compiles = None
@@ -83,11 +108,10 @@ def record_full_scale_work(out_dir: Path = DATA_DIR, compile_check: bool = True,
                         "pattern": case.pattern, "mask": repr(case.mask), "block_q": case.block_q,
                         "block_kv": case.block_kv, "options": case.options, "shape": list(CASE_STUDY.qkv_shape),
                         "compiled_for": compiles, **work, **extra})
-        print(f"[work {n}/{len(cases)}] {case.label:<30} density {work['density']:.3f}  steps {work['grid_steps']:>8,}"
-              f"  executed/useful {work['flop_ratio']:.2f}  v6e roofline {work['roofline_v6e_ms']:.2f} ms"
-              + ("  compiled for v6e" if compiles else "")
-              + (f"  static v6e estimate {extra['estimate_v6e_ms']:.2f} ms" if "estimate_v6e_ms" in extra else ""),
-              flush=True)
+        tracker.step(f"{case.label:<30} density {work['density']:.3f}  steps {work['grid_steps']:>8,}"
+                     f"  executed/useful {work['flop_ratio']:.2f}  v6e roofline {work['roofline_v6e_ms']:.2f} ms"
+                     + ("  compiled for v6e" if compiles else "")
+                     + (f"  static v6e estimate {extra['estimate_v6e_ms']:.2f} ms" if "estimate_v6e_ms" in extra else ""))
     return recorder.path
 
 
@@ -109,8 +133,7 @@ def run_cpu_scaling(out_dir: Path = DATA_DIR, lengths=(4096, 8192, 16384, 32768)
                     num_heads: int = 2, head_dim: int = 64, trials: int = 3) -> Path:
     """xla block-sparse attention vs dense xla attention (the same blocked loop over every tile)."""
     recorder = Recorder(Path(out_dir) / "cpu_scaling.jsonl")
-    total = len(lengths) * (1 + len(densities))
-    n = 0
+    tracker = Progress(len(lengths) * (1 + len(densities)), "cpu scaling")
     for length in lengths:
         q, k, v = stlib.random_qkv((num_heads, length, head_dim), jnp.float32, seed=length)
         dense_ms = None
@@ -120,15 +143,14 @@ def run_cpu_scaling(out_dir: Path = DATA_DIR, lengths=(4096, 8192, 16384, 32768)
             timing = time_function(fn, q, k, v, trials=trials)
             layout = stlib.block_layout(mask, 256, 256)
             dense_ms = timing.median_ms if density == 1.0 else dense_ms
-            n += 1
             record = recorder.write({
                 "benchmark": "cpu-scaling", "impl": "xla", "mask": repr(mask), "length": length, "heads": num_heads,
                 "head_dim": head_dim, "dtype": "float32", "block_q": 256, "block_kv": 256,
                 "density": layout.density, "occupancy": layout.occupancy, "ideal_speedup": 1 / layout.density,
                 "speedup_vs_dense": dense_ms / timing.median_ms, **dataclasses.asdict(timing),
             })
-            print(f"[{n}/{total}] L={length:>6} density {record['density']:.3f}  median {timing.median_ms:9.1f} ms  "
-                  f"speed-up {record['speedup_vs_dense']:.2f}x (ideal {record['ideal_speedup']:.2f}x)", flush=True)
+            tracker.step(f"L={length:>6} density {record['density']:.3f}  median {timing.median_ms:9.1f} ms  "
+                         f"speed-up {record['speedup_vs_dense']:.2f}x (ideal {record['ideal_speedup']:.2f}x)")
     return recorder.path
 
 
@@ -140,13 +162,14 @@ def run_layout(out_dir: Path = DATA_DIR, block_q: int = 128, block_kv: int = 128
 
     recorder = Recorder(Path(out_dir) / "layout.jsonl")
     names = list(case_study_masks())
-    for n, name in enumerate(names, 1):
+    tracker = Progress(len(names), "layout")
+    for name in names:
         proc = subprocess.run([sys.executable, "-m", "stlib.bench.layout_probe", name, str(block_q), str(block_kv)],
                               capture_output=True, text=True, check=True, env=subprocess_env())
         result = json.loads(proc.stdout.strip().splitlines()[-1])
         recorder.write({"benchmark": "layout", "grid": list(CASE_STUDY.grid.shape), "heads": CASE_STUDY.num_heads,
                         "block_q": block_q, "block_kv": block_kv, **result})
-        print(f"[{n}/{len(names)}] {name:<38} build {result['seconds']:6.3f} s  peak {result['peak_rss_mb']:6.0f} MB "
-              f"(+{result['layout_peak_growth_mb']:4.0f} MB over the imports)  "
-              f"density {result['density']:.3f}  occupancy {result['occupancy']:.3f}", flush=True)
+        tracker.step(f"{name:<38} build {result['seconds']:6.3f} s  peak {result['peak_rss_mb']:6.0f} MB "
+                     f"(+{result['layout_peak_growth_mb']:4.0f} MB over the imports)  "
+                     f"density {result['density']:.3f}  occupancy {result['occupancy']:.3f}")
     return recorder.path
