@@ -19,7 +19,8 @@ class Attribution:
     """Bundles per execution of each path of one compiled kernel.
 
     ``paths``: "call" (outside the grid loop, once), "iteration" (grid loop outside the step
-    region, steps + 2 times), "step" (every grid step), then per region "init", "compute",
+    region, steps + 2 times; conditional copy regions beside the step region are counted in it at
+    every iteration: an upper bound), "step" (every grid step), then per region "init", "compute",
     "compute_full", "compute_masked", "finalise" (when it runs)."""
 
     kernel: str
@@ -44,8 +45,11 @@ def attribute(schedule: Schedule, impl: str, kernel: str) -> Attribution:
                                   f"{[(n.kind, hex(n.first)) for n in schedule.roots]}")
     grid_loop = loops[0]
     stages = [n for n in grid_loop.children if n.kind == "cond"]
-    if len(stages) != 1 or len(grid_loop.children) != 1:
-        raise ScheduleFormatError(f"{kernel}: expected one conditional step region in the grid loop")
+    if len(stages) > 1:  # blocks that end past the array: their copies are issued in regions of their own
+        stages = [n for n in stages if schedule.has_mxu(n)]
+    if len(stages) != 1 or any(n.kind != "cond" for n in grid_loop.children):
+        raise ScheduleFormatError(f"{kernel}: expected one conditional step region in the grid loop (and, besides "
+                                  "it, only conditional copy regions without MXU ops)")
     stage = stages[0]
     bounds = {tuple(int(x) for x in m.split(",")) for b in schedule.bundles for m in _BOUNDS.findall(b.text)}
     if len(bounds) > 1:
@@ -65,11 +69,13 @@ def attribute(schedule: Schedule, impl: str, kernel: str) -> Attribution:
         lo, hi = mxu[0], mxu[-1]
     before = [c for c in conds if c.last < lo]
     after = [c for c in conds if c.first > hi]
-    if len(before) > 1 or len(after) > 1 or len(before) + len(after) + len(compute) != len(conds):
+    if len(before) + len(after) + len(compute) != len(conds):
         raise ScheduleFormatError(f"{kernel}: step region has conditional regions "
                                   f"{[(hex(c.first), hex(c.last), schedule.has_mxu(c)) for c in conds]}; "
-                                  "expected [init] compute... [finalise]")
+                                  "expected [init...] compute... [finalise...]")
     names = _compute_names(impl, kernel, len(compute))
+    # several regions before / after the compute (a row's copy of a block that ends past the array next to
+    # its init / output write) run once per row each: their bundles add up to one init / finalise path
     labelled = [("init", c) for c in before] + list(zip(names, compute)) + [("finalise", c) for c in after]
 
     step = stage.size - sum(c.size for c in stage.children)
@@ -78,8 +84,10 @@ def attribute(schedule: Schedule, impl: str, kernel: str) -> Attribution:
     ops = {"call": {}, "iteration": schedule.ops(grid_loop.first, grid_loop.last, (stage,)),
            "step": schedule.ops(stage.first, stage.last, tuple(conds))}
     for name, node in labelled:
-        paths[name] = _flat_cost(node, name)
-        ops[name] = schedule.ops(node.first, node.last)
+        paths[name] = paths.get(name, 0) + _flat_cost(node, name)
+        merged = ops.setdefault(name, {})
+        for unit, n in schedule.ops(node.first, node.last).items():
+            merged[unit] = merged.get(unit, 0) + n
     operands = {}
     for memory, dtype, dims, index, kind in _OPERAND.findall(schedule.bundles[0].text):
         operands[int(index)] = [memory, dtype, [int(x) for x in dims.split(",") if x], kind]
