@@ -242,3 +242,19 @@ def test_mask_without_key_refuses_to_hash():
         hash(Opaque())
     m = Opaque()
     assert m.__eq__(m) is True  # identity still holds
+
+
+def test_causal_mask_is_the_lower_triangle_by_every_route():
+    from stlib.layout import block_layout
+
+    m = masks.causal(37)
+    dense = np.tril(np.ones((37, 37), bool))
+    np.testing.assert_array_equal(m.to_dense(), dense)
+    starts, ends = m.key_intervals(np.arange(37))
+    for row in range(37):
+        allowed = np.zeros(37, bool)
+        for s, e in zip(starts[row], ends[row]):
+            allowed[s:e] = True
+        np.testing.assert_array_equal(allowed, dense[row])
+    assert block_layout(m, 8, 8).allowed_pairs == dense.sum()
+    assert m == masks.causal(37) and hash(m) == hash(masks.causal(37)) and m != masks.causal(36)

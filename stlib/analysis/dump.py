@@ -69,7 +69,7 @@ def resolve_mask(config: KernelConfig):
     if config.mask == "full":
         return masks.full(length)
     if config.mask == "causal":
-        from stlib.kernels.splash import causal
+        from stlib.masks import causal
 
         return causal(length)
     band = _BAND.match(config.mask)

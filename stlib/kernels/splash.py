@@ -31,7 +31,6 @@ import numpy as np
 from jax.experimental.pallas.ops.tpu import splash_attention as sa
 
 from stlib import masks as M
-from stlib._checks import check_positive_int
 from stlib._intmath import round_up
 from stlib.device import resolve_interpret
 from stlib.kernels.common import ALL_CHIPS, LANES, block_changes, work_from_counts
@@ -95,31 +94,6 @@ def splash_blocks(length: int, block_q: int | None = None, block_kv: int | None 
 # stlib mask -> Splash mask
 
 
-class CausalMask(M.Mask):
-    """k <= q: Splash's ``CausalMask`` as an stlib mask (language-model attention, the tokamax
-    benchmarks' mask). It belongs with the sequence masks (stlib.masks); it lives here while only
-    the Splash adapter and the static estimate use it."""
-
-    traceable = True
-
-    def __init__(self, length: int):
-        self.length = check_positive_int("length", length)
-
-    def _key(self):
-        return (self.length,)
-
-    def _allowed(self, q, k, head):
-        return k <= q
-
-    def _intervals(self, rows, head):
-        return np.zeros((rows.shape[0], 1), np.int64), np.minimum(rows + 1, self.length)[:, None]
-
-
-def causal(length: int) -> CausalMask:
-    """The causal mask (k <= q) on ``length`` tokens."""
-    return CausalMask(length)
-
-
 class _Band(sa.LocalMask):
     """Splash ``LocalMask`` with window (w, w): the same in-kernel mask function, but whole blocks
     that lie inside or outside the band are answered without evaluating it. Splash classifies every
@@ -148,7 +122,7 @@ def _lazy(mask: M.Mask, head: int, padded: int):
     shape = (padded, padded)
     if isinstance(mask, M.FullMask):
         return sa.FullMask(shape)
-    if isinstance(mask, CausalMask):  # pad keys lie right of every real query: masked already
+    if isinstance(mask, M.CausalMask):  # pad keys lie right of every real query: masked already
         return sa.CausalMask(shape)
     if isinstance(mask, (M.BandMask, M._VideoBand)):
         return _Band(shape, mask.width)
@@ -267,8 +241,8 @@ def splash_schedule_counts(setup, attribution) -> ScheduleCounts:
     mask = setup.mask
     if mask is None or isinstance(mask, M.FullMask):
         padded_mask = M.full(padded)
-    elif isinstance(mask, CausalMask):
-        padded_mask = causal(padded)
+    elif isinstance(mask, M.CausalMask):
+        padded_mask = M.causal(padded)
     elif isinstance(mask, M.BandMask):
         padded_mask = M.band(padded, mask.width)
     else:

@@ -1,7 +1,7 @@
 """Attention masks for video tokens, evaluated lazily: "may query i see key j", never as L x L.
 
 ``base`` holds the mask protocol (``allowed``, ``block``, ``key_intervals``, value equality,
-``children``), ``&`` / ``|`` and permuted views; ``sequence`` the plain sequence masks (full, band,
+``children``), ``&`` / ``|`` and permuted views; ``sequence`` the plain sequence masks (full, band, causal,
 explicit arrays, per-head); ``video`` the masks on a (T, Y, X) grid; ``catalogue`` the named
 case-study masks. Every name is re-exported here: ``from stlib.masks import X`` and
 ``stlib.masks.X`` are the import paths the rest of the library uses.
@@ -21,10 +21,12 @@ from stlib.masks.catalogue import case_study_masks
 from stlib.masks.sequence import (
     ArrayMask,
     BandMask,
+    CausalMask,
     FullMask,
     MultiHeadMask,
     band,
     band_width_for_density,
+    causal,
     from_array,
     full,
     per_head,
@@ -57,6 +59,7 @@ __all__ = [
     "MAX_TRACED_HEAD_MASKS",
     "ArrayMask",
     "BandMask",
+    "CausalMask",
     "CombineOp",
     "FirstFrameMask",
     "FrameCausalMask",
@@ -75,6 +78,7 @@ __all__ = [
     "band",
     "band_width_for_density",
     "case_study_masks",
+    "causal",
     "frame_causal",
     "from_array",
     "full",

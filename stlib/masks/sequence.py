@@ -58,6 +58,24 @@ class BandMask(Mask):
         return f"BandMask(L={self.length}, width={self.width})"
 
 
+class CausalMask(Mask):
+    """k <= q (language-model attention; the tokamax Splash benchmarks' mask)."""
+
+    traceable = True
+
+    def __init__(self, length: int):
+        self.length = check_positive_int("length", length)
+
+    def _key(self):
+        return (self.length,)
+
+    def _allowed(self, q, k, head):
+        return k <= q
+
+    def _intervals(self, rows, head):
+        return np.zeros((rows.shape[0], 1), np.int64), np.minimum(rows + 1, self.length)[:, None]
+
+
 class ArrayMask(Mask):
     """An explicit bool [L, L] or [H, L, L] array (held read-only: the mask hashes its bytes)."""
 
@@ -182,6 +200,11 @@ def full(length: int) -> Mask:
 def band(length: int, width: int) -> Mask:
     """|q - k| <= width (a 1-D sliding window)."""
     return BandMask(length, width)
+
+
+def causal(length: int) -> Mask:
+    """k <= q on ``length`` tokens."""
+    return CausalMask(length)
 
 
 def from_array(array) -> Mask:
