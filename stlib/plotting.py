@@ -463,3 +463,67 @@ def estimate_vs_published(rows: list[dict], title: str):
     ax.legend(handles=handles, loc="upper left", fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def quality_vs_work(records: list[dict], title: str):
+    """Relative L2 error against dense (y, log) vs executed flops relative to dense (x), one line per
+    pattern, boundary policy and anchor across densities; left: work at the grid where quality was
+    measured, right: the same plans' work at the full grid (``full_executed_vs_dense``), where the
+    records carry it. ``records``: ``stlib.routing.quality_sweep`` records."""
+    has_full = any("full_executed_vs_dense" in r for r in records)
+    fig, axes = plt.subplots(1, 2 if has_full else 1, figsize=(12 if has_full else 6.4, 4.6), squeeze=False,
+                             sharey=True, constrained_layout=True)
+    patterns = list(dict.fromkeys(r["pattern"] for r in records))
+    colors = _color_of(patterns)
+    markers = {"exact": "o", "balanced": "s"}
+    styles = {"reordered": "-", "frame0": ":", "none": "--"}
+    groups: dict[tuple, list[dict]] = {}
+    for r in records:
+        groups.setdefault((r["pattern"], r["boundary"], r["anchor"]), []).append(r)
+    panels = [("executed_vs_dense", "measured grid")] + ([("full_executed_vs_dense", "full grid")] if has_full else [])
+    for ax, (key, where) in zip(axes[0], panels):
+        for (pattern, boundary, anchor), rows in groups.items():
+            rows = sorted(rows, key=lambda r: r["density"])
+            ax.plot([r[key] for r in rows], [r["rel_l2"] for r in rows], linestyle=styles.get(anchor, "-"),
+                    marker=markers.get(boundary, "^"), color=colors[pattern], alpha=0.85)
+        ax.axvline(1.0, color="grey", lw=0.8)
+        grid = records[0].get("grid" if key == "executed_vs_dense" else "full_grid")
+        blocks = (records[0]["block_q"], records[0]["block_kv"]) if key == "executed_vs_dense" else records[0].get("full_blocks")
+        ax.set(xlabel=f"executed flops / dense flops ({where} {'x'.join(map(str, grid))}, "
+                      f"{blocks[0]}x{blocks[1]} tiles)", yscale="log")
+    axes[0][0].set_ylabel("relative L2 error of the output vs dense")
+    handles = [Patch(color=colors[p], label=p) for p in patterns]
+    handles += [plt.Line2D([], [], marker=m, linestyle="", color="0.4", label=f"{b} boundary") for b, m in markers.items()]
+    handles += [plt.Line2D([], [], linestyle=s, color="0.4", label=f"anchor {a}") for a, s in styles.items()
+                if any(r["anchor"] == a for r in records)]
+    axes[0][-1].legend(handles=handles, fontsize=8, loc="upper right")
+    fig.suptitle(title)
+    return fig
+
+
+def block_sweep(records: list[dict], title: str, baseline_ms: float | None = None):
+    """Static-estimate time (ms) of each swept (block_q, block_kv, block_kv_compute), one panel per
+    mask family, one colour per chip; ``baseline_ms``: a dashed line (dense Splash at its best blocks)."""
+    families = list(dict.fromkeys(r["family"] for r in records))
+    chips = list(dict.fromkeys(r["chip"] for r in records))
+    colors = _color_of(chips)
+    fig, axes = plt.subplots(1, len(families), figsize=(5 * len(families), 3.8), squeeze=False)
+    for ax, family in zip(axes[0], families):
+        rows = [r for r in records if r["family"] == family and "total_ms" in r]
+        labels = list(dict.fromkeys(f"{r['block_q']}x{r['block_kv']}/{r['block_kv_compute']}" for r in rows))
+        width = 0.8 / max(len(chips), 1)
+        for c, chip in enumerate(chips):
+            by = {f"{r['block_q']}x{r['block_kv']}/{r['block_kv_compute']}": r["total_ms"] for r in rows
+                  if r["chip"] == chip}
+            xs = [i + c * width for i, label in enumerate(labels) if label in by]
+            ax.bar(xs, [by[label] for label in labels if label in by], width, color=colors[chip], label=chip)
+        if baseline_ms is not None and family == "dense":
+            ax.axhline(baseline_ms, ls="--", color="0.3", lw=1, label="dense Splash, best blocks (v6e)")
+        ax.set_xticks([i + width * (len(chips) - 1) / 2 for i in range(len(labels))], labels, rotation=35,
+                      ha="right", fontsize=8)
+        ax.set_title(family)
+        ax.set_ylabel("static estimate (ms), not a measurement")
+        ax.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig

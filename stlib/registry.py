@@ -48,7 +48,9 @@ class Implementation:
     a compiled program (empty: not a Pallas implementation). ``compute_regions(kernel, n)`` names
     the n conditional compute regions of a compiled step; ``schedule_counts(setup, attribution)``
     -> ``ScheduleCounts`` of one compiled kernel (stlib.analysis). ``chips``: the chips it compiles
-    for. ``blocks``: per-chip default blocks where they differ from the chip table's. ``title`` and
+    for. ``blocks``: per-chip default blocks where they differ from the chip table's;
+    ``resolve_blocks``: how it turns (length, block_q, block_kv, options, interpret) into the blocks it
+    runs, where that differs from ``common.block_sizes_for`` (the estimator asks it). ``title`` and
     ``variants`` (label -> options) say how the case-study comparisons run it.
     """
 
@@ -62,6 +64,7 @@ class Implementation:
     schedule_counts: Callable | None = None
     chips: tuple[str, ...] = ()
     blocks: Mapping[str, object] = field(default_factory=dict)
+    resolve_blocks: Callable | None = None  # (length, block_q, block_kv, options, interpret) -> (BlockSizes, options)
     title: str = ""  # how comparisons name it ("" : its name)
     variants: Mapping[str, Mapping] = field(default_factory=dict)  # labelled options comparisons run
 

@@ -26,9 +26,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from stlib._checks import check_fraction, check_positive_int
+from stlib._checks import check_fraction
 from stlib._intmath import floordiv
-from stlib.geometry import TokenOrder, VideoGrid, apply_orders, raster_order, restore_orders, token_major_order
+from stlib.geometry import (
+    TokenOrder,
+    VideoGrid,
+    apply_orders,
+    raster_order,
+    restore_orders,
+    token_major_order,
+)
 from stlib.kernels import common
 from stlib.kernels.tile import BoundaryPolicy, Pass, PassKind, TileOptions, split_passes, tile_attention
 from stlib.layout import BlockLayout, block_layout
@@ -234,6 +241,19 @@ class SvgPlan:
             heads.append(kept.permute(inverse_order(order)))
         return per_head(heads)
 
+    @cached_property
+    def kernel_layout(self) -> BlockLayout:
+        """The layout of what the kernel computes, in the heads' own orders: EXACT: ``layout``;
+        BALANCED: the kept tiles as FULL tiles (the rest EMPTY), so a tile kernel with no rounding
+        of its own runs the rounded plan unchanged. Built from the counts, nothing recounted."""
+        if self.boundary == BoundaryPolicy.EXACT:
+            return self.layout
+        length = self.layout.mask.length
+        heads = [KeptTilesMask(self.kept[h], self.block_q, self.block_kv, length) for h in range(self.num_heads)]
+        counts = np.where(self.kept, self.layout.valid_pairs[None], 0).astype(np.int64)
+        return BlockLayout(mask=per_head(heads), block_q=self.block_q, block_kv=self.block_kv, counts=counts,
+                           valid_pairs=self.layout.valid_pairs, num_tokens=self.layout.num_tokens)
+
     def summary(self) -> dict:
         """Plain numbers for records: kinds, width, per-head tile and pair counts."""
         return {
@@ -276,7 +296,7 @@ def svg_plan(grid: VideoGrid, kinds, density: float, *, block_q: int, block_kv: 
 
 
 @jax.jit
-def _route_scores(q_rows, k, allowed, scale):
+def route_scores(q_rows, k, allowed, scale):
     """q_rows [H, S, D], k [H, L, D], allowed bool [C, S, L] -> (mse [C, H], recall [C, H], finite).
 
     Dense probabilities of the sampled rows, and per candidate the masked softmax (the dense
@@ -324,7 +344,7 @@ def route(q, k, grid: VideoGrid, density: float, *, num_samples: int = 64, candi
     if not isinstance(grid, VideoGrid):
         raise TypeError(f"grid must be a stlib.VideoGrid, got {type(grid).__name__}")
     check_qkv(q, k, k)
-    num_heads, length, head_dim = q.shape
+    _, length, head_dim = q.shape
     grid.check_length(length)
     density = _check_density(density)
     cands = head_kinds(candidates)
@@ -334,7 +354,7 @@ def route(q, k, grid: VideoGrid, density: float, *, num_samples: int = 64, candi
     keys = np.arange(length)[None, :]
     allowed = np.stack([exact_mask(grid, kind, width, anchor).allowed(rows[:, None], keys) for kind in cands])
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
-    mse, recall, finite = _route_scores(jnp.take(q, jnp.asarray(rows), axis=1), k, jnp.asarray(allowed), scale)
+    mse, recall, finite = route_scores(jnp.take(q, jnp.asarray(rows), axis=1), k, jnp.asarray(allowed), scale)
     mse, recall = np.asarray(mse), np.asarray(recall)
     if not bool(finite) or not np.all(np.isfinite(mse)):
         raise ValueError("q or k holds NaN or inf (found in the sampled query rows or the keys); routing "
@@ -369,9 +389,24 @@ def _run_tile(q, k, v, plan: SvgPlan, *, scale, options, interpret):
     return restore_orders(o, orders)
 
 
-#: How each implementation runs a plan: a tile kernel reads the plan's layout and orders directly;
-#: a new tile kernel adds its entry here. Implementations not listed run ``plan.mask`` in raster order.
-PLAN_RUNNERS = {"pallas_tile": _run_tile}
+def _run_lane_dense(q, k, v, plan: SvgPlan, *, scale, options, interpret):
+    """pallas_tile_lane_dense on the plan's kernel layout (rounded tiles as FULL tiles)."""
+    from stlib.kernels.tile_lane_dense import lane_dense_attention
+    from stlib.registry import get
+
+    opts = get("pallas_tile_lane_dense").options(options)
+    orders = list(plan.orders)
+    if len(set(orders)) == 1:
+        orders = orders[:1]
+    o = lane_dense_attention(apply_orders(q, orders), apply_orders(k, orders), apply_orders(v, orders),
+                             plan.kernel_layout, scale=scale, options=opts, interpret=interpret)
+    return restore_orders(o, orders)
+
+
+#: How each implementation runs a plan: a tile kernel reads the plan's layout and orders directly
+#: (``plan.layout`` with its boundary policy, or ``plan.kernel_layout``, the rounded tiles as FULL
+#: tiles); a new tile kernel adds its entry here. Others run ``plan.mask`` in raster order.
+PLAN_RUNNERS = {"pallas_tile": _run_tile, "pallas_tile_lane_dense": _run_lane_dense}
 
 
 def run_plan(q, k, v, plan: SvgPlan, *, impl: str = "pallas_tile", scale: float | None = None, options=None,
@@ -401,5 +436,112 @@ def run_plan(q, k, v, plan: SvgPlan, *, impl: str = "pallas_tile", scale: float 
     return runner(q, k, v, plan, scale=scale, options=options, interpret=interpret)
 
 
-__all__ = ["PLAN_RUNNERS", "Anchor", "KeptTilesMask", "RoutingReport", "SvgPlan", "TokenMajorPrefixMask",
-           "exact_mask", "inverse_order", "order_of", "route", "run_plan", "sample_rows", "svg_plan"]
+# --------------------------------------------------------------------------------------------
+# quality: what a plan loses against dense attention
+
+
+def attention_quality(q, k, v, plan: SvgPlan, *, scale: float | None = None) -> dict[str, np.ndarray]:
+    """Per head (arrays [H]): ``rel_l2`` = ||o - o_dense|| / ||o_dense|| of the plan's output (its
+    rounded mask, reference attention) and ``recall`` = mean over queries of the dense attention
+    probability the mask keeps. Materialises [H, L, L]: small L only (``DENSE_LIMIT``)."""
+    from stlib.api import attention
+
+    scale = 1.0 / math.sqrt(q.shape[2]) if scale is None else float(scale)
+    dense = attention(q, k, v, None, scale=scale)
+    sparse = attention(q, k, v, plan.mask, scale=scale)
+    probs = jax.nn.softmax(jnp.einsum("hqd,hkd->hqk", q.astype(jnp.float32), k.astype(jnp.float32),
+                                      precision=jax.lax.Precision.HIGHEST) * scale, axis=-1)
+    kept = jnp.sum(jnp.where(jnp.asarray(plan.mask.to_dense()), probs, 0.0), axis=-1)  # [H, L]
+    diff = jnp.linalg.norm((sparse - dense).astype(jnp.float32), axis=(1, 2))
+    return {"rel_l2": np.asarray(diff / jnp.linalg.norm(dense.astype(jnp.float32), axis=(1, 2))),
+            "recall": np.asarray(jnp.mean(kept, axis=-1))}
+
+
+def plan_work(plan: SvgPlan, head_dim: int) -> dict:
+    """Executed flops of ``pallas_tile`` on the plan relative to dense attention (4 L^2 D H), the
+    allowed-pair density, and every chip's roofline bound (``stlib.roofline.work_summary``)."""
+    from stlib.roofline import work_summary
+
+    summary = work_summary("pallas_tile", plan.layout, plan.num_heads, head_dim, options=plan.options)
+    dense_flops = 4.0 * plan.grid.num_tokens**2 * head_dim * plan.num_heads
+    return {"executed_vs_dense": summary["executed_flops"] / dense_flops,
+            "useful_vs_dense": summary["useful_flops"] / dense_flops,
+            "computed_tiles": summary["computed_tiles"], "masked_tiles_work": summary["masked_tiles"],
+            "roofline_v6e_ms": summary["roofline_v6e_ms"]}
+
+
+PATTERNS = ("spatial", "temporal", "routed")
+
+
+def quality_sweep(grid: VideoGrid, kinds, head_dim: int, densities, *, seed: int = 0,
+                  anchors=(Anchor.REORDERED, Anchor.FRAME0), boundaries=tuple(BoundaryPolicy),
+                  block_q: int = 128, block_kv: int = 128, full_grid: VideoGrid | None = None,
+                  full_blocks: tuple[int, int] = (3328, 2816), full_heads: int = 10):
+    """Records (dicts) of quality and work for every pattern ("spatial": every head a spatial band,
+    "temporal": every head a temporal band, "routed": ``route``'s choice), density, anchor and
+    boundary policy, on the synthetic inputs ``video_qkv(grid, kinds, head_dim, seed=seed)``: the
+    mean and per-kind rel_l2 / recall, routing recovery, the work at ``grid`` and, with
+    ``full_grid``, the work of the same plan at that grid with ``full_blocks`` tiles."""
+    from stlib.synthetic import video_qkv
+
+    kinds = head_kinds(kinds)
+    q, k, v = video_qkv(grid, kinds, head_dim, seed=seed)
+    planted = np.array([kind == HeadKind.SPATIAL for kind in kinds])
+    for density in densities:
+        for anchor in anchors:
+            routed = route(q, k, grid, density, seed=seed, anchor=anchor, block_q=block_q, block_kv=block_kv)
+            for boundary in boundaries:
+                for pattern in PATTERNS:
+                    chosen = routed.kinds if pattern == "routed" else (HeadKind(pattern),) * len(kinds)
+                    plan = svg_plan(grid, chosen, density, block_q=block_q, block_kv=block_kv, anchor=anchor,
+                                    boundary=boundary)
+                    quality = attention_quality(q, k, v, plan)
+                    record = {
+                        "grid": list(grid.shape), "heads": len(kinds), "head_dim": head_dim, "seed": seed,
+                        "planted": [str(x) for x in kinds], "pattern": pattern, "kinds": [str(x) for x in chosen],
+                        "density": density, "anchor": str(Anchor(anchor)), "boundary": str(BoundaryPolicy(boundary)),
+                        "block_q": block_q, "block_kv": block_kv, "width": plan.width,
+                        "rel_l2": float(np.sqrt(np.mean(quality["rel_l2"] ** 2))),
+                        "rel_l2_spatial_heads": float(np.mean(quality["rel_l2"][planted])) if planted.any() else None,
+                        "rel_l2_temporal_heads": float(np.mean(quality["rel_l2"][~planted])) if (~planted).any() else None,
+                        "recall": float(np.mean(quality["recall"])),
+                        "recall_spatial_heads": float(np.mean(quality["recall"][planted])) if planted.any() else None,
+                        "recall_temporal_heads": float(np.mean(quality["recall"][~planted])) if (~planted).any() else None,
+                        "routing_recovery": float(np.mean(np.array(routed.kinds) == np.array(kinds))),
+                        "pair_ratio": float(plan.pairs.sum() / plan.exact_pairs.sum()),
+                        **plan_work(plan, head_dim),
+                    }
+                    if full_grid is not None:
+                        share = np.mean([kind == HeadKind.SPATIAL for kind in chosen])
+                        n_spatial = round(share * full_heads)
+                        full = svg_plan(full_grid, [HeadKind.SPATIAL] * n_spatial + [HeadKind.TEMPORAL] * (full_heads - n_spatial),
+                                        density, block_q=full_blocks[0], block_kv=full_blocks[1], anchor=anchor,
+                                        boundary=boundary)
+                        record.update({f"full_{key}": value for key, value in plan_work(full, head_dim).items()})
+                        record.update({"full_grid": list(full_grid.shape), "full_blocks": list(full_blocks),
+                                       "full_main_tiles": full.main_tiles.tolist(),
+                                       "full_tail_tiles": full.tail_tiles.tolist(),
+                                       "full_masked_tiles": full.masked_tiles.tolist()})
+                    yield record
+
+
+__all__ = [
+    "PATTERNS",
+    "PLAN_RUNNERS",
+    "Anchor",
+    "KeptTilesMask",
+    "RoutingReport",
+    "SvgPlan",
+    "TokenMajorPrefixMask",
+    "attention_quality",
+    "exact_mask",
+    "inverse_order",
+    "order_of",
+    "plan_work",
+    "quality_sweep",
+    "route",
+    "route_scores",
+    "run_plan",
+    "sample_rows",
+    "svg_plan",
+]

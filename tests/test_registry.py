@@ -111,4 +111,5 @@ def test_every_pallas_kernel_takes_the_chip_defaults_off_a_tpu():
         sizes = default_block_sizes(chip.name)
         assert (sizes.block_q, sizes.block_kv, sizes.block_kv_compute) == (chip.block_q, chip.block_kv,
                                                                            chip.block_kv_compute)
-    assert np.all([impl.blocks == {} for impl in registry.IMPLEMENTATIONS.values()])
+    # per-implementation defaults (chosen by a block sweep) name chips of the table only
+    assert all(set(impl.blocks) <= set(CHIP_TABLE) for impl in registry.IMPLEMENTATIONS.values())

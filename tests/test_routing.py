@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import ATOL
 
 import stlib
 from stlib import SMALL_CPU, VideoGrid
@@ -18,8 +19,6 @@ from stlib.kernels.tile import BoundaryPolicy
 from stlib.masks import band_width_for_density
 from stlib.routing import Anchor, TokenMajorPrefixMask, route, svg_plan
 from stlib.synthetic import HeadKind, video_qkv
-
-from .conftest import ATOL
 
 SMALL = SMALL_CPU.grid  # 3 x 8 x 48 = 1,152 tokens
 PLANTED = ("spatial", "temporal", "temporal", "spatial")
@@ -51,6 +50,13 @@ def test_balanced_pairs_within_two_percent_at_case_study(density, anchor):
     # the last kv tile holds 75,600 - 26 * 2,816 = 384 real keys: tiles there are the ragged tail
     assert np.all(plan.tail_tiles == plan.kept[:, :, -1].sum(axis=1))
     assert np.all(plan.computed_tiles == plan.kept.sum(axis=(1, 2)))
+
+
+def test_rounded_mask_is_lazy_at_case_study():
+    """plan.mask (the rounded tiles, in raster order) counts its tiles without an L x L array."""
+    plan = svg_plan(CASE_STUDY.grid, ["spatial", "temporal"], 0.15, **CASE_BLOCKS)
+    counted = stlib.block_layout(plan.mask, CASE_BLOCKS["block_q"], CASE_BLOCKS["block_kv"]).counts
+    assert np.array_equal(counted.sum(axis=(1, 2)), plan.pairs)
 
 
 @pytest.mark.parametrize("density", [0.15, 0.25, 0.5])
@@ -150,8 +156,8 @@ def test_route_plan_kernel_end_to_end(boundary, monkeypatch):
     q, k, v = small_inputs()
     plan = route(q, k, SMALL, 0.15, boundary=boundary)
     # the kernel call rebuilds no layout: it runs the plan's own
-    import stlib.kernels.tile as tile
-    import stlib.reorder as reorder
+    from stlib import reorder
+    from stlib.kernels import tile
 
     def refuse(*args, **kwargs):
         raise AssertionError("a layout was rebuilt")
@@ -165,6 +171,21 @@ def test_route_plan_kernel_end_to_end(boundary, monkeypatch):
     dense = stlib.attention(q, k, v, None, impl="reference")
     rel = float(jnp.linalg.norm(out - dense) / jnp.linalg.norm(dense))
     assert rel < 0.15  # the routed sparse output stays close to dense on planted inputs
+
+
+@pytest.mark.parametrize("boundary", ["balanced", "exact"])
+def test_second_tile_kernel_runs_the_same_plan(boundary):
+    if "pallas_tile_lane_dense" not in stlib.IMPLEMENTATIONS:
+        pytest.skip("pallas_tile_lane_dense is not registered")
+    q, k, v = small_inputs()
+    plan = svg_plan(SMALL, PLANTED, 0.15, block_q=128, block_kv=128, boundary=boundary)
+    if boundary == "balanced":  # the rounded tiles, as FULL tiles: nothing for the kernel to round
+        assert not np.any(plan.kernel_layout.kinds == stlib.TileKind.PARTIAL)
+        assert np.array_equal(plan.kernel_layout.counts.sum(axis=(1, 2)), plan.pairs)
+    out = stlib.video_attention(q, k, v, SMALL, plan=plan, impl="pallas_tile_lane_dense",
+                                options={"bf16_probs": False})
+    expected = stlib.attention(q, k, v, plan.mask, impl="reference")
+    np.testing.assert_allclose(np.asarray(out), np.asarray(expected), atol=ATOL["kernel"][jnp.float32])
 
 
 def test_plan_with_reference_impl_runs_the_rounded_mask():
@@ -241,16 +262,19 @@ def test_bad_plan_use():
 
 
 @pytest.mark.tpu_compile
-def test_plan_compiles_for_v6e_at_case_study_shape():
+@pytest.mark.parametrize("boundary", ["balanced", "exact"])
+def test_plan_compiles_for_v6e_at_case_study_shape(boundary):
+    """exact: the masked pass evaluates both kinds' band and reordered anchor in-kernel, from iota."""
     from stlib.device import compile_for_tpu
 
     grid = CASE_STUDY.grid
     kinds = ["spatial"] * 5 + ["temporal"] * 5
-    plan = svg_plan(grid, kinds, 0.15, **CASE_BLOCKS)
+    plan = svg_plan(grid, kinds, 0.15, boundary=boundary, **CASE_BLOCKS)
     shape = jax.ShapeDtypeStruct(CASE_STUDY.qkv_shape, jnp.bfloat16)
 
-    def fn(q, k, v):
-        return stlib.video_attention(q, k, v, grid, plan=plan, impl="pallas_tile", interpret=False)
+    def fn(q, k, v):  # 2,816 keys walked in chunks of 256 (the design's inner tile; 1,024 does not divide 2,816)
+        return stlib.video_attention(q, k, v, grid, plan=plan, impl="pallas_tile", interpret=False,
+                                     options={"block_kv_compute": 256})
 
     compiled = compile_for_tpu(fn, shape, shape, shape, chip="v6e")
     assert "stlib_tile_full" in compiled.text()

@@ -167,7 +167,13 @@ def setup_for(impl: str, config: KernelConfig, mask) -> Setup:
         blocks = splash_blocks(length, config.block_q, config.block_kv)
         return Setup(impl, mask, length, config.num_heads, config.head_dim, itemsize, blocks.block_q,
                      blocks.block_kv, blocks.block_kv_compute, {}, config.num_kv_heads, config.head_dim_v)
-    sizes = block_sizes_for(length, config.block_q, config.block_kv, interpret=False)
+    implementation = registry.get(impl)
+    if implementation.resolve_blocks is not None:  # the kernel's own rule, with its per-chip defaults
+        sizes, _ = implementation.resolve_blocks(length, config.block_q, config.block_kv,
+                                                 implementation.options(config.options or None), False)
+    else:
+        sizes = block_sizes_for(length, config.block_q, config.block_kv, interpret=False,
+                                overrides=implementation.blocks)
     return Setup(impl, mask, length, config.num_heads, config.head_dim, itemsize, sizes.block_q, sizes.block_kv,
                  sizes.block_kv_compute, dict(config.options), config.num_kv_heads, config.head_dim_v)
 
@@ -206,6 +212,9 @@ def make_config(impl: str, mask, chip: str, *, block_q=None, block_kv=None, opti
                           length=length, num_kv_heads=num_kv_heads, head_dim_v=head_dim_v)
     implementation = registry.get(impl)
     fields = {f.name for f in dataclasses.fields(implementation.options_type)}
+    if "chip" in fields:  # a kernel that sizes itself per chip is sized for the chip estimated
+        options = {"chip": chip, **(options or {})}
+        config = dataclasses.replace(config, options=dict(options))
     if "block_kv_compute" in fields:  # resolve the chunk here, so the config names the kernel exactly
         resolved = pickle.loads(mask_bytes) if mask_bytes else resolve_mask(config)
         sizes = setup_for(impl, config, resolved)

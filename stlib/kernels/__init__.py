@@ -6,5 +6,6 @@ from stlib.kernels import (
     dense,  # noqa: F401
     splash,  # noqa: F401
     tile,  # noqa: F401
+    tile_lane_dense,  # noqa: F401
     xla,  # noqa: F401
 )

@@ -306,8 +306,10 @@ def softmax_scratch(block_q: int, head_dim: int):
 # pallas_call wrapper and padding
 
 
-def run_pallas(kernel, *, grid_spec, out_shape, interpret, dimension_semantics, name, operands):
-    """``pl.pallas_call`` with the interpret switch (None: interpret unless on a TPU)."""
+def run_pallas(kernel, *, grid_spec, out_shape, interpret, dimension_semantics, name, operands,
+               vmem_limit_bytes: int | None = None):
+    """``pl.pallas_call`` with the interpret switch (None: interpret unless on a TPU) and, when given,
+    the scoped-VMEM limit the compiled kernel may use (None: the compiler's default)."""
     use_interpret = resolve_interpret(interpret)
     call = pl.pallas_call(
         kernel,
@@ -315,7 +317,7 @@ def run_pallas(kernel, *, grid_spec, out_shape, interpret, dimension_semantics, 
         out_shape=out_shape,
         interpret=use_interpret,
         compiler_params=None if use_interpret else pltpu.CompilerParams(
-            dimension_semantics=dimension_semantics),
+            dimension_semantics=dimension_semantics, vmem_limit_bytes=vmem_limit_bytes),
         name=name,
     )
     return call(*operands)

@@ -1,0 +1,233 @@
+"""``pallas_tile_lane_dense`` (keys on sublanes, one pass, per-step kinds): interpret mode against the
+reference on dense, band, sliding-tile (3-D tiled order) and per-head masks at ragged lengths, in f32
+and bf16; blocks refused before compiling; its step tables and schedule counts; the attribution of
+a step region with copy regions beside it; the per-head SVG mix compiled at Wan 720p-161 and 1080p.
+
+Tolerances: conftest's kernel table (f32 2e-5; bf16 3e-2, p rounded to bf16 before p.v).
+"""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import ATOL as TOLERANCES
+
+import stlib
+from stlib import masks
+from stlib.kernels import tile_lane_dense as ld
+from stlib.kernels.tile_lane_dense import LaneDenseOptions, StepKind, lane_dense_attention
+
+IMPL = ld.NAME
+ATOL = TOLERANCES["kernel"]
+
+
+def err(out, ref):
+    return float(jnp.max(jnp.abs(out.astype(jnp.float32) - ref.astype(jnp.float32))))
+
+
+# (block_q, block_kv, options): the one-chunk form, and inner chunks with register tiles that do not
+# divide the chunk (the last one shorter)
+BLOCKS = [(128, 128, {}), (128, 256, {"block_kv_compute": 128, "block_kv_register": 48})]
+
+
+@pytest.mark.parametrize("length", [300, 1000])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("mask_name", ["dense", "band", "per-head"])
+@pytest.mark.parametrize("blocks", BLOCKS, ids=["128x128", "128x256/128/48"])
+def test_matches_reference_ragged(length, dtype, mask_name, blocks):
+    block_q, block_kv, options = blocks
+    mask = {"dense": None, "band": masks.band(length, 70),
+            "per-head": masks.per_head([masks.band(length, 40), masks.full(length)])}[mask_name]
+    q, k, v = stlib.random_qkv((2, length, 128), dtype, seed=length)
+    ref = stlib.attention(q, k, v, mask)
+    out = stlib.attention(q, k, v, mask, impl=IMPL, block_q=block_q, block_kv=block_kv, options=options,
+                          interpret=True)
+    assert out.dtype == q.dtype and out.shape == q.shape
+    assert err(out, ref) <= ATOL[dtype]
+
+
+def test_step_kinds_split_full_ragged_masked():
+    length = 1000  # 1000 % 256 = 232 real keys in the last kv block
+    layout = stlib.block_layout(masks.band(length, 300), 128, 256)
+    kinds = ld.step_kinds(layout, length)
+    assert set(ld.kinds_present(kinds)) == {StepKind.FULL, StepKind.RAGGED, StepKind.MASKED}
+    assert (kinds[..., :-1] != StepKind.RAGGED).all()  # only the last kv block is ragged
+    assert ((kinds == StepKind.MASKED) == (layout.kinds == 1)).all()  # exact: PARTIAL tiles are masked
+    steps, counts = ld.step_tables(kinds)
+    assert (counts == (kinds >= 0).sum(axis=2)).all()
+    assert ld.kernel_name(ld.kinds_present(kinds)) == "stlib_tile_ld_full_ragged_masked"
+    assert ld._compute_regions("stlib_tile_ld_full_masked.3", 2) == ["compute_full", "compute_masked"]
+
+
+def test_sliding_tile_in_tiled_order():
+    grid = stlib.VideoGrid(3, 5, 16)  # ragged against the 2x2x8 tile: the tiled order has padding slots
+    tile = (2, 2, 8)
+    mask = masks.sliding_tile(grid, tile, (1, 3, 1))
+    order = stlib.tiled_order(grid, tile)
+    assert order.length > grid.num_tokens
+    for dtype in (jnp.float32, jnp.bfloat16):
+        q, k, v = stlib.random_qkv((2, grid.num_tokens, 128), dtype, seed=5)
+        ref = stlib.attention(q, k, v, mask)
+        out = stlib.video_attention(q, k, v, grid, mask, impl=IMPL, orders=order, block_q=128, block_kv=128,
+                                    interpret=True)
+        assert err(out, ref) <= ATOL[dtype]
+
+
+def test_bf16_probabilities_error_is_within_the_bf16_tolerance():
+    """bf16 p into p.v (the default) against f32 p, both on the same bf16 inputs: the rounding of p
+    costs about as much as the output's own bf16 rounding (measured here: both well under 3e-2)."""
+    q, k, v = stlib.random_qkv((2, 512, 128), jnp.bfloat16, seed=11)
+    ref = stlib.attention(q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32), None)
+    errors = {}
+    for bf16 in (True, False):
+        out = stlib.attention(q, k, v, None, impl=IMPL, block_q=128, block_kv=256,
+                              options={"bf16_probs": bf16}, interpret=True)
+        errors[bf16] = err(out, ref)
+    assert errors[True] <= ATOL[jnp.bfloat16] and errors[False] <= ATOL[jnp.bfloat16]
+    assert errors[True] <= 4 * max(errors[False], 2**-9)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"block_q": 100}, "block_q=100 must be a positive multiple of 8"),
+    ({"block_kv": 200}, "block_kv=200 must be a"),
+    ({"options": {"block_kv_compute": 384}}, "block_kv_compute=384 must be a multiple of 128 dividing block_kv=512"),
+    ({"options": {"block_kv_compute": 100}}, "block_kv_compute=100 must be a multiple of 128"),
+    ({"options": {"block_kv_register": 12}}, "block_kv_register=12 must be a multiple of 8"),
+    ({"options": {"chip": "v9"}}, "chip='v9' must be one of"),
+])
+def test_bad_blocks_and_options_are_refused_by_name(kwargs, message):
+    q, k, v = stlib.random_qkv((1, 1024, 128), jnp.float32, seed=0)
+    call = {"block_q": 128, "block_kv": 512, **kwargs}
+    with pytest.raises(ValueError, match=re.escape(message)):
+        stlib.attention(q, k, v, None, impl=IMPL, interpret=True, **call)
+
+
+def test_compiled_blocks_need_lanes_and_fit_vmem():
+    with pytest.raises(ValueError, match="block_q=64 must be a multiple of 128"):
+        ld.check_blocks(64, 512, 512, 256, 128, 2, "v6e")
+    ld.check_blocks(64, 512, 512, 256, 128, 2, "v6e", compiled=False)  # interpret mode: any multiple of 8
+    limit = ld.vmem_limit("tpu7x")
+    assert limit == int(64 * 2**20 * ld.VMEM_SHARE) and ld.vmem_limit(None) == limit  # the smallest chip
+    with pytest.raises(ValueError, match=f"the limit on tpu7x is {limit:,}"):
+        ld.check_blocks(8192, 8192, 2048, 256, 128, 2, "tpu7x")
+    assert ld.check_blocks(1024, 2048, 512, 256, 128, 2, "v6e") == ld.vmem_limit("v6e")
+
+
+def test_default_blocks_fit_their_chip():
+    for chip, blocks in ld.DEFAULT_BLOCKS.items():
+        ld.check_blocks(blocks.block_q, blocks.block_kv, blocks.kv_chunk, 256, 128, 2, chip)
+
+
+def test_schedule_counts_match_the_tables():
+    from stlib.analysis.counts import Setup
+
+    length = 1000
+    mask = masks.band(length, 300)
+    setup = Setup(IMPL, mask, length, 2, 128, 2, 128, 256, None, {"block_kv_compute": 128})
+    attribution = type("Att", (), {"kernel": "stlib_tile_ld_full_ragged_masked.1"})()
+    counts = ld.lane_dense_schedule_counts(setup, attribution)
+    kinds = ld.step_kinds(setup.layout, length)
+    assert counts.paths["compute_full"] == 2 * int((kinds == StepKind.FULL).sum())
+    assert counts.paths["init"] == counts.paths["finalise"] == counts.q_rows == 2 * kinds.shape[1]
+    work = ld.lane_dense_work(setup.layout, 2, 128)
+    assert counts.grid_steps == work.grid_steps and not counts.writes_lse
+    wrong = type("Att", (), {"kernel": "stlib_tile_ld_full.1"})()
+    with pytest.raises(ValueError, match="step kinds make kernel"):
+        ld.lane_dense_schedule_counts(setup, wrong)
+
+
+def test_nothing_to_compute_gives_zeros():
+    q, k, v = stlib.random_qkv((1, 256, 128), jnp.float32, seed=0)
+    layout = stlib.block_layout(masks.from_array(np.zeros((256, 256), bool)), 128, 128)
+    out = lane_dense_attention(q, k, v, layout, scale=0.1, options=LaneDenseOptions(), interpret=True)
+    assert float(jnp.abs(out).max()) == 0.0
+
+
+# --------------------------------------------------------------------------------------------
+# the attribution of a step region with conditional copy regions beside it (blocks ending past the
+# array): a synthetic final_bundles dump
+
+
+def _lane_dense_program():
+    nop = ("", "", "")
+    p = {
+        0: ("%s0 = smov 0", "", ""),
+        1: ("%s1 = smov 0", "", "Start region 1"),
+        2: ("%s5 = sadd.s32 1, %s4", "LB", "Start region 10 :: Start region 11"),
+        4: ("%9 = sbr.rel (%p1) target = $region20", "", ""),
+        8: ("", "", "End region 11"),
+        9: ("%20 = vst [vmem:[#allocation1]] %v0", "", "Start region 21"),  # copy region beside the step
+        10: ("%21 = vst [vmem:[#allocation1 + $0x8]] %v0", "", "End region 21"),
+        11: ("%s9 = smov 1", "PF", "Start/End empty region 20 :: Start region 13"),
+        12: ("%10 = sbr.rel (%p2) target = $region30", "", ""),
+        16: ("", "", "End region 13 :: Start region 14"),
+        17: ("%11 = sbr.rel (%p3) target = $region40", "", ""),
+        21: ("", "", "End region 14"),
+        22: ("%22 = vst [vmem:[#allocation2]] %v0", "", "Start region 41"),  # init
+        23: ("%23 = vst [vmem:[#allocation2 + $0x8]] %v0", "", ""),
+        24: ("%24 = vst [vmem:[#allocation2 + $0x10]] %v0", "", "End region 41"),
+        25: ("%s10 = smov 2", "PF", "Start/End empty region 40 :: Start region 15"),
+        26: ("%12 = sbr.rel (%p4) target = $region50", "", ""),
+        30: ("", "", "End region 15"),
+        31: ("%v2 = vmatmul.mubr.bf16.gmra.mxu0 %v1", "", "Start region 51"),  # compute
+        32: ("%v3 = vpow2.f32 %v2", "", ""),
+        33: ("%v4 = vadd.f32 %v3, %v3", "", "End region 51"),
+        34: ("%s11 = smov 3", "PF", "Start/End empty region 50 :: Start region 16"),
+        35: ("%13 = sbr.rel (%p5) target = $region60", "", ""),
+        39: ("", "", "End region 16"),
+        40: ("%v5 = vrcp.f32 %v4", "", "Start region 61"),  # finalise
+        41: ("%25 = vst [vmem:[#allocation3]] %v5", "", "End region 61"),
+        42: ("%s12 = smov 4", "PF", "Start/End empty region 60 :: Start region 17"),
+        43: ("%14 = sbr.rel (%p6) target = $region70", "", ""),
+        47: ("", "", "End region 17"),
+        48: ("%26 = vst [vmem:[#allocation4]] %v5", "", "Start region 71"),  # the output copy
+        49: ("%27 = vst [vmem:[#allocation4 + $0x8]] %v5", "", "End region 71"),
+        50: ("%s13 = smov 5", "PF", "Start/End empty region 70"),
+        52: ("%s14 = smov 6", "PF", "Start/End empty region 30"),
+        53: ("%p9 = scmp.ge.s32.totalorder %s5, 6 /* loop exit test */", "", ""),
+        54: ("%15 = sbr.rel (!%p9) target = $region10", "", ""),
+        58: ("", "", "End region 10"),
+        59: ("%s15 = smov 0", "", ""),
+    }
+    return [p.get(i, nop) for i in range(60)]
+
+
+def test_attribution_with_copy_regions_beside_the_step():
+    from test_analysis_schedule import _analysis, _dump
+
+    from stlib.analysis import attribution as A
+    from stlib.analysis import schedule as S
+
+    schedule = S.parse_schedule(_dump(_lane_dense_program()), _analysis(60))
+    att = A.attribute(schedule, IMPL, "stlib_tile_ld_full.1")
+    # grid loop 2..58 (57 bundles), step region 17..51 (35): the copy region 9..10 counts in "iteration";
+    # the output copy after the finalise region adds to "finalise"
+    assert att.trip == 6 and att.grid_steps == 4
+    assert att.paths == {"call": 3, "iteration": 57 - 35, "step": 35 - 3 - 3 - 2 - 2, "init": 3,
+                         "compute_full": 3, "finalise": 4}
+    assert att.ops["finalise"] == {"eup": 1, "vmem": 3}
+
+
+# --------------------------------------------------------------------------------------------
+# compiled for TPU without a TPU: the per-head SVG mix at longer videos
+
+
+@pytest.mark.tpu_compile
+@pytest.mark.parametrize("shape", [(41, 45, 80), (21, 68, 120)], ids=["720p-161f", "1080p"])
+def test_per_head_svg_mix_compiles_at_long_videos(shape):
+    from stlib.device import compile_for_tpu
+
+    grid = stlib.VideoGrid(*shape)
+    heads = [masks.spatial_band(grid, 0.25)] * 5 + [masks.temporal_band(grid, 0.25)] * 5
+    orders = [stlib.raster_order(grid)] * 5 + [stlib.token_major_order(grid)] * 5
+    mask = masks.per_head(heads)
+    spec = jax.ShapeDtypeStruct((10, grid.num_tokens, 128), jnp.bfloat16)
+    compiled = compile_for_tpu(
+        lambda q, k, v: stlib.video_attention(q, k, v, grid, mask, impl=IMPL, orders=orders, interpret=False),
+        spec, spec, spec, chip="v6e")
+    assert ld.KERNEL_PREFIX in compiled.text()
+    assert compiled.memory()["output_size_in_bytes"] == 10 * grid.num_tokens * 128 * 2
