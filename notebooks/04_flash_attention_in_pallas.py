@@ -102,9 +102,9 @@ TOL = tolerance(cfg.workload.dtype)
 #    to HBM afterwards. `x_ref[...]` loads the block as an array; `o_ref[...] = ...` stores it.
 
 # %%
+import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
-import numpy as np
 
 
 def check_close(name, got, want, tol=1e-4):

@@ -40,8 +40,10 @@ def check_qkv(q, k, v) -> None:
             raise TypeError(f"{name} must be a floating dtype, got {x.dtype}")
         for axis, letter in enumerate("HLD"):
             if x.shape[axis] == 0:
-                raise ValueError(f"{name} has {letter}=0 (shape {tuple(x.shape)}); every axis of [H, L, D] "
-                                 "must be at least 1")
+                raise ValueError(
+                    f"{name} has {letter}=0 (shape {tuple(x.shape)}); every axis of [H, L, D] "
+                    "must be at least 1"
+                )
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype} and {v.dtype}")
     if k.shape != v.shape:
@@ -65,9 +67,19 @@ def check_mask(mask, num_heads: int, length: int) -> None:
         raise ValueError(f"mask has {mask.num_heads} heads but q has {num_heads}")
 
 
-def attention(q, k, v, mask: Mask | None = None, *, impl: str = "reference", scale: float | None = None,
-              block_q: int | None = None, block_kv: int | None = None, options=None,
-              interpret: bool | None = None):
+def attention(
+    q,
+    k,
+    v,
+    mask: Mask | None = None,
+    *,
+    impl: str = "reference",
+    scale: float | None = None,
+    block_q: int | None = None,
+    block_kv: int | None = None,
+    options=None,
+    interpret: bool | None = None,
+):
     """Multi-head attention softmax(q k^T * scale, mask) v.
 
     q, k, v: [H, L, D] floating arrays of one dtype (bf16 / f32); mask: a stlib mask of shape (L, L),
@@ -87,8 +99,17 @@ def attention(q, k, v, mask: Mask | None = None, *, impl: str = "reference", sca
         raise TypeError(f"scale={scale!r} must be a finite number")
     block_q = _check_block("block_q", block_q)
     block_kv = _check_block("block_kv", block_kv)
-    out = implementation.forward(q, k, v, mask, scale=float(scale), block_q=block_q, block_kv=block_kv,
-                                 options=options, interpret=interpret)
+    out = implementation.forward(
+        q,
+        k,
+        v,
+        mask,
+        scale=float(scale),
+        block_q=block_q,
+        block_kv=block_kv,
+        options=options,
+        interpret=interpret,
+    )
     valid = None if mask is None else mask.token_validity()
     if valid is not None and not valid.all():
         # padding slots of a permuted mask see nothing: zeros, whatever a kernel computed there
@@ -96,8 +117,18 @@ def attention(q, k, v, mask: Mask | None = None, *, impl: str = "reference", sca
     return out
 
 
-def video_attention(q, k, v, grid: VideoGrid, mask: Mask | None = None, *, impl: str = "reference",
-                    orders=None, plan=None, **kwargs):
+def video_attention(
+    q,
+    k,
+    v,
+    grid: VideoGrid,
+    mask: Mask | None = None,
+    *,
+    impl: str = "reference",
+    orders=None,
+    plan=None,
+    **kwargs,
+):
     """Attention over the raster-order tokens of ``grid``: q, k, v [H, T*Y*X, D], ``mask`` in raster
     order. The tokens are reordered so the mask is tile-aligned (``choose_orders``: the candidate
     order with the fewest non-empty tiles, per head for per-head masks), the kernel runs, and the
@@ -135,8 +166,14 @@ def video_attention(q, k, v, grid: VideoGrid, mask: Mask | None = None, *, impl:
         for h, order in enumerate(orders):
             views.setdefault((mask.head(h), order), mask.head(h).permute(order))
         permuted = per_head([views[(mask.head(h), o)] for h, o in enumerate(orders)])
-    out = attention(apply_orders(q, orders), apply_orders(k, orders), apply_orders(v, orders), permuted,
-                    impl=impl, **kwargs)
+    out = attention(
+        apply_orders(q, orders),
+        apply_orders(k, orders),
+        apply_orders(v, orders),
+        permuted,
+        impl=impl,
+        **kwargs,
+    )
     return restore_orders(out, orders)
 
 

@@ -39,8 +39,14 @@ CASE_STUDY = Workload("case-study (Wan 720p)", VideoGrid(21, 45, 80), num_heads=
 WAN_480P = Workload("Wan 480p", VideoGrid(21, 30, 52), num_heads=10, head_dim=128)
 #: The CPU stand-in for the case study: small enough for Pallas interpret mode (1,152 tokens, 2 heads),
 #: with 3-D tiles of 1x8x16 = 128 tokens that fit the grid exactly.
-SMALL_CPU = Workload("small (CPU, interpret mode)", VideoGrid(3, 8, 48), num_heads=2, head_dim=128,
-                     dtype=jnp.float32, sta_tile=(1, 8, 16))
+SMALL_CPU = Workload(
+    "small (CPU, interpret mode)",
+    VideoGrid(3, 8, 48),
+    num_heads=2,
+    head_dim=128,
+    dtype=jnp.float32,
+    sta_tile=(1, 8, 16),
+)
 
 #: Band densities that every benchmark sweep and estimate table uses.
 DENSITIES = (0.15, 0.25, 0.35, 0.45, 0.55, 0.65)
@@ -54,12 +60,15 @@ PUBLISHED = {
 }
 
 
-def wan_latent_grid(frames: int, height: int, width: int, *, temporal_stride: int = 4, vae_stride: int = 8,
-                    patch: int = 2) -> VideoGrid:
+def wan_latent_grid(
+    frames: int, height: int, width: int, *, temporal_stride: int = 4, vae_stride: int = 8, patch: int = 2
+) -> VideoGrid:
     """The token grid Wan 2.x attends over for a video of ``frames`` x ``height`` x ``width`` pixels:
     the causal VAE keeps frame 0 and compresses the rest 4x in time and 8x in space, then 2x2
     patchification. 81 frames at 720 x 1280 -> 21 x 45 x 80 = 75,600 tokens."""
-    return VideoGrid((frames - 1) // temporal_stride + 1, height // vae_stride // patch, width // vae_stride // patch)
+    return VideoGrid(
+        (frames - 1) // temporal_stride + 1, height // vae_stride // patch, width // vae_stride // patch
+    )
 
 
 @dataclass(frozen=True)
@@ -78,7 +87,9 @@ class DiTBlock:
         return {
             "self-attention (QK^T and PV)": 4.0 * L * L * d,
             "QKV and output projections": 8.0 * L * d * d,
-            "cross-attention to text": 4.0 * L * d * d + 4.0 * self.text_tokens * d * d + 4.0 * L * self.text_tokens * d,
+            "cross-attention to text": 4.0 * L * d * d
+            + 4.0 * self.text_tokens * d * d
+            + 4.0 * L * self.text_tokens * d,
             "feed-forward": 4.0 * L * d * self.ffn_dim,
         }
 

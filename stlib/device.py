@@ -151,8 +151,12 @@ class CompiledKernel:
             return {}
         if stats is None:
             return {}
-        names = ("argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes",
-                 "generated_code_size_in_bytes")
+        names = (
+            "argument_size_in_bytes",
+            "output_size_in_bytes",
+            "temp_size_in_bytes",
+            "generated_code_size_in_bytes",
+        )
         return {n: int(getattr(stats, n)) for n in names if hasattr(stats, n)}
 
     def text(self) -> str:

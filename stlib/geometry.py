@@ -53,7 +53,9 @@ class VideoGrid:
 
     def check_length(self, length: int) -> None:
         if length != self.num_tokens:
-            raise ValueError(f"video grid {self.shape} has {self.num_tokens} tokens but the sequence has {length}")
+            raise ValueError(
+                f"video grid {self.shape} has {self.num_tokens} tokens but the sequence has {length}"
+            )
 
 
 @dataclass(frozen=True, eq=False)
@@ -159,8 +161,9 @@ def _check_grid(grid) -> None:
 def raster_order(grid: VideoGrid) -> TokenOrder:
     """Frame-major (t, y, x): the model's native order (the identity permutation)."""
     _check_grid(grid)
-    return TokenOrder("raster (t, y, x)", np.arange(grid.num_tokens, dtype=np.int32), grid.num_tokens,
-                      _RasterFormula())
+    return TokenOrder(
+        "raster (t, y, x)", np.arange(grid.num_tokens, dtype=np.int32), grid.num_tokens, _RasterFormula()
+    )
 
 
 def token_major_order(grid: VideoGrid) -> TokenOrder:
@@ -168,7 +171,9 @@ def token_major_order(grid: VideoGrid) -> TokenOrder:
     _check_grid(grid)
     t, y, x = np.meshgrid(*(np.arange(n) for n in grid.shape), indexing="ij")
     perm = grid.raster_index(t, y, x).transpose(1, 2, 0).reshape(-1)
-    return TokenOrder("token-major (y, x, t)", perm.astype(np.int32), grid.num_tokens, _TokenMajorFormula(grid))
+    return TokenOrder(
+        "token-major (y, x, t)", perm.astype(np.int32), grid.num_tokens, _TokenMajorFormula(grid)
+    )
 
 
 def tiled_order(grid: VideoGrid, tile, *, pad: bool = True) -> TokenOrder:
@@ -195,7 +200,9 @@ def tiled_order(grid: VideoGrid, tile, *, pad: bool = True) -> TokenOrder:
     perm = tiles.reshape(-1)
     if not pad:
         perm = perm[perm >= 0]
-    name = f"tiled {tile[0]}x{tile[1]}x{tile[2]}" + (" (padded)" if pad and perm.size > grid.num_tokens else "")
+    name = f"tiled {tile[0]}x{tile[1]}x{tile[2]}" + (
+        " (padded)" if pad and perm.size > grid.num_tokens else ""
+    )
     formula = _TiledFormula(grid, tile, tuple(counts)) if pad else None
     return TokenOrder(name, perm.astype(np.int32), grid.num_tokens, formula)
 

@@ -195,7 +195,9 @@ class BlockLayout:
     def _flat_steps(self) -> dict[str, np.ndarray]:
         steps = flat_steps(self.kinds != TileKind.EMPTY)
         active = steps["step_active"].astype(bool)
-        kinds = np.where(active, self.kinds[steps["step_head"], steps["step_q"], steps["step_kv"]], TileKind.EMPTY)
+        kinds = np.where(
+            active, self.kinds[steps["step_head"], steps["step_q"], steps["step_kv"]], TileKind.EMPTY
+        )
         return {**steps, "step_kinds": kinds.astype(np.int32)}
 
     @property
@@ -372,8 +374,9 @@ def _valid_per_tile(mask: Mask, block: int) -> np.ndarray:
     return np.add.reduceat(_valid_tokens(mask), np.arange(0, mask.length, block)).astype(np.int32)
 
 
-def _tile_counts(base: Mask, order: TokenOrder | None, length: int, block_q: int,
-                 block_kv: int) -> np.ndarray:
+def _tile_counts(
+    base: Mask, order: TokenOrder | None, length: int, block_q: int, block_kv: int
+) -> np.ndarray:
     """int64 [nq, nk] allowed pairs per tile of a single-head mask ``base`` seen in ``order``."""
     nq, nk = cdiv(length, block_q), cdiv(length, block_kv)
     kv_starts = np.arange(0, length, block_kv)

@@ -99,14 +99,16 @@ def home() -> Path:
 
 
 def resolve_size(size: str | None = None) -> str:
-    """"full" or "small": ``STLIB_SIZE`` if set, else ``size``; "auto" / None / "" mean full on a
+    """ "full" or "small": ``STLIB_SIZE`` if set, else ``size``; "auto" / None / "" mean full on a
     TPU, small elsewhere. Raises SetupError (a ValueError) for anything else."""
     env = os.environ.get("STLIB_SIZE")
     chosen = (env or size or "auto").strip().lower()
     if chosen not in SIZES:
         where = f"STLIB_SIZE={env!r}" if env else f"size={size!r}"
-        raise SetupError(f"{where} is not a size: use 'small', 'full' or 'auto' (full on a TPU, small elsewhere), "
-                         f"e.g. STLIB_SIZE=small or python -m stlib.reproduce --size small.")
+        raise SetupError(
+            f"{where} is not a size: use 'small', 'full' or 'auto' (full on a TPU, small elsewhere), "
+            f"e.g. STLIB_SIZE=small or python -m stlib.reproduce --size small."
+        )
     return ("full" if on_tpu() else "small") if chosen == "auto" else chosen
 
 
@@ -141,7 +143,8 @@ def _install_interpret_guard() -> None:
             raise InterpretAtFullSize(
                 f"size 'full' on {backend().upper()} would run this Pallas kernel in interpret mode over "
                 f"{steps:,} grid steps (hours; only a TPU runs it at the case-study size): rerun with "
-                f"STLIB_SIZE=small (or auto), or on a TPU.")
+                f"STLIB_SIZE=small (or auto), or on a TPU."
+            )
         return original(kernel, *args, interpret=interpret, grid_spec=grid_spec, grid=grid, **kwargs)
 
     pallas_call._stlib_guard = True
@@ -155,23 +158,31 @@ def setup(size: str | None = None) -> NotebookConfig:
     size = resolve_size(size)
     workload = CASE_STUDY if size == "full" else SMALL_CPU
     config = NotebookConfig(
-        size=size, workload=workload, interpret=not on_tpu(),
-        block_q=512 if size == "full" else 128, block_kv=1024 if size == "full" else 128,
-        figures=home() / "figures", data=home() / "data",
+        size=size,
+        workload=workload,
+        interpret=not on_tpu(),
+        block_q=512 if size == "full" else 128,
+        block_kv=1024 if size == "full" else 128,
+        figures=home() / "figures",
+        data=home() / "data",
     )
     refuse = size == "full" and config.interpret
     _interpret_step_limit = INTERPRET_STEP_LIMIT if refuse else None
     if refuse:
         _install_interpret_guard()
     print(f"JAX {jax.__version__} | backend {backend()} | device {device_kind()}")
-    print(f"configuration: {size} -> {workload.name}: grid {workload.grid.shape} = {workload.num_tokens:,} tokens, "
-          f"{workload.num_heads} heads x {workload.head_dim}, {jnp.dtype(workload.dtype).name}; "
-          f"tiles {config.block_q} x {config.block_kv}; "
-          + ("compiled Pallas kernels" if config.on_tpu else "Pallas interpret mode (times are not TPU times)"))
+    print(
+        f"configuration: {size} -> {workload.name}: grid {workload.grid.shape} = {workload.num_tokens:,} tokens, "
+        f"{workload.num_heads} heads x {workload.head_dim}, {jnp.dtype(workload.dtype).name}; "
+        f"tiles {config.block_q} x {config.block_kv}; "
+        + ("compiled Pallas kernels" if config.on_tpu else "Pallas interpret mode (times are not TPU times)")
+    )
     if refuse:
-        print("full size off a TPU: analytic and compile-only cells run at the case-study size; Pallas kernels "
-              f"in interpret mode over more than {INTERPRET_STEP_LIMIT:,} grid steps are refused (STLIB_SIZE=small "
-              "runs them all)")
+        print(
+            "full size off a TPU: analytic and compile-only cells run at the case-study size; Pallas kernels "
+            f"in interpret mode over more than {INTERPRET_STEP_LIMIT:,} grid steps are refused (STLIB_SIZE=small "
+            "runs them all)"
+        )
     return config
 
 
@@ -193,8 +204,10 @@ def max_error(out, q, k, v, mask=None, rows: int = 384) -> float:
     heads = [0] if mask is None or mask.num_heads is None else range(mask.num_heads)
     for q0 in (0, (length - n) // 2, length - n):
         dense = None if mask is None else np.stack([mask.block(q0, q0 + n, 0, length, h) for h in heads])
-        ref = reference_attention(q[:, q0:q0 + n], k, v, dense, q.shape[2] ** -0.5)
-        err = max(err, float(jnp.max(jnp.abs(out[:, q0:q0 + n].astype(jnp.float32) - ref.astype(jnp.float32)))))
+        ref = reference_attention(q[:, q0 : q0 + n], k, v, dense, q.shape[2] ** -0.5)
+        err = max(
+            err, float(jnp.max(jnp.abs(out[:, q0 : q0 + n].astype(jnp.float32) - ref.astype(jnp.float32))))
+        )
     return err
 
 

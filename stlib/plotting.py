@@ -54,28 +54,47 @@ def occupancy_heatmap(layout: BlockLayout, title: str, head: int = 0, ax_pair=No
     kinds = layout.kinds[head]
     fill = layout.counts[head] / np.maximum(layout.valid_pairs, 1)
     ax_kind, ax_fill = ax_pair
-    ax_kind.imshow(kinds, cmap=ListedColormap(KIND_COLORS), vmin=0, vmax=2, interpolation="nearest", aspect="auto")
+    ax_kind.imshow(
+        kinds, cmap=ListedColormap(KIND_COLORS), vmin=0, vmax=2, interpolation="nearest", aspect="auto"
+    )
     counts = layout.kind_counts()
-    ax_kind.legend(handles=[Patch(color=KIND_COLORS[k], label=f"{k.name} ({counts[k.name]:,})") for k in TileKind],
-                   loc="upper right", fontsize=7, framealpha=0.9)
-    ax_kind.set(title="tile kind", xlabel=f"kv tile ({layout.block_kv} keys)", ylabel=f"q tile ({layout.block_q} queries)")
+    ax_kind.legend(
+        handles=[Patch(color=KIND_COLORS[k], label=f"{k.name} ({counts[k.name]:,})") for k in TileKind],
+        loc="upper right",
+        fontsize=7,
+        framealpha=0.9,
+    )
+    ax_kind.set(
+        title="tile kind",
+        xlabel=f"kv tile ({layout.block_kv} keys)",
+        ylabel=f"q tile ({layout.block_q} queries)",
+    )
     image = ax_fill.imshow(fill, cmap="viridis", vmin=0, vmax=1, interpolation="nearest", aspect="auto")
     fig.colorbar(image, ax=ax_fill, label="allowed pairs / tile pairs")
     ax_fill.set(title="work per tile", xlabel=f"kv tile ({layout.block_kv} keys)", ylabel="q tile")
     ax_kind.grid(False)
     ax_fill.grid(False)
-    fig.suptitle(f"{title}\ndensity {layout.density:.3f}, tile occupancy {layout.occupancy:.3f}, "
-                 f"partial {layout.partial_fraction:.3f} of non-empty, work efficiency {layout.work_efficiency:.3f}",
-                 fontsize=10)
+    fig.suptitle(
+        f"{title}\ndensity {layout.density:.3f}, tile occupancy {layout.occupancy:.3f}, "
+        f"partial {layout.partial_fraction:.3f} of non-empty, work efficiency {layout.work_efficiency:.3f}",
+        fontsize=10,
+    )
     return fig
 
 
-def latency_bars(records: list[dict], title: str, published: dict | None = None, estimates: list[dict] | None = None):
+def latency_bars(
+    records: list[dict], title: str, published: dict | None = None, estimates: list[dict] | None = None
+):
     """Median latency per label with min-max whiskers; the published v6e bars and hatched static
     estimates (``{"label", "ms"}``) in a panel of their own, never on the same axis as CPU times."""
     panels = 1 + (published is not None or bool(estimates))
-    fig, axes = plt.subplots(1, panels, figsize=(6.2 * panels, 0.42 * max(len(records), 4) + 1.6),
-                             constrained_layout=True, squeeze=False)
+    fig, axes = plt.subplots(
+        1,
+        panels,
+        figsize=(6.2 * panels, 0.42 * max(len(records), 4) + 1.6),
+        constrained_layout=True,
+        squeeze=False,
+    )
     ax = axes[0, 0]
     labels = [r["label"] for r in records]
     colors = _color_of(labels)
@@ -90,8 +109,10 @@ def latency_bars(records: list[dict], title: str, published: dict | None = None,
         ax2 = axes[0, 1]
         rows = []
         if published:
-            rows += [("published: dense Splash", published["dense_splash_ms"], False),
-                     ("published: tile-aligned sparse", published["tile_aligned_sparse_ms"], False)]
+            rows += [
+                ("published: dense Splash", published["dense_splash_ms"], False),
+                ("published: tile-aligned sparse", published["tile_aligned_sparse_ms"], False),
+            ]
         rows += [(f"estimate: {e['label']}", e["ms"], True) for e in (estimates or [])]
         y2 = np.arange(len(rows))
         bars = ax2.barh(y2, [r[1] for r in rows], color=[PALETTE[7] if r[2] else PALETTE[3] for r in rows])
@@ -100,16 +121,23 @@ def latency_bars(records: list[dict], title: str, published: dict | None = None,
                 bar.set_hatch(ESTIMATE_HATCH)
                 bar.set_facecolor("white")
                 bar.set_edgecolor(PALETTE[7])
-            ax2.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {row[1]:.2f}", va="center", fontsize=8)
+            ax2.text(
+                bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {row[1]:.2f}", va="center", fontsize=8
+            )
         ax2.set_yticks(y2, [r[0] for r in rows])
         ax2.invert_yaxis()
-        ax2.set(xlabel="latency (ms)", title="one TPU v6e, 75,600 tokens x 10 heads x 128"
-                + ("\n(hatched: static estimate, not a measurement)" if estimates else ""))
+        ax2.set(
+            xlabel="latency (ms)",
+            title="one TPU v6e, 75,600 tokens x 10 heads x 128"
+            + ("\n(hatched: static estimate, not a measurement)" if estimates else ""),
+        )
     fig.suptitle(title, fontsize=11)
     return fig
 
 
-def speedup_vs_density(records: list[dict], baseline_ms: float, title: str, ax=None, legend_outside: bool = False):
+def speedup_vs_density(
+    records: list[dict], baseline_ms: float, title: str, ax=None, legend_outside: bool = False
+):
     """Speed-up over a dense baseline against density, one line per label, with the ideal 1/density.
     ``legend_outside``: the legend to the right of the axes (for many lines)."""
     if ax is None:
@@ -120,8 +148,13 @@ def speedup_vs_density(records: list[dict], baseline_ms: float, title: str, ax=N
     colors = _color_of(labels)
     for label in labels:
         rows = sorted((r for r in records if r["label"] == label), key=lambda r: r["density"])
-        ax.plot([r["density"] for r in rows], [baseline_ms / r["median_ms"] for r in rows], "o-", label=label,
-                color=colors[label])
+        ax.plot(
+            [r["density"] for r in rows],
+            [baseline_ms / r["median_ms"] for r in rows],
+            "o-",
+            label=label,
+            color=colors[label],
+        )
     grid = np.linspace(min(r["density"] for r in records) * 0.9, 1.0, 100)
     ax.plot(grid, 1 / grid, "k--", lw=1, label="ideal 1 / density")
     ax.axhline(1.0, color="grey", lw=0.8)
@@ -136,12 +169,21 @@ def speedup_vs_density(records: list[dict], baseline_ms: float, title: str, ax=N
 def work_bars(work_records: list[dict], title: str, step_lines: dict[str, float] | None = None):
     """Executed vs useful flops and grid steps per kernel (hardware-independent work).
     ``step_lines``: reference step counts ``{label: steps}`` drawn as dashed lines on the steps panel."""
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 0.4 * max(len(work_records), 4) + 1.6), constrained_layout=True)
+    fig, (ax1, ax2) = plt.subplots(
+        1, 2, figsize=(12, 0.4 * max(len(work_records), 4) + 1.6), constrained_layout=True
+    )
     labels = [r["label"] for r in work_records]
     y = np.arange(len(labels))
-    ax1.barh(y - 0.2, [r["executed_flops"] / 1e12 for r in work_records], 0.4, label="executed", color=PALETTE[0])
-    ax1.barh(y + 0.2, [r["useful_flops"] / 1e12 for r in work_records], 0.4, label="useful (allowed pairs)",
-             color=PALETTE[2])
+    ax1.barh(
+        y - 0.2, [r["executed_flops"] / 1e12 for r in work_records], 0.4, label="executed", color=PALETTE[0]
+    )
+    ax1.barh(
+        y + 0.2,
+        [r["useful_flops"] / 1e12 for r in work_records],
+        0.4,
+        label="useful (allowed pairs)",
+        color=PALETTE[2],
+    )
     ax1.set_yticks(y, labels)
     ax1.invert_yaxis()
     ax1.set(xlabel="TFLOP per call", title="flops")
@@ -197,17 +239,32 @@ def roofline_chart(chips: list[str], points: list[dict], title: str):
     intensity = np.logspace(0, 6, 200)
     for i, chip in enumerate(chips):
         spec = chip_spec(chip)
-        ax.plot(intensity, np.minimum(spec.bf16_flops, intensity * spec.hbm_bandwidth) / 1e12, color=PALETTE[i],
-                label=f"{chip}: {spec.bf16_flops / 1e12:.0f} TFLOP/s, {spec.hbm_bandwidth / 1e12:.2f} TB/s")
+        ax.plot(
+            intensity,
+            np.minimum(spec.bf16_flops, intensity * spec.hbm_bandwidth) / 1e12,
+            color=PALETTE[i],
+            label=f"{chip}: {spec.bf16_flops / 1e12:.0f} TFLOP/s, {spec.hbm_bandwidth / 1e12:.2f} TB/s",
+        )
         for j, point in enumerate(points):
             x = point["flops"] / point["bytes"]
             y = min(spec.bf16_flops, x * spec.hbm_bandwidth) / 1e12
             ax.plot(x, y, "o", color=PALETTE[i], markersize=6)
             if i == len(chips) - 1:
-                ax.annotate(point["label"], (x, y), textcoords="offset points", xytext=(-10, -14 - 10 * j),
-                            fontsize=8, ha="right")
-    ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (flop per HBM byte)",
-           ylabel="attainable bf16 TFLOP/s", title=title)
+                ax.annotate(
+                    point["label"],
+                    (x, y),
+                    textcoords="offset points",
+                    xytext=(-10, -14 - 10 * j),
+                    fontsize=8,
+                    ha="right",
+                )
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="arithmetic intensity (flop per HBM byte)",
+        ylabel="attainable bf16 TFLOP/s",
+        title=title,
+    )
     ax.legend(fontsize=8, loc="lower right")
     return fig
 
@@ -215,8 +272,9 @@ def roofline_chart(chips: list[str], points: list[dict], title: str):
 def mask_gallery(named_masks: dict, title: str, columns: int = 4, head: int = 0):
     """Each (small) mask as a black-and-white L x L image: row = query, column = key."""
     rows = cdiv(len(named_masks), columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(3.0 * columns, 3.1 * rows), constrained_layout=True,
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        rows, columns, figsize=(3.0 * columns, 3.1 * rows), constrained_layout=True, squeeze=False
+    )
     for ax, (name, mask) in zip(axes.flat, named_masks.items()):
         dense = mask.to_dense()
         dense = dense[head] if dense.ndim == 3 else dense
@@ -225,7 +283,7 @@ def mask_gallery(named_masks: dict, title: str, columns: int = 4, head: int = 0)
         ax.set_xticks([])
         ax.set_yticks([])
         ax.grid(False)
-    for ax in list(axes.flat)[len(named_masks):]:
+    for ax in list(axes.flat)[len(named_masks) :]:
         ax.axis("off")
     fig.suptitle(title, fontsize=11)
     return fig
@@ -234,22 +292,36 @@ def mask_gallery(named_masks: dict, title: str, columns: int = 4, head: int = 0)
 def kind_gallery(named_layouts: dict, title: str, columns: int = 4, head: int = 0):
     """The tile kinds (EMPTY / PARTIAL / FULL) of several layouts, one small map each."""
     rows = cdiv(len(named_layouts), columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(3.2 * columns, 3.4 * rows), constrained_layout=True,
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        rows, columns, figsize=(3.2 * columns, 3.4 * rows), constrained_layout=True, squeeze=False
+    )
     for ax, (name, layout) in zip(axes.flat, named_layouts.items()):
-        ax.imshow(layout.kinds[head], cmap=ListedColormap(KIND_COLORS), vmin=0, vmax=2, interpolation="nearest",
-                  aspect="auto")
+        ax.imshow(
+            layout.kinds[head],
+            cmap=ListedColormap(KIND_COLORS),
+            vmin=0,
+            vmax=2,
+            interpolation="nearest",
+            aspect="auto",
+        )
         counts = layout.kind_counts()
         nonempty = counts["PARTIAL"] + counts["FULL"]
-        ax.set_title(f"{name}\ndensity {layout.density:.3f}, occupied {layout.occupancy:.3f}\n"
-                     f"partial {counts['PARTIAL'] / max(nonempty, 1):.0%} of occupied", fontsize=8)
+        ax.set_title(
+            f"{name}\ndensity {layout.density:.3f}, occupied {layout.occupancy:.3f}\n"
+            f"partial {counts['PARTIAL'] / max(nonempty, 1):.0%} of occupied",
+            fontsize=8,
+        )
         ax.set_xticks([])
         ax.set_yticks([])
         ax.grid(False)
-    for ax in list(axes.flat)[len(named_layouts):]:
+    for ax in list(axes.flat)[len(named_layouts) :]:
         ax.axis("off")
-    fig.legend(handles=[Patch(color=KIND_COLORS[k], label=k.name) for k in TileKind], loc="lower center", ncol=3,
-               bbox_to_anchor=(0.5, -0.03))
+    fig.legend(
+        handles=[Patch(color=KIND_COLORS[k], label=k.name) for k in TileKind],
+        loc="lower center",
+        ncol=3,
+        bbox_to_anchor=(0.5, -0.03),
+    )
     fig.suptitle(title, fontsize=11)
     return fig
 
@@ -259,9 +331,20 @@ def density_vs_work(named_layouts: dict, title: str):
     fig, ax = plt.subplots(figsize=(8.5, 0.42 * len(named_layouts) + 1.6), constrained_layout=True)
     names = list(named_layouts)
     y = np.arange(len(names))
-    ax.barh(y - 0.2, [named_layouts[n].density for n in names], 0.4, color=PALETTE[2], label="density (useful pairs)")
-    ax.barh(y + 0.2, [named_layouts[n].occupancy for n in names], 0.4, color=PALETTE[0],
-            label="tile occupancy (pairs computed by a tile-skipping kernel)")
+    ax.barh(
+        y - 0.2,
+        [named_layouts[n].density for n in names],
+        0.4,
+        color=PALETTE[2],
+        label="density (useful pairs)",
+    )
+    ax.barh(
+        y + 0.2,
+        [named_layouts[n].occupancy for n in names],
+        0.4,
+        color=PALETTE[0],
+        label="tile occupancy (pairs computed by a tile-skipping kernel)",
+    )
     ax.set_yticks(y, names)
     ax.invert_yaxis()
     ax.set(xlabel="fraction of all L² pairs", xlim=(0, 1), title=title)
@@ -269,7 +352,9 @@ def density_vs_work(named_layouts: dict, title: str):
     return fig
 
 
-def timing_lines(series: dict[str, list[tuple[float, float]]], title: str, xlabel: str, ylabel: str = "median time (ms)"):
+def timing_lines(
+    series: dict[str, list[tuple[float, float]]], title: str, xlabel: str, ylabel: str = "median time (ms)"
+):
     """One line per series of (x, y) points."""
     fig, ax = plt.subplots(figsize=(6.8, 4.4), constrained_layout=True)
     for i, (name, points) in enumerate(series.items()):
@@ -287,7 +372,13 @@ def named_bars(values: dict[str, float], title: str, xlabel: str, sort: bool = T
     fig, ax = plt.subplots(figsize=(7.5, 0.34 * len(names) + 1.4), constrained_layout=True)
     bars = ax.barh(np.arange(len(names)), [values[n] for n in names], color=PALETTE[0])
     for bar, name in zip(bars, names):
-        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {values[name]:.3f}", va="center", fontsize=8)
+        ax.text(
+            bar.get_width(),
+            bar.get_y() + bar.get_height() / 2,
+            f" {values[name]:.3f}",
+            va="center",
+            fontsize=8,
+        )
     ax.set_yticks(np.arange(len(names)), names, fontsize=8)
     ax.set(xlabel=xlabel, title=title)
     return fig
@@ -309,8 +400,10 @@ def vmem_bars(rows: list[dict], title: str, limit_bytes: float | None = None, li
     for yi, total, row in zip(y, left, rows):
         right = max(total, (row.get("compiler_total") or 0) / mib)
         ax.text(right, yi, f"   {total:.2f} MiB", va="center", fontsize=8)
-    for key, style, label in [("compiler", "kD", "allocated by the compiler (buffers + scratch)"),
-                              ("compiler_total", "kX", "scoped VMEM the compiler asked for (its error message)")]:
+    for key, style, label in [
+        ("compiler", "kD", "allocated by the compiler (buffers + scratch)"),
+        ("compiler_total", "kX", "scoped VMEM the compiler asked for (its error message)"),
+    ]:
         marked = [(yi, row[key] / mib) for yi, row in zip(y, rows) if row.get(key) is not None]
         if marked:
             ax.plot([m[1] for m in marked], [m[0] for m in marked], style, markersize=8, label=label)
@@ -330,7 +423,9 @@ def step_table_map(table, title: str, head: int = 0, annotate_max: int = 24):
     table = np.asarray(table)[head]
     kind, fetch = table & 3, table >> 2
     nq, nk = table.shape
-    fig, ax = plt.subplots(figsize=(min(0.5 * nk + 2.5, 10), min(0.45 * nq + 1.8, 9)), constrained_layout=True)
+    fig, ax = plt.subplots(
+        figsize=(min(0.5 * nk + 2.5, 10), min(0.45 * nq + 1.8, 9)), constrained_layout=True
+    )
     ax.imshow(kind, cmap=ListedColormap(KIND_COLORS), vmin=0, vmax=2, interpolation="nearest", aspect="auto")
     if max(nq, nk) <= annotate_max:
         flat = fetch.reshape(-1)
@@ -339,35 +434,54 @@ def step_table_map(table, title: str, head: int = 0, annotate_max: int = 24):
         new = new.reshape(nq, nk)
         for i in range(nq):
             for j in range(nk):
-                ax.text(j, i, str(fetch[i, j]), ha="center", va="center", fontsize=8,
-                        fontweight="bold" if new[i, j] else "normal", color="black" if new[i, j] else "grey")
+                ax.text(
+                    j,
+                    i,
+                    str(fetch[i, j]),
+                    ha="center",
+                    va="center",
+                    fontsize=8,
+                    fontweight="bold" if new[i, j] else "normal",
+                    color="black" if new[i, j] else "grey",
+                )
     if nk <= annotate_max:
         ax.set_xticks(range(nk))
     if nq <= annotate_max:
         ax.set_yticks(range(nq))
     ax.grid(False)
     names = ["skip (pl.when: no compute)", "masked tile", "mask-free tile"]
-    ax.legend(handles=[Patch(color=KIND_COLORS[k], label=names[k]) for k in range(3)], fontsize=8,
-              loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3)
+    ax.legend(
+        handles=[Patch(color=KIND_COLORS[k], label=names[k]) for k in range(3)],
+        fontsize=8,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.12),
+        ncol=3,
+    )
     ax.set(xlabel="grid step j along the kv axis", ylabel="q tile i", title=title)
     return fig
 
 
 def occupancy_comparison(layouts: dict, title: str, head: int = 0):
     """``occupancy_heatmap`` of several layouts (e.g. one mask before and after reordering), one row each."""
-    fig, axes = plt.subplots(len(layouts), 2, figsize=(10.5, 4.2 * len(layouts)), constrained_layout=True,
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        len(layouts), 2, figsize=(10.5, 4.2 * len(layouts)), constrained_layout=True, squeeze=False
+    )
     for row, (name, layout) in zip(axes, layouts.items()):
         occupancy_heatmap(layout, name, head=head, ax_pair=row)
         row[0].set_title(f"{name}: tile kind", fontsize=9)
-        row[1].set_title(f"density {layout.density:.3f}, occupied {layout.occupancy:.3f}, "
-                         f"partial {layout.partial_fraction:.0%} of occupied, work efficiency "
-                         f"{layout.work_efficiency:.2f}", fontsize=8)
+        row[1].set_title(
+            f"density {layout.density:.3f}, occupied {layout.occupancy:.3f}, "
+            f"partial {layout.partial_fraction:.0%} of occupied, work efficiency "
+            f"{layout.work_efficiency:.2f}",
+            fontsize=8,
+        )
     fig.suptitle(title, fontsize=11)
     return fig
 
 
-def relative_bars(rows: dict[str, dict[str, float]], baseline: str, title: str, xlabel: str = "relative to the baseline"):
+def relative_bars(
+    rows: dict[str, dict[str, float]], baseline: str, title: str, xlabel: str = "relative to the baseline"
+):
     """Grouped horizontal bars: for each metric (e.g. allowed pairs, tiles computed, measured time),
     each row's value over the ``baseline`` row's, annotated with the value itself. ``rows``:
     ``{row label: {metric label: value}}``, every row with the same metrics."""
@@ -380,23 +494,33 @@ def relative_bars(rows: dict[str, dict[str, float]], baseline: str, title: str, 
         ratios = [rows[label][m] / rows[baseline][m] for m in metrics]
         bars = ax.barh(y, ratios, height * 0.92, color=PALETTE[i % len(PALETTE)], label=label)
         for bar, ratio in zip(bars, ratios):
-            ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {ratio:.2f}x", va="center", fontsize=8)
+            ax.text(
+                bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {ratio:.2f}x", va="center", fontsize=8
+            )
     ax.axvline(1.0, color="grey", lw=0.8)
     ax.set_yticks(np.arange(len(metrics)), metrics)
     ax.invert_yaxis()
     ax.set_xlim(0, 1.25 * max(rows[lab][m] / rows[baseline][m] for lab in labels for m in metrics))
     ax.set(xlabel=xlabel, title=title)
-    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.08 - 0.3 / len(metrics)), ncol=len(labels))
+    ax.legend(
+        fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.08 - 0.3 / len(metrics)), ncol=len(labels)
+    )
     return fig
 
 
-def tile_size_tradeoff(tile_shapes: list[str], panels: dict[str, tuple[str, dict[str, list[float]], bool]], title: str,
-                       limits: dict[str, tuple[float, str]] | None = None):
+def tile_size_tradeoff(
+    tile_shapes: list[str],
+    panels: dict[str, tuple[str, dict[str, list[float]], bool]],
+    title: str,
+    limits: dict[str, tuple[float, str]] | None = None,
+):
     """Both sides of the tile-size trade-off, one panel per metric against the tile shape (labels
     such as "512 x 1,024", in the order given), one line per pattern. ``panels``: ``{panel title:
     (y label, {pattern: [value per tile shape]}, log y)}``; ``limits``: ``{panel title: (value,
     label)}`` drawn as a dashed line (e.g. the SMEM of a chip)."""
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4.4), constrained_layout=True, squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(panels), figsize=(4.6 * len(panels), 4.4), constrained_layout=True, squeeze=False
+    )
     x = np.arange(len(tile_shapes))
     patterns = list(dict.fromkeys(p for _, series, _ in panels.values() for p in series))
     colors = {p: PALETTE[i % len(PALETTE)] for i, p in enumerate(patterns)}
@@ -407,13 +531,21 @@ def tile_size_tradeoff(tile_shapes: list[str], panels: dict[str, tuple[str, dict
             value, label = limits[name]
             ax.axhline(value, color="black", ls="--", lw=1.2, label=label)
         ax.set_xticks(x, tile_shapes, rotation=30, ha="right")
-        ax.set(xlabel="tile (block_q x block_kv)", ylabel=ylabel, title=name, yscale="log" if log else "linear")
+        ax.set(
+            xlabel="tile (block_q x block_kv)", ylabel=ylabel, title=name, yscale="log" if log else "linear"
+        )
     handles = {}
     for ax in axes[0]:
         for h, lab in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(lab, h)
-    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=len(handles), fontsize=8,
-               bbox_to_anchor=(0.5, -0.09))
+    fig.legend(
+        list(handles.values()),
+        list(handles),
+        loc="lower center",
+        ncol=len(handles),
+        fontsize=8,
+        bbox_to_anchor=(0.5, -0.09),
+    )
     fig.suptitle(title, fontsize=11)
     return fig
 
@@ -423,11 +555,22 @@ def estimate_speedups(rows: list[dict], title: str):
     to each one's ideal bound 1 / density. ``rows``: ``{"label", "speedup", "ideal"}``."""
     fig, ax = plt.subplots(figsize=(8.2, 0.45 * max(len(rows), 4) + 1.6), constrained_layout=True)
     y = np.arange(len(rows))
-    bars = ax.barh(y, [r["speedup"] for r in rows], color="white", edgecolor=PALETTE[0], hatch=ESTIMATE_HATCH,
-                   label="static v6e estimate (not a measurement)")
+    bars = ax.barh(
+        y,
+        [r["speedup"] for r in rows],
+        color="white",
+        edgecolor=PALETTE[0],
+        hatch=ESTIMATE_HATCH,
+        label="static v6e estimate (not a measurement)",
+    )
     for bar, row in zip(bars, rows):  # the value right of both the bar and the ideal mark
-        ax.text(max(row["speedup"], row["ideal"]), bar.get_y() + bar.get_height() / 2, f"  {row['speedup']:.2f}x",
-                va="center", fontsize=8)
+        ax.text(
+            max(row["speedup"], row["ideal"]),
+            bar.get_y() + bar.get_height() / 2,
+            f"  {row['speedup']:.2f}x",
+            va="center",
+            fontsize=8,
+        )
     ax.plot([r["ideal"] for r in rows], y, "k|", markersize=16, mew=2, label="ideal 1 / density")
     ax.axvline(1.0, color="grey", lw=0.8)
     ax.set_yticks(y, [r["label"] for r in rows])
@@ -448,18 +591,35 @@ def estimate_vs_published(rows: list[dict], title: str):
     chips = sorted({r["chip"] for r in rows})
     colors = dict(zip(chips, sns.color_palette("colorblind", len(chips))))
     for r in rows:
-        ax.scatter(r["published_ms"], r["estimate_ms"], s=140 if r["calibration"] else 50, color=colors[r["chip"]],
-                   marker="*" if r["calibration"] else "o", edgecolor="black", linewidth=0.6, zorder=3)
+        ax.scatter(
+            r["published_ms"],
+            r["estimate_ms"],
+            s=140 if r["calibration"] else 50,
+            color=colors[r["chip"]],
+            marker="*" if r["calibration"] else "o",
+            edgecolor="black",
+            linewidth=0.6,
+            zorder=3,
+        )
     values = [v for r in rows for v in (r["published_ms"], r["estimate_ms"])] or [1.0, 10.0]
     lo, hi = min(values) / 1.5, max(values) * 1.5
     ax.plot([lo, hi], [lo, hi], color="0.3", linewidth=1)
     ax.fill_between([lo, hi], [lo * 0.75, hi * 0.75], [lo * 1.25, hi * 1.25], color="0.85", zorder=0)
-    ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="published (ms)",
-           ylabel="static estimate (ms, not a measurement)", title=title)
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlim=(lo, hi),
+        ylim=(lo, hi),
+        xlabel="published (ms)",
+        ylabel="static estimate (ms, not a measurement)",
+        title=title,
+    )
     handles = [Patch(color=colors[c], label=c) for c in chips]
-    handles += [plt.Line2D([], [], marker="*", linestyle="", color="0.4", markersize=11, label="calibration point"),
-                plt.Line2D([], [], marker="o", linestyle="", color="0.4", label="held out"),
-                Patch(color="0.85", label="within 25%")]
+    handles += [
+        plt.Line2D([], [], marker="*", linestyle="", color="0.4", markersize=11, label="calibration point"),
+        plt.Line2D([], [], marker="o", linestyle="", color="0.4", label="held out"),
+        Patch(color="0.85", label="within 25%"),
+    ]
     ax.legend(handles=handles, loc="upper left", fontsize=8)
     fig.tight_layout()
     return fig
@@ -471,8 +631,14 @@ def quality_vs_work(records: list[dict], title: str):
     measured, right: the same plans' work at the full grid (``full_executed_vs_dense``), where the
     records carry it. ``records``: ``stlib.routing.quality_sweep`` records."""
     has_full = any("full_executed_vs_dense" in r for r in records)
-    fig, axes = plt.subplots(1, 2 if has_full else 1, figsize=(12 if has_full else 6.4, 4.6), squeeze=False,
-                             sharey=True, constrained_layout=True)
+    fig, axes = plt.subplots(
+        1,
+        2 if has_full else 1,
+        figsize=(12 if has_full else 6.4, 4.6),
+        squeeze=False,
+        sharey=True,
+        constrained_layout=True,
+    )
     patterns = list(dict.fromkeys(r["pattern"] for r in records))
     colors = _color_of(patterns)
     markers = {"exact": "o", "balanced": "s"}
@@ -480,22 +646,43 @@ def quality_vs_work(records: list[dict], title: str):
     groups: dict[tuple, list[dict]] = {}
     for r in records:
         groups.setdefault((r["pattern"], r["boundary"], r["anchor"]), []).append(r)
-    panels = [("executed_vs_dense", "measured grid")] + ([("full_executed_vs_dense", "full grid")] if has_full else [])
+    panels = [("executed_vs_dense", "measured grid")] + (
+        [("full_executed_vs_dense", "full grid")] if has_full else []
+    )
     for ax, (key, where) in zip(axes[0], panels):
         for (pattern, boundary, anchor), rows in groups.items():
             rows = sorted(rows, key=lambda r: r["density"])
-            ax.plot([r[key] for r in rows], [r["rel_l2"] for r in rows], linestyle=styles.get(anchor, "-"),
-                    marker=markers.get(boundary, "^"), color=colors[pattern], alpha=0.85)
+            ax.plot(
+                [r[key] for r in rows],
+                [r["rel_l2"] for r in rows],
+                linestyle=styles.get(anchor, "-"),
+                marker=markers.get(boundary, "^"),
+                color=colors[pattern],
+                alpha=0.85,
+            )
         ax.axvline(1.0, color="grey", lw=0.8)
         grid = records[0].get("grid" if key == "executed_vs_dense" else "full_grid")
-        blocks = (records[0]["block_q"], records[0]["block_kv"]) if key == "executed_vs_dense" else records[0].get("full_blocks")
-        ax.set(xlabel=f"executed flops / dense flops ({where} {'x'.join(map(str, grid))}, "
-                      f"{blocks[0]}x{blocks[1]} tiles)", yscale="log")
+        blocks = (
+            (records[0]["block_q"], records[0]["block_kv"])
+            if key == "executed_vs_dense"
+            else records[0].get("full_blocks")
+        )
+        ax.set(
+            xlabel=f"executed flops / dense flops ({where} {'x'.join(map(str, grid))}, "
+            f"{blocks[0]}x{blocks[1]} tiles)",
+            yscale="log",
+        )
     axes[0][0].set_ylabel("relative L2 error of the output vs dense")
     handles = [Patch(color=colors[p], label=p) for p in patterns]
-    handles += [plt.Line2D([], [], marker=m, linestyle="", color="0.4", label=f"{b} boundary") for b, m in markers.items()]
-    handles += [plt.Line2D([], [], linestyle=s, color="0.4", label=f"anchor {a}") for a, s in styles.items()
-                if any(r["anchor"] == a for r in records)]
+    handles += [
+        plt.Line2D([], [], marker=m, linestyle="", color="0.4", label=f"{b} boundary")
+        for b, m in markers.items()
+    ]
+    handles += [
+        plt.Line2D([], [], linestyle=s, color="0.4", label=f"anchor {a}")
+        for a, s in styles.items()
+        if any(r["anchor"] == a for r in records)
+    ]
     axes[0][-1].legend(handles=handles, fontsize=8, loc="upper right")
     fig.suptitle(title)
     return fig
@@ -513,14 +700,22 @@ def block_sweep(records: list[dict], title: str, baseline_ms: float | None = Non
         labels = list(dict.fromkeys(f"{r['block_q']}x{r['block_kv']}/{r['block_kv_compute']}" for r in rows))
         width = 0.8 / max(len(chips), 1)
         for c, chip in enumerate(chips):
-            by = {f"{r['block_q']}x{r['block_kv']}/{r['block_kv_compute']}": r["total_ms"] for r in rows
-                  if r["chip"] == chip}
+            by = {
+                f"{r['block_q']}x{r['block_kv']}/{r['block_kv_compute']}": r["total_ms"]
+                for r in rows
+                if r["chip"] == chip
+            }
             xs = [i + c * width for i, label in enumerate(labels) if label in by]
             ax.bar(xs, [by[label] for label in labels if label in by], width, color=colors[chip], label=chip)
         if baseline_ms is not None and family == "dense":
             ax.axhline(baseline_ms, ls="--", color="0.3", lw=1, label="dense Splash, best blocks (v6e)")
-        ax.set_xticks([i + width * (len(chips) - 1) / 2 for i in range(len(labels))], labels, rotation=35,
-                      ha="right", fontsize=8)
+        ax.set_xticks(
+            [i + width * (len(chips) - 1) / 2 for i in range(len(labels))],
+            labels,
+            rotation=35,
+            ha="right",
+            fontsize=8,
+        )
         ax.set_title(family)
         ax.set_ylabel("static estimate (ms), not a measurement")
         ax.legend(fontsize=8)

@@ -23,8 +23,12 @@ def reference_attention(q, k, v, dense_mask, scale: float):
 
     ``dense_mask``: None, bool [L, L] or [H, L, L].
     """
-    s = jnp.einsum("hqd,hkd->hqk", q.astype(jnp.float32), k.astype(jnp.float32),
-                   precision=jax.lax.Precision.HIGHEST) * scale
+    s = (
+        jnp.einsum(
+            "hqd,hkd->hqk", q.astype(jnp.float32), k.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST
+        )
+        * scale
+    )
     if dense_mask is not None:
         s = jnp.where(jnp.asarray(dense_mask), s, -jnp.inf)
     m = jnp.max(s, axis=-1, keepdims=True)
@@ -89,8 +93,11 @@ def xla_block_sparse_attention(q, k, v, layout: BlockLayout, scale: float):
                 lambda: update(carry, s, blocks[b], ki),
             )
 
-        init = (jnp.full((bq,), MASK_VALUE, jnp.float32), jnp.zeros((bq,), jnp.float32),
-                jnp.zeros((bq, head_dim), jnp.float32))
+        init = (
+            jnp.full((bq,), MASK_VALUE, jnp.float32),
+            jnp.zeros((bq,), jnp.float32),
+            jnp.zeros((bq, head_dim), jnp.float32),
+        )
         _, l, acc = jax.lax.fori_loop(0, row_counts[hl, qi], step, init)
         return acc / jnp.where(l > 0, l, 1.0)[:, None]
 

@@ -64,7 +64,9 @@ class Implementation:
     schedule_counts: Callable | None = None
     chips: tuple[str, ...] = ()
     blocks: Mapping[str, object] = field(default_factory=dict)
-    resolve_blocks: Callable | None = None  # (length, block_q, block_kv, options, interpret) -> (BlockSizes, options)
+    resolve_blocks: Callable | None = (
+        None  # (length, block_q, block_kv, options, interpret) -> (BlockSizes, options)
+    )
     title: str = ""  # how comparisons name it ("" : its name)
     variants: Mapping[str, Mapping] = field(default_factory=dict)  # labelled options comparisons run
 
@@ -89,11 +91,15 @@ class Implementation:
             names = {f.name for f in dataclasses.fields(self.options_type)}
             unknown = sorted(set(options) - names)
             if unknown:
-                raise TypeError(f"impl={self.name!r} has no options {unknown}; its options are {sorted(names)}")
+                raise TypeError(
+                    f"impl={self.name!r} has no options {unknown}; its options are {sorted(names)}"
+                )
             options = self.options_type(**options)
         elif not isinstance(options, self.options_type):
-            raise TypeError(f"impl={self.name!r} takes options of type {self.options_type.__name__}, "
-                            f"got {type(options).__name__}")
+            raise TypeError(
+                f"impl={self.name!r} takes options of type {self.options_type.__name__}, "
+                f"got {type(options).__name__}"
+            )
         return dataclasses.replace(options, **overrides) if overrides else options
 
     def owns_kernel(self, kernel: str) -> bool:
@@ -132,4 +138,13 @@ def owner_of_kernel(kernel: str) -> Implementation | None:
     return next((impl for impl in IMPLEMENTATIONS.values() if impl.owns_kernel(kernel)), None)
 
 
-__all__ = ["IMPLEMENTATIONS", "Implementation", "NoOptions", "ScheduleCounts", "get", "owner_of_kernel", "register", "tpu_kernels"]
+__all__ = [
+    "IMPLEMENTATIONS",
+    "Implementation",
+    "NoOptions",
+    "ScheduleCounts",
+    "get",
+    "owner_of_kernel",
+    "register",
+    "tpu_kernels",
+]

@@ -23,7 +23,9 @@ def candidate_orders(grid: VideoGrid, mask: Mask, *, same_length: bool = False) 
         if isinstance(sub, SlidingTileMask):
             tiles.add(sub.tile)
         elif isinstance(sub, NeighborhoodMask):
-            tiles.add(sub.stride if np.prod(sub.stride) > 1 else (1, min(8, grid.height), min(16, grid.width)))
+            tiles.add(
+                sub.stride if np.prod(sub.stride) > 1 else (1, min(8, grid.height), min(16, grid.width))
+            )
     for tile in sorted(tiles):
         order = tiled_order(grid, tile)
         if not (same_length and order.length != grid.num_tokens):

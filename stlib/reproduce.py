@@ -46,9 +46,14 @@ def execute(path: Path, timeout: int = 1800, out_dir: Path | None = None) -> Non
     notebook = nbformat.read(path, as_version=4)
     # a busy machine may need more than 5 s to shut a kernel down; SIGTERM'd, libtpu prints a stack trace
     config = Config({"KernelManager": {"shutdown_wait_time": 60.0}})
-    client = NotebookClient(notebook, timeout=timeout, kernel_name="python3", config=config,
-                            resources={"metadata": {"path": str(path.parent)}},
-                            extra_arguments=["--IPKernelApp.log_level=ERROR"])  # no "running over TCP" warning
+    client = NotebookClient(
+        notebook,
+        timeout=timeout,
+        kernel_name="python3",
+        config=config,
+        resources={"metadata": {"path": str(path.parent)}},
+        extra_arguments=["--IPKernelApp.log_level=ERROR"],
+    )  # no "running over TCP" warning
     try:
         client.execute()
     finally:
@@ -83,9 +88,14 @@ def _shown(path: Path) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m stlib.reproduce", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--size", choices=["small", "full", "auto"], help="override the automatic configuration")
+    parser = argparse.ArgumentParser(
+        prog="python -m stlib.reproduce",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--size", choices=["small", "full", "auto"], help="override the automatic configuration"
+    )
     parser.add_argument("--only", nargs="*", help="notebook numbers to run, e.g. 00 03")
     args = parser.parse_args(argv)
     if args.size:
@@ -118,14 +128,19 @@ def main(argv=None) -> int:
         written = sorted(p.name for p, t in _figure_times().items() if before.get(p) != t)
         rows.append((path.name, status, seconds, written))
         tracker.step(show=False)
-        print(f"    {status} in {seconds:.1f} s, figures: {', '.join(written) or '-'}  ({tracker.times()})", flush=True)
+        print(
+            f"    {status} in {seconds:.1f} s, figures: {', '.join(written) or '-'}  ({tracker.times()})",
+            flush=True,
+        )
     width = max(len(r[0]) for r in rows)
     print(f"\n{'notebook':<{width}}  {'status':<7}{'seconds':>9}  figures written")
     for name, status, seconds, written in rows:
         print(f"{name:<{width}}  {status:<7}{seconds:>9.1f}  {', '.join(written) or '-'}")
     failed = [r for r in rows if r[1] != "ok"]
-    print(f"\n{len(rows) - len(failed)} of {len(rows)} notebooks ran; total {sum(r[2] for r in rows):.0f} s; "
-          f"executed notebooks (with their outputs) in {_shown(EXECUTED)}/")
+    print(
+        f"\n{len(rows) - len(failed)} of {len(rows)} notebooks ran; total {sum(r[2] for r in rows):.0f} s; "
+        f"executed notebooks (with their outputs) in {_shown(EXECUTED)}/"
+    )
     return 1 if failed else 0
 
 

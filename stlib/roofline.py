@@ -57,8 +57,9 @@ def roofline(chip: str, flops: float, nbytes: float) -> Roofline:
     return Roofline(chip, flops / spec.bf16_flops, nbytes / spec.hbm_bandwidth)
 
 
-def work_summary(impl: str, layout: BlockLayout, num_heads: int, head_dim: int, itemsize: int = 2,
-                 options=None) -> dict:
+def work_summary(
+    impl: str, layout: BlockLayout, num_heads: int, head_dim: int, itemsize: int = 2, options=None
+) -> dict:
     """One dict of work numbers and every chip's roofline times (executed and useful flops)."""
     work = kernel_work(impl, layout, num_heads, head_dim, options)
     nbytes = bytes_moved(work, layout, num_heads, head_dim, itemsize)

@@ -204,7 +204,11 @@ class SvgPlan:
 
     @property
     def masked_tiles(self) -> np.ndarray:
-        return self._tiles(PassKind.MASKED) if self.boundary == BoundaryPolicy.EXACT else np.zeros(self.num_heads, np.int64)
+        return (
+            self._tiles(PassKind.MASKED)
+            if self.boundary == BoundaryPolicy.EXACT
+            else np.zeros(self.num_heads, np.int64)
+        )
 
     @property
     def computed_tiles(self) -> np.ndarray:
@@ -249,19 +253,35 @@ class SvgPlan:
         if self.boundary == BoundaryPolicy.EXACT:
             return self.layout
         length = self.layout.mask.length
-        heads = [KeptTilesMask(self.kept[h], self.block_q, self.block_kv, length) for h in range(self.num_heads)]
+        heads = [
+            KeptTilesMask(self.kept[h], self.block_q, self.block_kv, length) for h in range(self.num_heads)
+        ]
         counts = np.where(self.kept, self.layout.valid_pairs[None], 0).astype(np.int64)
-        return BlockLayout(mask=per_head(heads), block_q=self.block_q, block_kv=self.block_kv, counts=counts,
-                           valid_pairs=self.layout.valid_pairs, num_tokens=self.layout.num_tokens)
+        return BlockLayout(
+            mask=per_head(heads),
+            block_q=self.block_q,
+            block_kv=self.block_kv,
+            counts=counts,
+            valid_pairs=self.layout.valid_pairs,
+            num_tokens=self.layout.num_tokens,
+        )
 
     def summary(self) -> dict:
         """Plain numbers for records: kinds, width, per-head tile and pair counts."""
         return {
-            "grid": list(self.grid.shape), "kinds": [str(k) for k in self.kinds], "density": self.density,
-            "width": self.width, "anchor": str(self.anchor), "boundary": str(self.boundary),
-            "block_q": self.block_q, "block_kv": self.block_kv, "tiles": list(self.layout.grid_shape),
-            "main_tiles": self.main_tiles.tolist(), "tail_tiles": self.tail_tiles.tolist(),
-            "masked_tiles": self.masked_tiles.tolist(), "pairs": self.pairs.tolist(),
+            "grid": list(self.grid.shape),
+            "kinds": [str(k) for k in self.kinds],
+            "density": self.density,
+            "width": self.width,
+            "anchor": str(self.anchor),
+            "boundary": str(self.boundary),
+            "block_q": self.block_q,
+            "block_kv": self.block_kv,
+            "tiles": list(self.layout.grid_shape),
+            "main_tiles": self.main_tiles.tolist(),
+            "tail_tiles": self.tail_tiles.tolist(),
+            "masked_tiles": self.masked_tiles.tolist(),
+            "pairs": self.pairs.tolist(),
             "exact_pairs": self.exact_pairs.tolist(),
         }
 
@@ -270,8 +290,16 @@ def _check_density(density) -> float:
     return check_fraction("density", density)
 
 
-def svg_plan(grid: VideoGrid, kinds, density: float, *, block_q: int, block_kv: int,
-             anchor=Anchor.REORDERED, boundary=BoundaryPolicy.BALANCED) -> SvgPlan:
+def svg_plan(
+    grid: VideoGrid,
+    kinds,
+    density: float,
+    *,
+    block_q: int,
+    block_kv: int,
+    anchor=Anchor.REORDERED,
+    boundary=BoundaryPolicy.BALANCED,
+) -> SvgPlan:
     """The plan for fixed head ``kinds`` ("spatial" / "temporal" per head) at band ``density`` for
     ``block_q`` x ``block_kv`` tiles: no q / k needed, and never L x L (interval counting; about a
     second per distinct head kind at the case-study grid). Raises TypeError / ValueError for a bad
@@ -302,8 +330,15 @@ def route_scores(q_rows, k, allowed, scale):
     Dense probabilities of the sampled rows, and per candidate the masked softmax (the dense
     probabilities kept by the mask, renormalised); mse over rows and keys, recall = kept mass."""
     finite = jnp.all(jnp.isfinite(q_rows)) & jnp.all(jnp.isfinite(k))
-    s = jnp.einsum("hsd,hld->hsl", q_rows.astype(jnp.float32), k.astype(jnp.float32),
-                   precision=jax.lax.Precision.HIGHEST) * scale
+    s = (
+        jnp.einsum(
+            "hsd,hld->hsl",
+            q_rows.astype(jnp.float32),
+            k.astype(jnp.float32),
+            precision=jax.lax.Precision.HIGHEST,
+        )
+        * scale
+    )
     p = jax.nn.softmax(s, axis=-1)  # [H, S, L]
 
     def one(a):  # a [S, L]
@@ -326,9 +361,21 @@ def sample_rows(length: int, num_samples: int, seed: int = 0) -> np.ndarray:
     return np.sort(np.random.default_rng(seed).choice(length, int(num_samples), replace=False))
 
 
-def route(q, k, grid: VideoGrid, density: float, *, num_samples: int = 64, candidates=("spatial", "temporal"),
-          seed: int = 0, block_q: int | None = None, block_kv: int | None = None, anchor=Anchor.REORDERED,
-          boundary=BoundaryPolicy.BALANCED, scale: float | None = None) -> SvgPlan:
+def route(
+    q,
+    k,
+    grid: VideoGrid,
+    density: float,
+    *,
+    num_samples: int = 64,
+    candidates=("spatial", "temporal"),
+    seed: int = 0,
+    block_q: int | None = None,
+    block_kv: int | None = None,
+    anchor=Anchor.REORDERED,
+    boundary=BoundaryPolicy.BALANCED,
+    scale: float | None = None,
+) -> SvgPlan:
     """Choose each head's kind among ``candidates`` and return its ``svg_plan``.
 
     q, k: [H, L, D] in raster order. ``num_samples`` query rows (seeded) are scored against all keys
@@ -357,12 +404,15 @@ def route(q, k, grid: VideoGrid, density: float, *, num_samples: int = 64, candi
     mse, recall, finite = route_scores(jnp.take(q, jnp.asarray(rows), axis=1), k, jnp.asarray(allowed), scale)
     mse, recall = np.asarray(mse), np.asarray(recall)
     if not bool(finite) or not np.all(np.isfinite(mse)):
-        raise ValueError("q or k holds NaN or inf (found in the sampled query rows or the keys); routing "
-                         "needs finite inputs")
+        raise ValueError(
+            "q or k holds NaN or inf (found in the sampled query rows or the keys); routing "
+            "needs finite inputs"
+        )
     kinds = tuple(cands[i] for i in np.argmin(mse, axis=0))
     sizes = common.block_sizes_for(length, block_q, block_kv)
-    plan = svg_plan(grid, kinds, density, block_q=sizes.block_q, block_kv=sizes.block_kv, anchor=anchor,
-                    boundary=boundary)
+    plan = svg_plan(
+        grid, kinds, density, block_q=sizes.block_q, block_kv=sizes.block_kv, anchor=anchor, boundary=boundary
+    )
     return dataclasses.replace(plan, routing=RoutingReport(rows, cands, mse, recall))
 
 
@@ -376,16 +426,26 @@ def _run_tile(q, k, v, plan: SvgPlan, *, scale, options, interpret):
 
     opts = get("pallas_tile").options(options)
     # the plan fixes the boundary policy; an explicit, different one is an error
-    explicit = options.get("boundary") if isinstance(options, dict) else (
-        None if options is None or opts.boundary == TileOptions().boundary else opts.boundary)
+    explicit = (
+        options.get("boundary")
+        if isinstance(options, dict)
+        else (None if options is None or opts.boundary == TileOptions().boundary else opts.boundary)
+    )
     if explicit is not None and BoundaryPolicy(explicit) != plan.boundary:
         raise ValueError(f"options boundary={explicit!r} differs from the plan's {plan.boundary.value!r}")
     opts = dataclasses.replace(opts, boundary=plan.boundary)
     orders = list(plan.orders)
     if len(set(orders)) == 1:
         orders = orders[:1]
-    o = tile_attention(apply_orders(q, orders), apply_orders(k, orders), apply_orders(v, orders), plan.layout,
-                       scale=scale, options=opts, interpret=interpret)
+    o = tile_attention(
+        apply_orders(q, orders),
+        apply_orders(k, orders),
+        apply_orders(v, orders),
+        plan.layout,
+        scale=scale,
+        options=opts,
+        interpret=interpret,
+    )
     return restore_orders(o, orders)
 
 
@@ -398,8 +458,15 @@ def _run_lane_dense(q, k, v, plan: SvgPlan, *, scale, options, interpret):
     orders = list(plan.orders)
     if len(set(orders)) == 1:
         orders = orders[:1]
-    o = lane_dense_attention(apply_orders(q, orders), apply_orders(k, orders), apply_orders(v, orders),
-                             plan.kernel_layout, scale=scale, options=opts, interpret=interpret)
+    o = lane_dense_attention(
+        apply_orders(q, orders),
+        apply_orders(k, orders),
+        apply_orders(v, orders),
+        plan.kernel_layout,
+        scale=scale,
+        options=opts,
+        interpret=interpret,
+    )
     return restore_orders(o, orders)
 
 
@@ -409,8 +476,18 @@ def _run_lane_dense(q, k, v, plan: SvgPlan, *, scale, options, interpret):
 PLAN_RUNNERS = {"pallas_tile": _run_tile, "pallas_tile_lane_dense": _run_lane_dense}
 
 
-def run_plan(q, k, v, plan: SvgPlan, *, impl: str = "pallas_tile", scale: float | None = None, options=None,
-             interpret: bool | None = None, **kwargs):
+def run_plan(
+    q,
+    k,
+    v,
+    plan: SvgPlan,
+    *,
+    impl: str = "pallas_tile",
+    scale: float | None = None,
+    options=None,
+    interpret: bool | None = None,
+    **kwargs,
+):
     """Attention of raster-order q, k, v [H, L, D] under ``plan``; returns raster order. A tile
     kernel (``PLAN_RUNNERS``) reorders per head, runs the plan's layout and restores; any other
     ``impl`` runs ``plan.mask`` through ``stlib.attention``. Raises ValueError when q's heads or
@@ -425,7 +502,9 @@ def run_plan(q, k, v, plan: SvgPlan, *, impl: str = "pallas_tile", scale: float 
         raise ValueError(f"the plan has {plan.num_heads} heads but q has {q.shape[0]}")
     runner = PLAN_RUNNERS.get(impl)
     if runner is None:
-        return attention(q, k, v, plan.mask, impl=impl, scale=scale, options=options, interpret=interpret, **kwargs)
+        return attention(
+            q, k, v, plan.mask, impl=impl, scale=scale, options=options, interpret=interpret, **kwargs
+        )
     for name in ("block_q", "block_kv"):
         if kwargs.get(name) not in (None, getattr(plan, name)):
             raise ValueError(f"{name}={kwargs[name]} differs from the plan's {getattr(plan, name)}")
@@ -449,12 +528,19 @@ def attention_quality(q, k, v, plan: SvgPlan, *, scale: float | None = None) -> 
     scale = 1.0 / math.sqrt(q.shape[2]) if scale is None else float(scale)
     dense = attention(q, k, v, None, scale=scale)
     sparse = attention(q, k, v, plan.mask, scale=scale)
-    probs = jax.nn.softmax(jnp.einsum("hqd,hkd->hqk", q.astype(jnp.float32), k.astype(jnp.float32),
-                                      precision=jax.lax.Precision.HIGHEST) * scale, axis=-1)
+    probs = jax.nn.softmax(
+        jnp.einsum(
+            "hqd,hkd->hqk", q.astype(jnp.float32), k.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST
+        )
+        * scale,
+        axis=-1,
+    )
     kept = jnp.sum(jnp.where(jnp.asarray(plan.mask.to_dense()), probs, 0.0), axis=-1)  # [H, L]
     diff = jnp.linalg.norm((sparse - dense).astype(jnp.float32), axis=(1, 2))
-    return {"rel_l2": np.asarray(diff / jnp.linalg.norm(dense.astype(jnp.float32), axis=(1, 2))),
-            "recall": np.asarray(jnp.mean(kept, axis=-1))}
+    return {
+        "rel_l2": np.asarray(diff / jnp.linalg.norm(dense.astype(jnp.float32), axis=(1, 2))),
+        "recall": np.asarray(jnp.mean(kept, axis=-1)),
+    }
 
 
 def plan_work(plan: SvgPlan, head_dim: int) -> dict:
@@ -464,19 +550,33 @@ def plan_work(plan: SvgPlan, head_dim: int) -> dict:
 
     summary = work_summary("pallas_tile", plan.layout, plan.num_heads, head_dim, options=plan.options)
     dense_flops = 4.0 * plan.grid.num_tokens**2 * head_dim * plan.num_heads
-    return {"executed_vs_dense": summary["executed_flops"] / dense_flops,
-            "useful_vs_dense": summary["useful_flops"] / dense_flops,
-            "computed_tiles": summary["computed_tiles"], "masked_tiles_work": summary["masked_tiles"],
-            "roofline_v6e_ms": summary["roofline_v6e_ms"]}
+    return {
+        "executed_vs_dense": summary["executed_flops"] / dense_flops,
+        "useful_vs_dense": summary["useful_flops"] / dense_flops,
+        "computed_tiles": summary["computed_tiles"],
+        "masked_tiles_work": summary["masked_tiles"],
+        "roofline_v6e_ms": summary["roofline_v6e_ms"],
+    }
 
 
 PATTERNS = ("spatial", "temporal", "routed")
 
 
-def quality_sweep(grid: VideoGrid, kinds, head_dim: int, densities, *, seed: int = 0,
-                  anchors=(Anchor.REORDERED, Anchor.FRAME0), boundaries=tuple(BoundaryPolicy),
-                  block_q: int = 128, block_kv: int = 128, full_grid: VideoGrid | None = None,
-                  full_blocks: tuple[int, int] = (3328, 2816), full_heads: int = 10):
+def quality_sweep(
+    grid: VideoGrid,
+    kinds,
+    head_dim: int,
+    densities,
+    *,
+    seed: int = 0,
+    anchors=(Anchor.REORDERED, Anchor.FRAME0),
+    boundaries=tuple(BoundaryPolicy),
+    block_q: int = 128,
+    block_kv: int = 128,
+    full_grid: VideoGrid | None = None,
+    full_blocks: tuple[int, int] = (3328, 2816),
+    full_heads: int = 10,
+):
     """Records (dicts) of quality and work for every pattern ("spatial": every head a spatial band,
     "temporal": every head a temporal band, "routed": ``route``'s choice), density, anchor and
     boundary policy, on the synthetic inputs ``video_qkv(grid, kinds, head_dim, seed=seed)``: the
@@ -493,20 +593,44 @@ def quality_sweep(grid: VideoGrid, kinds, head_dim: int, densities, *, seed: int
             for boundary in boundaries:
                 for pattern in PATTERNS:
                     chosen = routed.kinds if pattern == "routed" else (HeadKind(pattern),) * len(kinds)
-                    plan = svg_plan(grid, chosen, density, block_q=block_q, block_kv=block_kv, anchor=anchor,
-                                    boundary=boundary)
+                    plan = svg_plan(
+                        grid,
+                        chosen,
+                        density,
+                        block_q=block_q,
+                        block_kv=block_kv,
+                        anchor=anchor,
+                        boundary=boundary,
+                    )
                     quality = attention_quality(q, k, v, plan)
                     record = {
-                        "grid": list(grid.shape), "heads": len(kinds), "head_dim": head_dim, "seed": seed,
-                        "planted": [str(x) for x in kinds], "pattern": pattern, "kinds": [str(x) for x in chosen],
-                        "density": density, "anchor": str(Anchor(anchor)), "boundary": str(BoundaryPolicy(boundary)),
-                        "block_q": block_q, "block_kv": block_kv, "width": plan.width,
+                        "grid": list(grid.shape),
+                        "heads": len(kinds),
+                        "head_dim": head_dim,
+                        "seed": seed,
+                        "planted": [str(x) for x in kinds],
+                        "pattern": pattern,
+                        "kinds": [str(x) for x in chosen],
+                        "density": density,
+                        "anchor": str(Anchor(anchor)),
+                        "boundary": str(BoundaryPolicy(boundary)),
+                        "block_q": block_q,
+                        "block_kv": block_kv,
+                        "width": plan.width,
                         "rel_l2": float(np.sqrt(np.mean(quality["rel_l2"] ** 2))),
-                        "rel_l2_spatial_heads": float(np.mean(quality["rel_l2"][planted])) if planted.any() else None,
-                        "rel_l2_temporal_heads": float(np.mean(quality["rel_l2"][~planted])) if (~planted).any() else None,
+                        "rel_l2_spatial_heads": float(np.mean(quality["rel_l2"][planted]))
+                        if planted.any()
+                        else None,
+                        "rel_l2_temporal_heads": float(np.mean(quality["rel_l2"][~planted]))
+                        if (~planted).any()
+                        else None,
                         "recall": float(np.mean(quality["recall"])),
-                        "recall_spatial_heads": float(np.mean(quality["recall"][planted])) if planted.any() else None,
-                        "recall_temporal_heads": float(np.mean(quality["recall"][~planted])) if (~planted).any() else None,
+                        "recall_spatial_heads": float(np.mean(quality["recall"][planted]))
+                        if planted.any()
+                        else None,
+                        "recall_temporal_heads": float(np.mean(quality["recall"][~planted]))
+                        if (~planted).any()
+                        else None,
                         "routing_recovery": float(np.mean(np.array(routed.kinds) == np.array(kinds))),
                         "pair_ratio": float(plan.pairs.sum() / plan.exact_pairs.sum()),
                         **plan_work(plan, head_dim),
@@ -514,14 +638,27 @@ def quality_sweep(grid: VideoGrid, kinds, head_dim: int, densities, *, seed: int
                     if full_grid is not None:
                         share = np.mean([kind == HeadKind.SPATIAL for kind in chosen])
                         n_spatial = round(share * full_heads)
-                        full = svg_plan(full_grid, [HeadKind.SPATIAL] * n_spatial + [HeadKind.TEMPORAL] * (full_heads - n_spatial),
-                                        density, block_q=full_blocks[0], block_kv=full_blocks[1], anchor=anchor,
-                                        boundary=boundary)
-                        record.update({f"full_{key}": value for key, value in plan_work(full, head_dim).items()})
-                        record.update({"full_grid": list(full_grid.shape), "full_blocks": list(full_blocks),
-                                       "full_main_tiles": full.main_tiles.tolist(),
-                                       "full_tail_tiles": full.tail_tiles.tolist(),
-                                       "full_masked_tiles": full.masked_tiles.tolist()})
+                        full = svg_plan(
+                            full_grid,
+                            [HeadKind.SPATIAL] * n_spatial + [HeadKind.TEMPORAL] * (full_heads - n_spatial),
+                            density,
+                            block_q=full_blocks[0],
+                            block_kv=full_blocks[1],
+                            anchor=anchor,
+                            boundary=boundary,
+                        )
+                        record.update(
+                            {f"full_{key}": value for key, value in plan_work(full, head_dim).items()}
+                        )
+                        record.update(
+                            {
+                                "full_grid": list(full_grid.shape),
+                                "full_blocks": list(full_blocks),
+                                "full_main_tiles": full.main_tiles.tolist(),
+                                "full_tail_tiles": full.tail_tiles.tolist(),
+                                "full_masked_tiles": full.masked_tiles.tolist(),
+                            }
+                        )
                     yield record
 
 

@@ -105,7 +105,10 @@ def video_qkv(grid: VideoGrid, kinds, head_dim: int, *, seed: int = 0, dtype=jnp
         content_gain = jnp.sqrt(2.0 * jnp.sqrt(head_dim))  # content adds ~2 to the scaled score
         qs.append(jnp.concatenate([gain * phi, content_gain * cq], axis=1))
         ks.append(jnp.concatenate([gain * phi, content_gain * ck], axis=1))
-        vs.append(_smooth_field(kv, coords, head_dim, field_scale) + 0.5 * jax.random.normal(kvn, (coords.shape[0], head_dim)))
+        vs.append(
+            _smooth_field(kv, coords, head_dim, field_scale)
+            + 0.5 * jax.random.normal(kvn, (coords.shape[0], head_dim))
+        )
     return tuple(jnp.stack(a).astype(dtype) for a in (qs, ks, vs))
 
 

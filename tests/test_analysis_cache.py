@@ -8,8 +8,16 @@ from stlib.analysis import cache
 
 def test_source_hash_follows_the_kernel_sources(monkeypatch, tmp_path):
     root = tmp_path / "stlib"
-    for name in ("kernels/__init__.py", "kernels/tile.py", "masks.py", "layout.py", "geometry.py", "api.py",
-                 "plotting.py", "analysis/estimate.py"):
+    for name in (
+        "kernels/__init__.py",
+        "kernels/tile.py",
+        "masks.py",
+        "layout.py",
+        "geometry.py",
+        "api.py",
+        "plotting.py",
+        "analysis/estimate.py",
+    ):
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text(f"# {name}\n")
     monkeypatch.setattr(cache, "stlib_dir", lambda: root)

@@ -16,7 +16,9 @@ def test_compile_subprocess_puts_this_stlib_first_on_its_path(monkeypatch, tmp_p
 
     def run(command, **kwargs):
         seen.update(command=command, env=kwargs["env"])
-        return subprocess.CompletedProcess(command, 0, stdout='log line\n{"compile_seconds": 1.5}\n', stderr="")
+        return subprocess.CompletedProcess(
+            command, 0, stdout='log line\n{"compile_seconds": 1.5}\n', stderr=""
+        )
 
     monkeypatch.setattr(subprocess, "run", run)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["/elsewhere", "/more"]))

@@ -61,9 +61,18 @@ def test_skipped_masked_and_full_steps(cache):
 
 @pytest.mark.tpu_compile
 def test_estimate_is_deterministic_and_cached(cache):
-    first = estimate("pallas_tile", "band (width 1500)", "v6e", num_heads=2, options={"form": "flat"},
-                       use_cache=False, **SMALL)
-    second = estimate("pallas_tile", "band (width 1500)", "v6e", num_heads=2, options={"form": "flat"}, **SMALL)
+    first = estimate(
+        "pallas_tile",
+        "band (width 1500)",
+        "v6e",
+        num_heads=2,
+        options={"form": "flat"},
+        use_cache=False,
+        **SMALL,
+    )
+    second = estimate(
+        "pallas_tile", "band (width 1500)", "v6e", num_heads=2, options={"form": "flat"}, **SMALL
+    )
     assert first.cycles == second.cycles and first.kernels == second.kernels
     assert any(cache_dir().rglob("*.json"))
     record = second.as_record()
@@ -91,9 +100,11 @@ def test_layouts_pad_the_minor_dimension():
     assert padded_bytes("f32", [10, 75776, 1], "2,1,0:T(8,128)") == 128 * 10 * 75776 * 4
     assert padded_bytes("bf16", [2, 8192, 192], "2,1,0:T(8,128)(2,1)") == 2 * 8192 * 256 * 2
     assert laid_out_minor(1, "{2,1,0:T(8,128)}") == 128 and laid_out_minor(128, "{}") == 128
-    hlo = ("HloModule m\n\nENTRY %main (p: f32[2,64,1]) -> f32[2,64,1] {\n"
-           "  %p = f32[2,64,1]{2,1,0:T(8,128)} parameter(0)\n"
-           "  ROOT %n = f32[2,64,1]{2,1,0:T(8,128)} negate(%p)\n}\n")
+    hlo = (
+        "HloModule m\n\nENTRY %main (p: f32[2,64,1]) -> f32[2,64,1] {\n"
+        "  %p = f32[2,64,1]{2,1,0:T(8,128)} parameter(0)\n"
+        "  ROOT %n = f32[2,64,1]{2,1,0:T(8,128)} negate(%p)\n}\n"
+    )
     assert glue_bytes(hlo) == 2 * (2 * 64 * 128 * 4)
 
 
@@ -119,13 +130,23 @@ def test_tuned_blocks_take_the_best_of_the_sweep(monkeypatch):
     def fake(impl, mask, chip, *, block_q, block_kv, **kwargs):
         if block_q == 2048:
             raise RuntimeError("exceeds scoped vmem")
-        return static.Estimate(impl, mask, chip, {"resolved_blocks": {"block_q": block_q, "block_kv": block_kv}},
-                               (SimpleNamespace(seconds=1e-3 * abs(block_q - 1024) / 512 + 1e-3 * block_kv / 1024),),
-                               1e9, "given", 0, 0.0, "0.0.42.1")
+        return static.Estimate(
+            impl,
+            mask,
+            chip,
+            {"resolved_blocks": {"block_q": block_q, "block_kv": block_kv}},
+            (SimpleNamespace(seconds=1e-3 * abs(block_q - 1024) / 512 + 1e-3 * block_kv / 1024),),
+            1e9,
+            "given",
+            0,
+            0.0,
+            "0.0.42.1",
+        )
 
     monkeypatch.setattr(static, "estimate", fake)
-    est = static.static_estimate("splash", "causal", "tpu7x", num_heads=4, head_dim=128, length=8192,
-                                 block_sizes="tuned")
+    est = static.static_estimate(
+        "splash", "causal", "tpu7x", num_heads=4, head_dim=128, length=8192, block_sizes="tuned"
+    )
     assert est.blocks == {"block_q": 1024, "block_kv": 1024}
     assert len(est.sweep) == len(static.SPLASH_SWEEP) and "does not compile" in est.sweep[-1][2]
 
@@ -140,8 +161,17 @@ def test_splash_gqa_causal_unequal_head_dims_on_tpu7x(cache):
     """One real TPU7x compile: 4 q heads sharing 2 kv heads, causal, head dims 192 (q, k) / 128 (v)."""
     import stlib
 
-    est = stlib.static_estimate("splash", "causal", "tpu7x", num_heads=4, num_kv_heads=2, head_dim=192,
-                                head_dim_v=128, length=4096, clock=1e9)
+    est = stlib.static_estimate(
+        "splash",
+        "causal",
+        "tpu7x",
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=192,
+        head_dim_v=128,
+        length=4096,
+        clock=1e9,
+    )
     (kernel,) = est.kernels
     counts = {p: v["count"] for p, v in kernel.breakdown.items()}
     # 512 x 1024 tiles: q rows 0..7 see 1, 1, 2, 2, 3, 3, 4, 4 kv tiles under the causal mask

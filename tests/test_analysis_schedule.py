@@ -76,19 +76,28 @@ def test_parser_attributes_synthetic_schedule():
     att = A.attribute(schedule, "splash", "splash_synthetic")
     assert att.trip == 6 and att.grid_steps == 4 and att.grid is None
     # step region: bundles 9..41 (33); init 14..16; compute 23..31 with 7 bundles x 4 trips inside
-    assert att.paths == {"call": 3, "iteration": 47 - 33, "step": 33 - 3 - 9 - 2, "init": 3,
-                         "compute": 9 + 3 * 7, "finalise": 2}
+    assert att.paths == {
+        "call": 3,
+        "iteration": 47 - 33,
+        "step": 33 - 3 - 9 - 2,
+        "init": 3,
+        "compute": 9 + 3 * 7,
+        "finalise": 2,
+    }
     assert att.ops["compute"]["mxu"] == 1 and att.ops["finalise"]["eup"] == 1
 
 
-@pytest.mark.parametrize("change, message", [
-    ({0: ("%s0 = sjmp 7", "", "")}, "unknown control op"),
-    ({43: ("%p9 = scmp.ge.s32.totalorder %s5, 6", "", "")}, "loop exit test"),
-    ({8: ("", "", "")}, "delay slots"),
-    ({9: ("%10 = sbr.rel (%p2) target = $region99", "", "")}, "never starts"),
-    ({17: ("%s9 = smov 1", "", "Start/End empty region 30 :: Start region 13")}, "not a PF bundle"),
-    ({3: ("%p1 = scmp.eq.s32.totalorder %s5, 0", "LH", "")}, "marker LH"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({0: ("%s0 = sjmp 7", "", "")}, "unknown control op"),
+        ({43: ("%p9 = scmp.ge.s32.totalorder %s5, 6", "", "")}, "loop exit test"),
+        ({8: ("", "", "")}, "delay slots"),
+        ({9: ("%10 = sbr.rel (%p2) target = $region99", "", "")}, "never starts"),
+        ({17: ("%s9 = smov 1", "", "Start/End empty region 30 :: Start region 13")}, "not a PF bundle"),
+        ({3: ("%p1 = scmp.eq.s32.totalorder %s5, 0", "LH", "")}, "marker LH"),
+    ],
+)
 def test_parser_fails_loudly_on_unknown_structure(change, message):
     with pytest.raises(S.ScheduleFormatError, match=message):
         S.parse_schedule(_dump(_program_with(change)), _analysis(50))
@@ -110,9 +119,17 @@ def test_parser_fails_loudly_on_unknown_format():
         S.parse_schedule(_dump(_program()), "Schedule analysis:\n\tbundles: 50\n")
     # a branch inside the compute region cannot be attributed to a path
     nop = ("", "", "")
-    nested = _program_with({24: ("%15 = sbr.rel (%p7) target = $region70", "", ""), 25: nop, 26: nop,
-                            28: ("", "", "End region 72"), 29: ("%v9 = vadd.f32 %v2, %v2", "", ""), 30: nop,
-                            31: ("%v3 = vpow2.f32 %v2", "PF", "Start/End empty region 70")})
+    nested = _program_with(
+        {
+            24: ("%15 = sbr.rel (%p7) target = $region70", "", ""),
+            25: nop,
+            26: nop,
+            28: ("", "", "End region 72"),
+            29: ("%v9 = vadd.f32 %v2, %v2", "", ""),
+            30: nop,
+            31: ("%v3 = vpow2.f32 %v2", "PF", "Start/End empty region 70"),
+        }
+    )
     with pytest.raises(S.ScheduleFormatError, match="unattributed branch"):
         A.attribute(S.parse_schedule(_dump(nested), _analysis(50)), "splash", "x")
 
@@ -130,7 +147,11 @@ def _program_tpu7x() -> list[tuple[str, str, str]]:
         2: ("%s5 = sadd.s32 1, %s4", "LB", "Start region 10 :: Start region 11"),
         3: ("%p1 = scmp.eq.s32.totalorder %s5, 0", "", ""),
         4: ("%9 = sbr.rel (%p1) target = $region20", "", ""),
-        5: op, 6: op, 7: op, 8: op, 9: op,
+        5: op,
+        6: op,
+        7: op,
+        8: op,
+        9: op,
         10: ("", "", "End region 11"),  # six bundles behind the branch
         11: ("%s6 = smov 1", "", "Start region 12"),
         12: ("%10 = sbr.rel (%p2) target = $region30", "", ""),  # one empty bundle, then the region
@@ -163,21 +184,36 @@ def _program_tpu7x() -> list[tuple[str, str, str]]:
 def test_parser_reads_the_tpu7x_form():
     schedule = S.parse_schedule(_dump(_program_tpu7x()), _analysis(53), form="tpu7x")
     (grid,) = schedule.roots
-    assert (grid.kind, grid.first, grid.last, grid.trip) == ("loop", 2, 51, 6)  # six bundles behind the back-branch
+    assert (grid.kind, grid.first, grid.last, grid.trip) == (
+        "loop",
+        2,
+        51,
+        6,
+    )  # six bundles behind the back-branch
     (stage,) = grid.children
     assert (stage.first, stage.last) == (11, 42)
     assert [(c.first, c.last) for c in stage.children] == [(14, 16), (25, 35), (39, 40)]
     att = A.attribute(schedule, "splash", "splash_synthetic_tpu7x")
     # compute 25..35 holds the inner loop 26..34 (9 bundles x 4 trips)
-    assert att.paths == {"call": 3, "iteration": 50 - 32, "step": 32 - 3 - 11 - 2, "init": 3,
-                         "compute": 11 + 3 * 9, "finalise": 2}
+    assert att.paths == {
+        "call": 3,
+        "iteration": 50 - 32,
+        "step": 32 - 3 - 11 - 2,
+        "init": 3,
+        "compute": 11 + 3 * 9,
+        "finalise": 2,
+    }
     assert att.ops["compute"]["mxu"] == 1 and att.ops["finalise"]["eup"] == 1
 
 
 def test_chip_table_names_each_chips_branch_form():
     from stlib.device import CHIP_TABLE
 
-    assert {c.name: c.schedule_form for c in CHIP_TABLE.values()} == {"v5e": "delay4", "v6e": "delay4", "tpu7x": "tpu7x"}
+    assert {c.name: c.schedule_form for c in CHIP_TABLE.values()} == {
+        "v5e": "delay4",
+        "v6e": "delay4",
+        "tpu7x": "tpu7x",
+    }
     assert all(c.schedule_form in S.BRANCH_FORMS for c in CHIP_TABLE.values())
 
 

@@ -41,8 +41,9 @@ def test_nan_and_inf_reach_the_output_where_the_reference_puts_them(impl, where,
     q, k, v = poisoned(where)
     mask = masks.band(LENGTH, 30) if mask_kind == "band" else band_with_empty_rows()
     ref = np.asarray(stlib.attention(q, k, v, mask, impl="reference"))
-    out = np.asarray(stlib.attention(q, k, v, mask, impl=impl, block_q=32 if impl != "splash" else 128,
-                                     block_kv=128))
+    out = np.asarray(
+        stlib.attention(q, k, v, mask, impl=impl, block_q=32 if impl != "splash" else 128, block_kv=128)
+    )
     bad_ref, bad_out = ~np.isfinite(ref).all(axis=2), ~np.isfinite(out).all(axis=2)  # [H, L] rows
     assert bad_ref.any(), "the poison must reach the reference"
     if where == "nan in a value":

@@ -37,7 +37,10 @@ def test_cases_name_kernels_patterns_and_lengths(small_cases):
     labels = [c.label for c in small_cases if c.pattern == "band"]
     assert labels[:6] == labels[6:]  # the same six kernels at every density
     assert [c.label for c in small_cases if c.pattern == "dense"] == [
-        "Splash (dense)", "pallas_dense (dense)", "pallas_tile (dense)"]
+        "Splash (dense)",
+        "pallas_dense (dense)",
+        "pallas_tile (dense)",
+    ]
 
 
 def test_block_sizes_follow_the_backend_and_the_workload_tile(small_cases):
@@ -89,5 +92,6 @@ def test_reordering_case_equals_the_tiled_case_restored(small_cases):
     scale = SMALL_CPU.head_dim**-0.5
     out_tiled = case_function(tiled, scale, interpret=True)(*case_inputs(tiled, q, k, v))
     out_raster = case_function(reordering, scale, interpret=True)(*case_inputs(reordering, q, k, v))
-    np.testing.assert_allclose(np.asarray(tiled.order.restore(out_tiled)), np.asarray(out_raster),
-                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        np.asarray(tiled.order.restore(out_tiled)), np.asarray(out_raster), rtol=1e-5, atol=1e-5
+    )

@@ -25,6 +25,7 @@ def test_unknown_command_is_refused():
 
 
 def test_module_entry_point():
-    proc = subprocess.run([sys.executable, "-m", "stlib.bench", "--help"], capture_output=True, text=True,
-                          check=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "stlib.bench", "--help"], capture_output=True, text=True, check=True
+    )
     assert "case-study" in proc.stdout and "cpu-scaling" in proc.stdout

@@ -36,7 +36,9 @@ def test_environment_names_backend_versions_and_revision():
 def test_recorder_writes_one_json_line_per_record_with_the_environment(tmp_path):
     path = tmp_path / "sub" / "bench.jsonl"  # the folder is created
     recorder = Recorder(path)
-    written = recorder.write({"label": "a", "count": np.int64(3), "ms": np.float32(1.5), "array": np.arange(2)})
+    written = recorder.write(
+        {"label": "a", "count": np.int64(3), "ms": np.float32(1.5), "array": np.arange(2)}
+    )
     recorder.write({"label": "b", "when": object()})
     lines = path.read_text().splitlines()
     assert len(lines) == 2

@@ -31,6 +31,8 @@ def test_deviceless_topology_has_the_chip_device_kind(chip):
 
 def test_off_a_tpu_there_is_no_current_chip():
     assert device.current_chip() is None
-    assert device.chip_of_device_kind("TPU v6 lite") == "v6e" and device.chip_of_device_kind("TPU7x") == "tpu7x"
+    assert (
+        device.chip_of_device_kind("TPU v6 lite") == "v6e" and device.chip_of_device_kind("TPU7x") == "tpu7x"
+    )
     assert device.chip_of_device_kind("cpu") is None
     assert device.smem_limit() == 1 << 20

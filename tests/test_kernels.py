@@ -34,8 +34,12 @@ def tile_mixed_mask(rng, num_heads, length, block_q=BQ, block_kv=BKV):
     kind = rng.integers(0, 3, size=(num_heads, nq, nk))
     dense = np.zeros((num_heads, nq * block_q, nk * block_kv), bool)
     for h, qi, ki in np.argwhere(kind > 0):
-        tile = np.ones((block_q, block_kv), bool) if kind[h, qi, ki] == 2 else rng.random((block_q, block_kv)) < 0.3
-        dense[h, qi * block_q:(qi + 1) * block_q, ki * block_kv:(ki + 1) * block_kv] = tile
+        tile = (
+            np.ones((block_q, block_kv), bool)
+            if kind[h, qi, ki] == 2
+            else rng.random((block_q, block_kv)) < 0.3
+        )
+        dense[h, qi * block_q : (qi + 1) * block_q, ki * block_kv : (ki + 1) * block_kv] = tile
     dense = dense[:, :length, :length]
     dense[-1] = False  # an all-empty head
     dense[0, 3:7] = False  # rows with nothing visible
@@ -111,11 +115,20 @@ def test_video_attention_padded_tiled_order():
 def test_tile_forms_lse_and_chunks(form, exp2):
     length = 520
     rng = np.random.default_rng(11)
-    mask = masks.per_head([masks.band(length, 40), masks.from_array(np.tril(rng.random((length, length)) < 0.5))])
+    mask = masks.per_head(
+        [masks.band(length, 40), masks.from_array(np.tril(rng.random((length, length)) < 0.5))]
+    )
     layout = stlib.block_layout(mask, 64, 256)
     q, k, v = stlib.random_qkv((2, length, 128), jnp.float32, seed=5)
-    out, lse = tile_attention(q, k, v, layout, scale=0.1, options=TileOptions(form=form, exp2=exp2,
-                                                                            block_kv_compute=128), return_lse=True)
+    out, lse = tile_attention(
+        q,
+        k,
+        v,
+        layout,
+        scale=0.1,
+        options=TileOptions(form=form, exp2=exp2, block_kv_compute=128),
+        return_lse=True,
+    )
     dense = mask.to_dense()
     s = np.einsum("hqd,hkd->hqk", np.asarray(q, np.float64), np.asarray(k, np.float64)) * 0.1
     s = np.where(dense, s, -np.inf)
@@ -208,5 +221,6 @@ def test_smem_overflow_names_the_fix():
     layout = stlib.block_layout(mask, 128, 128)
     shape = jax.ShapeDtypeStruct((10, grid.num_tokens, 128), jnp.bfloat16)
     with pytest.raises(ValueError, match="larger tiles"):
-        jax.eval_shape(lambda q, k, v: tile_attention(q, k, v, layout, scale=0.1, interpret=False),
-                       shape, shape, shape)
+        jax.eval_shape(
+            lambda q, k, v: tile_attention(q, k, v, layout, scale=0.1, interpret=False), shape, shape, shape
+        )

@@ -40,12 +40,16 @@ BLOCKS = [(128, 128, {}), (128, 256, {"block_kv_compute": 128, "block_kv_registe
 @pytest.mark.parametrize("blocks", BLOCKS, ids=["128x128", "128x256/128/48"])
 def test_matches_reference_ragged(length, dtype, mask_name, blocks):
     block_q, block_kv, options = blocks
-    mask = {"dense": None, "band": masks.band(length, 70),
-            "per-head": masks.per_head([masks.band(length, 40), masks.full(length)])}[mask_name]
+    mask = {
+        "dense": None,
+        "band": masks.band(length, 70),
+        "per-head": masks.per_head([masks.band(length, 40), masks.full(length)]),
+    }[mask_name]
     q, k, v = stlib.random_qkv((2, length, 128), dtype, seed=length)
     ref = stlib.attention(q, k, v, mask)
-    out = stlib.attention(q, k, v, mask, impl=IMPL, block_q=block_q, block_kv=block_kv, options=options,
-                          interpret=True)
+    out = stlib.attention(
+        q, k, v, mask, impl=IMPL, block_q=block_q, block_kv=block_kv, options=options, interpret=True
+    )
     assert out.dtype == q.dtype and out.shape == q.shape
     assert err(out, ref) <= ATOL[dtype]
 
@@ -57,7 +61,7 @@ def test_step_kinds_split_full_ragged_masked():
     assert set(ld.kinds_present(kinds)) == {StepKind.FULL, StepKind.RAGGED, StepKind.MASKED}
     assert (kinds[..., :-1] != StepKind.RAGGED).all()  # only the last kv block is ragged
     assert ((kinds == StepKind.MASKED) == (layout.kinds == 1)).all()  # exact: PARTIAL tiles are masked
-    steps, counts = ld.step_tables(kinds)
+    _, counts = ld.step_tables(kinds)
     assert (counts == (kinds >= 0).sum(axis=2)).all()
     assert ld.kernel_name(ld.kinds_present(kinds)) == "stlib_tile_ld_full_ragged_masked"
     assert ld._compute_regions("stlib_tile_ld_full_masked.3", 2) == ["compute_full", "compute_masked"]
@@ -72,8 +76,9 @@ def test_sliding_tile_in_tiled_order():
     for dtype in (jnp.float32, jnp.bfloat16):
         q, k, v = stlib.random_qkv((2, grid.num_tokens, 128), dtype, seed=5)
         ref = stlib.attention(q, k, v, mask)
-        out = stlib.video_attention(q, k, v, grid, mask, impl=IMPL, orders=order, block_q=128, block_kv=128,
-                                    interpret=True)
+        out = stlib.video_attention(
+            q, k, v, grid, mask, impl=IMPL, orders=order, block_q=128, block_kv=128, interpret=True
+        )
         assert err(out, ref) <= ATOL[dtype]
 
 
@@ -84,21 +89,28 @@ def test_bf16_probabilities_error_is_within_the_bf16_tolerance():
     ref = stlib.attention(q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32), None)
     errors = {}
     for bf16 in (True, False):
-        out = stlib.attention(q, k, v, None, impl=IMPL, block_q=128, block_kv=256,
-                              options={"bf16_probs": bf16}, interpret=True)
+        out = stlib.attention(
+            q, k, v, None, impl=IMPL, block_q=128, block_kv=256, options={"bf16_probs": bf16}, interpret=True
+        )
         errors[bf16] = err(out, ref)
     assert errors[True] <= ATOL[jnp.bfloat16] and errors[False] <= ATOL[jnp.bfloat16]
     assert errors[True] <= 4 * max(errors[False], 2**-9)
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"block_q": 100}, "block_q=100 must be a positive multiple of 8"),
-    ({"block_kv": 200}, "block_kv=200 must be a"),
-    ({"options": {"block_kv_compute": 384}}, "block_kv_compute=384 must be a multiple of 128 dividing block_kv=512"),
-    ({"options": {"block_kv_compute": 100}}, "block_kv_compute=100 must be a multiple of 128"),
-    ({"options": {"block_kv_register": 12}}, "block_kv_register=12 must be a multiple of 8"),
-    ({"options": {"chip": "v9"}}, "chip='v9' must be one of"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"block_q": 100}, "block_q=100 must be a positive multiple of 8"),
+        ({"block_kv": 200}, "block_kv=200 must be a"),
+        (
+            {"options": {"block_kv_compute": 384}},
+            "block_kv_compute=384 must be a multiple of 128 dividing block_kv=512",
+        ),
+        ({"options": {"block_kv_compute": 100}}, "block_kv_compute=100 must be a multiple of 128"),
+        ({"options": {"block_kv_register": 12}}, "block_kv_register=12 must be a multiple of 8"),
+        ({"options": {"chip": "v9"}}, "chip='v9' must be one of"),
+    ],
+)
 def test_bad_blocks_and_options_are_refused_by_name(kwargs, message):
     q, k, v = stlib.random_qkv((1, 1024, 128), jnp.float32, seed=0)
     call = {"block_q": 128, "block_kv": 512, **kwargs}
@@ -207,8 +219,14 @@ def test_attribution_with_copy_regions_beside_the_step():
     # grid loop 2..58 (57 bundles), step region 17..51 (35): the copy region 9..10 counts in "iteration";
     # the output copy after the finalise region adds to "finalise"
     assert att.trip == 6 and att.grid_steps == 4
-    assert att.paths == {"call": 3, "iteration": 57 - 35, "step": 35 - 3 - 3 - 2 - 2, "init": 3,
-                         "compute_full": 3, "finalise": 4}
+    assert att.paths == {
+        "call": 3,
+        "iteration": 57 - 35,
+        "step": 35 - 3 - 3 - 2 - 2,
+        "init": 3,
+        "compute_full": 3,
+        "finalise": 4,
+    }
     assert att.ops["finalise"] == {"eup": 1, "vmem": 3}
 
 
@@ -228,6 +246,10 @@ def test_per_head_svg_mix_compiles_at_long_videos(shape):
     spec = jax.ShapeDtypeStruct((10, grid.num_tokens, 128), jnp.bfloat16)
     compiled = compile_for_tpu(
         lambda q, k, v: stlib.video_attention(q, k, v, grid, mask, impl=IMPL, orders=orders, interpret=False),
-        spec, spec, spec, chip="v6e")
+        spec,
+        spec,
+        spec,
+        chip="v6e",
+    )
     assert ld.KERNEL_PREFIX in compiled.text()
     assert compiled.memory()["output_size_in_bytes"] == 10 * grid.num_tokens * 128 * 2

@@ -229,8 +229,12 @@ def test_heads_equal_by_value_are_counted_once(monkeypatch):
     monkeypatch.setattr(layout, "_tile_counts", lambda *a: calls.append(a) or real(*a))
     g = VideoGrid(3, 4, 5)
     order = tiled_order(g, (1, 2, 5))
-    heads = [masks.spatial(g).permute(order), masks.temporal(g, 2).permute(tiled_order(g, (1, 2, 5))),
-             masks.spatial(g).permute(tiled_order(g, (1, 2, 5))), masks.temporal(g, 2).permute(order)]
+    heads = [
+        masks.spatial(g).permute(order),
+        masks.temporal(g, 2).permute(tiled_order(g, (1, 2, 5))),
+        masks.spatial(g).permute(tiled_order(g, (1, 2, 5))),
+        masks.temporal(g, 2).permute(order),
+    ]
     m = masks.per_head(heads)
     lay = block_layout(m, 8, 8)
     assert len(calls) == 2

@@ -190,10 +190,19 @@ def test_from_array_holds_its_array_read_only():
 
 
 def test_children_of_leaves_are_empty():
-    for mask in (masks.full(L), masks.band(L, 3), masks.from_array(_eye(6)), masks.neighborhood(G, 3),
-                 masks.sliding_tile(G, (2, 3, 7), 1), masks.spatial(G), masks.temporal(G),
-                 masks.spatial_band(G, width=4), masks.temporal_band(G, width=4), masks.radial(G, 8),
-                 masks.frame_causal(G)):
+    for mask in (
+        masks.full(L),
+        masks.band(L, 3),
+        masks.from_array(_eye(6)),
+        masks.neighborhood(G, 3),
+        masks.sliding_tile(G, (2, 3, 7), 1),
+        masks.spatial(G),
+        masks.temporal(G),
+        masks.spatial_band(G, width=4),
+        masks.temporal_band(G, width=4),
+        masks.radial(G, 8),
+        masks.frame_causal(G),
+    ):
         assert mask.children() == ()
 
 

@@ -7,10 +7,19 @@ from stlib.configs import CASE_STUDY
 from stlib.masks import SlidingTileMask
 
 NAMES = [
-    "full", "band (density 0.25)", "spatial (frame window 1)", "temporal (spatial window 40)",
-    "spatial band 0.25 + anchor", "temporal band 0.25 + anchor", "temporal band 0.25, token-major",
-    "neighborhood 7x15x15", "sliding tile 3x8x16, window 3", "sliding tile, 3-D tiled order",
-    "radial (window 1200)", "frame causal", "per-head SVG (5 spatial, 5 temporal)",
+    "full",
+    "band (density 0.25)",
+    "spatial (frame window 1)",
+    "temporal (spatial window 40)",
+    "spatial band 0.25 + anchor",
+    "temporal band 0.25 + anchor",
+    "temporal band 0.25, token-major",
+    "neighborhood 7x15x15",
+    "sliding tile 3x8x16, window 3",
+    "sliding tile, 3-D tiled order",
+    "radial (window 1200)",
+    "frame causal",
+    "per-head SVG (5 spatial, 5 temporal)",
 ]
 
 

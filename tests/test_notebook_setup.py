@@ -24,8 +24,10 @@ from stlib.reproduce import EXECUTED, NOTEBOOKS, REPO
 
 TWINS = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.py"))
 #: libtpu's initialisation chatter on a host without a TPU (see stlib.notebook.QUIET_LIBTPU_ENV)
-LIBTPU_NOISE = re.compile(r"could not determine TPU|unexpected worker hostname|Logging before InitGoogle|"
-                          r"Source Location Trace|libtpu_init_utils\.cc|Failed to find host bounds")
+LIBTPU_NOISE = re.compile(
+    r"could not determine TPU|unexpected worker hostname|Logging before InitGoogle|"
+    r"Source Location Trace|libtpu_init_utils\.cc|Failed to find host bounds"
+)
 
 
 def first_code_cells(path, n=3):
@@ -42,7 +44,7 @@ def bootstrap_cell(path) -> str:
 def test_bootstrap_cell_identical_in_every_notebook():
     cells = {path.name: bootstrap_cell(path) for path in TWINS}
     first = next(iter(cells.values()))
-    assert "STLIB_SOURCE" in first and "find_spec(\"stlib\")" in first
+    assert "STLIB_SOURCE" in first and 'find_spec("stlib")' in first
     assert len(first.splitlines()) <= 40, "keep the first cell short"
     different = [name for name, cell in cells.items() if cell != first]
     assert not different, f"the stlib-finding cell differs in {different}: copy it from {TWINS[0].name}"
@@ -89,21 +91,36 @@ def run_alone(tmp_path, source: str):
     import nbformat
 
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True
+    )
     shim, work = tmp_path / "shim", tmp_path / "work"
     shim.mkdir(), work.mkdir()
     (shim / "sitecustomize.py").write_text(HIDE_STLIB.format(repo=str(REPO)))
     (tmp_path / "run.py").write_text(RUN_NOTEBOOK)
     target = work / "00_problem_and_hardware.ipynb"
     shutil.copy(NOTEBOOKS / target.name, target)
-    env = {**os.environ, "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(shim),
-           "STLIB_SOURCE": source, "STLIB_SIZE": "small"}
-    subprocess.run([str(venv / "bin" / "python"), str(tmp_path / "run.py"), str(target)], cwd=work, env=env,
-                   check=True, timeout=300, capture_output=True)
+    env = {
+        **os.environ,
+        "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}",
+        "PYTHONPATH": str(shim),
+        "STLIB_SOURCE": source,
+        "STLIB_SIZE": "small",
+    }
+    subprocess.run(
+        [str(venv / "bin" / "python"), str(tmp_path / "run.py"), str(target)],
+        cwd=work,
+        env=env,
+        check=True,
+        timeout=300,
+        capture_output=True,
+    )
     outputs = []
     for cell in nbformat.read(target, as_version=4).cells:
         if cell.cell_type == "code":
-            outputs.append("".join(o.get("text", "") + "\n".join(o.get("traceback", [])) for o in cell.outputs))
+            outputs.append(
+                "".join(o.get("text", "") + "\n".join(o.get("traceback", [])) for o in cell.outputs)
+            )
     return outputs
 
 
@@ -121,14 +138,17 @@ def test_lone_notebook_unreachable_source_is_one_sentence(tmp_path):
     outputs = run_alone(tmp_path, str(missing))
     assert outputs[1].splitlines()[-1] == (
         f"StlibSetupError: could not pip install stlib from {str(missing)!r}: set STLIB_SOURCE to a reachable "
-        "clone, archive or git URL of the repository, or open the notebook inside a clone")
+        "clone, archive or git URL of the repository, or open the notebook inside a clone"
+    )
     assert "Traceback" not in outputs[1] and not any(outputs[2:])
 
 
 # --------------------------------------------------------------------------------------------
 # one size switch
 
-SIZE_WORDS = re.compile(r"CASE_STUDY|CPU_CASE|SMALL_CPU|DENSITIES|densities|workload|num_tokens|block_q|\bH\b|\bL\b")
+SIZE_WORDS = re.compile(
+    r"CASE_STUDY|CPU_CASE|SMALL_CPU|DENSITIES|densities|workload|num_tokens|block_q|\bH\b|\bL\b"
+)
 
 
 @pytest.mark.parametrize("path", TWINS, ids=[p.stem for p in TWINS])
@@ -136,10 +156,14 @@ def test_no_size_decision_bypasses_setup(path):
     """Sizes follow cfg.size (STLIB_SIZE / SIZE via notebook.setup), never the backend."""
     lines = path.read_text().splitlines()
     for n, line in enumerate(lines):
-        assert not ("STLIB_SIZE" in line and "environ" in line), f"{path.name}:{n + 1}: read by notebook.setup only"
+        assert not ("STLIB_SIZE" in line and "environ" in line), (
+            f"{path.name}:{n + 1}: read by notebook.setup only"
+        )
         assert not re.search(r"\bon_tpu\(\)", line), f"{path.name}:{n + 1}: use cfg.size"
         for a, b in re.findall(r"(\S+) if (?:not )?cfg\.on_tpu else (\S+)", line):
-            assert not SIZE_WORDS.search(a + b), f"{path.name}:{n + 1}: a size chosen by cfg.on_tpu: {line.strip()}"
+            assert not SIZE_WORDS.search(a + b), (
+                f"{path.name}:{n + 1}: a size chosen by cfg.on_tpu: {line.strip()}"
+            )
         if re.match(r"\s*if (not )?cfg\.on_tpu:", line):
             assert not SIZE_WORDS.search(lines[n + 1]), f"{path.name}:{n + 2}: sizes chosen by cfg.on_tpu"
 
@@ -169,8 +193,12 @@ def test_full_off_a_tpu_refuses_interpret_mode_kernels_only(monkeypatch):
         assert cfg.size == "full" and cfg.workload == configs.CASE_STUDY and cfg.interpret
         big = jax.ShapeDtypeStruct(configs.CASE_STUDY.qkv_shape, jnp.bfloat16)
         with pytest.raises(notebook.InterpretAtFullSize, match=r"109,520 grid steps .* STLIB_SIZE=small"):
-            jax.eval_shape(lambda q, k, v: stlib.attention(q, k, v, impl="pallas_dense", block_q=512, block_kv=1024),
-                           big, big, big)
+            jax.eval_shape(
+                lambda q, k, v: stlib.attention(q, k, v, impl="pallas_dense", block_q=512, block_kv=1024),
+                big,
+                big,
+                big,
+            )
         q, k, v = stlib.random_qkv((1, 256, 64), jnp.float32, seed=0)  # small calls still run
         stlib.attention(q, k, v, impl="pallas_dense", block_q=128, block_kv=128).block_until_ready()
     finally:
@@ -181,10 +209,14 @@ def test_full_off_a_tpu_refuses_interpret_mode_kernels_only(monkeypatch):
 # --------------------------------------------------------------------------------------------
 # the main job's log
 
+
 def test_quiet_libtpu_only_fills_in_and_never_on_a_tpu(monkeypatch):
     monkeypatch.setattr(notebook, "host_has_tpu", lambda: False)
     env = {"TPU_WORKER_HOSTNAMES": "w0"}
-    assert notebook.quiet_libtpu(env) == {"TPU_ACCELERATOR_TYPE": "v6e-4"} and env["TPU_WORKER_HOSTNAMES"] == "w0"
+    assert (
+        notebook.quiet_libtpu(env) == {"TPU_ACCELERATOR_TYPE": "v6e-4"}
+        and env["TPU_WORKER_HOSTNAMES"] == "w0"
+    )
     monkeypatch.setattr(notebook, "host_has_tpu", lambda: True)
     assert notebook.quiet_libtpu({}) == {}
 
@@ -193,14 +225,27 @@ def test_reproduce_log_has_no_libtpu_chatter():
     """Run the main job on notebook 00 without the quieting variables set: every line of its log is
     its own progress or its table, and the executed notebook is kept."""
     env = {k: v for k, v in os.environ.items() if k not in notebook.QUIET_LIBTPU_ENV}
-    proc = subprocess.run([sys.executable, "-m", "stlib.reproduce", "--only", "00", "--size", "small"], cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=300, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "stlib.reproduce", "--only", "00", "--size", "small"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log
     noise = [line for line in log.splitlines() if LIBTPU_NOISE.search(line)]
     assert not noise, "\n".join(noise)
-    unexpected = [line for line in log.splitlines() if line.strip() and not re.match(
-        r"\[\d+/\d+\] running|    ok in|notebook |\d\d_\w+\.ipynb |\d+ of \d+ notebooks ran", line)]
+    unexpected = [
+        line
+        for line in log.splitlines()
+        if line.strip()
+        and not re.match(
+            r"\[\d+/\d+\] running|    ok in|notebook |\d\d_\w+\.ipynb |\d+ of \d+ notebooks ran", line
+        )
+    ]
     assert not unexpected, textwrap.indent("\n".join(unexpected), "  ")
     assert "1 of 1 notebooks ran" in log and "notebooks/executed/" in log
     assert (EXECUTED / "00_problem_and_hardware.ipynb").is_file()

@@ -8,15 +8,22 @@ matplotlib.use("Agg")
 
 
 def test_relative_bars(tmp_path):
-    rows = {"FULL": {"pairs": 10.0, "tiles": 4, "time": 2.0}, "PARTIAL": {"pairs": 5.0, "tiles": 4, "time": 2.1}}
+    rows = {
+        "FULL": {"pairs": 10.0, "tiles": 4, "time": 2.0},
+        "PARTIAL": {"pairs": 5.0, "tiles": 4, "time": 2.1},
+    }
     fig = plotting.relative_bars(rows, "FULL", "t")
     assert plotting.save(fig, tmp_path / "r.png").stat().st_size > 0
 
 
 def test_tile_size_tradeoff(tmp_path):
-    panels = {"work": ("eff", {"a": [0.9, 0.8], "b": [0.5, 0.4]}, False),
-              "steps": ("steps", {"a": [100, 10], "b": [200, 20]}, True)}
-    fig = plotting.tile_size_tradeoff(["128 x 128", "256 x 256"], panels, "t", limits={"steps": (50, "limit")})
+    panels = {
+        "work": ("eff", {"a": [0.9, 0.8], "b": [0.5, 0.4]}, False),
+        "steps": ("steps", {"a": [100, 10], "b": [200, 20]}, True),
+    }
+    fig = plotting.tile_size_tradeoff(
+        ["128 x 128", "256 x 256"], panels, "t", limits={"steps": (50, "limit")}
+    )
     assert len(fig.axes) == 2
     assert plotting.save(fig, tmp_path / "t.png").stat().st_size > 0
 

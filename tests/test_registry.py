@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 import stlib
@@ -69,8 +68,9 @@ def test_attention_passes_options_to_the_kernel():
     for options in ({"form": "flat"}, TileOptions(form="rows", exp2=False), {"block_kv_compute": 128}):
         out = stlib.attention(q, k, v, mask, impl="pallas_tile", block_q=32, block_kv=128, options=options)
         assert float(jnp.abs(out - ref).max()) < 2e-5
-    balanced = stlib.attention(q, k, v, mask, impl="pallas_tile", block_q=32, block_kv=128,
-                               options={"boundary": "balanced"})
+    balanced = stlib.attention(
+        q, k, v, mask, impl="pallas_tile", block_q=32, block_kv=128, options={"boundary": "balanced"}
+    )
     assert float(jnp.abs(balanced - ref).max()) > 1e-3  # rounds PARTIAL tiles: approximate by design
     with pytest.raises(TypeError, match="no options"):
         stlib.attention(q, k, v, mask, impl="pallas_dense", options={"form": "flat"})
@@ -109,7 +109,10 @@ def test_every_pallas_kernel_takes_the_chip_defaults_off_a_tpu():
     assert block_sizes_for(75_600, None, None, interpret=True).block_q == 128  # interpret mode: small tiles
     for chip in CHIP_TABLE.values():
         sizes = default_block_sizes(chip.name)
-        assert (sizes.block_q, sizes.block_kv, sizes.block_kv_compute) == (chip.block_q, chip.block_kv,
-                                                                           chip.block_kv_compute)
+        assert (sizes.block_q, sizes.block_kv, sizes.block_kv_compute) == (
+            chip.block_q,
+            chip.block_kv,
+            chip.block_kv_compute,
+        )
     # per-implementation defaults (chosen by a block sweep) name chips of the table only
     assert all(set(impl.blocks) <= set(CHIP_TABLE) for impl in registry.IMPLEMENTATIONS.values())

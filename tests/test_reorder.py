@@ -11,8 +11,13 @@ G = VideoGrid(4, 8, 32)
 def test_candidate_orders_look_through_composites():
     sta = masks.sliding_tile(G, (2, 4, 8), (1, 1, 3))
     nbhd = masks.neighborhood(G, (3, 4, 8), stride=(1, 4, 8))
-    for mask in (sta, masks.global_tokens(sta, 2), sta & masks.frame_causal(G),
-                 masks.per_head([nbhd, sta]), (masks.per_head([nbhd, sta]) & masks.frame_causal(G)).head(1)):
+    for mask in (
+        sta,
+        masks.global_tokens(sta, 2),
+        sta & masks.frame_causal(G),
+        masks.per_head([nbhd, sta]),
+        (masks.per_head([nbhd, sta]) & masks.frame_causal(G)).head(1),
+    ):
         orders = reorder.candidate_orders(G, mask)
         assert orders[:2] == [raster_order(G), token_major_order(G)]
         assert tiled_order(G, (2, 4, 8)) in orders
@@ -29,8 +34,9 @@ def test_choose_orders_picks_the_tiled_order_for_sliding_tile():
 def test_heads_equal_by_value_are_measured_once(monkeypatch):
     measured = []
     real = reorder.candidate_orders
-    monkeypatch.setattr(reorder, "candidate_orders",
-                        lambda g, m, **kw: measured.append(m) or real(g, m, **kw))
+    monkeypatch.setattr(
+        reorder, "candidate_orders", lambda g, m, **kw: measured.append(m) or real(g, m, **kw)
+    )
     heads = [masks.sliding_tile(G, (2, 4, 8), (1, 1, 3)) for _ in range(3)]
     heads.append(masks.temporal_band(G, width=64))
     orders = reorder.choose_orders(G, masks.per_head(heads), 64, 64)

@@ -35,7 +35,9 @@ def small_inputs(seed=0):
 
 def test_band_width_is_the_public_budget():
     length = CASE_STUDY.grid.num_tokens
-    assert band_width_for_density(length, 0.15) == math.ceil(length * (1 - math.sqrt(0.85)) / 128) * 128 == 6016
+    assert (
+        band_width_for_density(length, 0.15) == math.ceil(length * (1 - math.sqrt(0.85)) / 128) * 128 == 6016
+    )
     plan = svg_plan(CASE_STUDY.grid, ["spatial", "temporal"], 0.15, **CASE_BLOCKS)
     assert plan.width == 6016 and plan.width % 128 == 0
 
@@ -99,12 +101,15 @@ def test_reordered_anchor_is_the_first_hw_keys_of_the_reordered_sequence():
         assert np.array_equal(_own_order_dense(plan, h), expected)
     # in raster terms, the temporal head's anchor is the keys whose token-major position is < H*W
     anchor = TokenMajorPrefixMask(SMALL).to_dense()
-    assert np.array_equal(anchor, np.broadcast_to(token_major_order(SMALL).inverse[None, :] < hw, anchor.shape))
+    assert np.array_equal(
+        anchor, np.broadcast_to(token_major_order(SMALL).inverse[None, :] < hw, anchor.shape)
+    )
 
 
 def test_frame0_anchor_is_frame_zero_in_every_order():
-    plan = svg_plan(SMALL, ["spatial", "temporal"], 0.15, block_q=128, block_kv=128, boundary="exact",
-                    anchor="frame0")
+    plan = svg_plan(
+        SMALL, ["spatial", "temporal"], 0.15, block_q=128, block_kv=128, boundary="exact", anchor="frame0"
+    )
     length, hw, frames = SMALL.num_tokens, SMALL.tokens_per_frame, SMALL.frames
     pos = np.arange(length)
     in_band = np.abs(pos[:, None] - pos[None, :]) <= plan.width
@@ -182,8 +187,9 @@ def test_second_tile_kernel_runs_the_same_plan(boundary):
     if boundary == "balanced":  # the rounded tiles, as FULL tiles: nothing for the kernel to round
         assert not np.any(plan.kernel_layout.kinds == stlib.TileKind.PARTIAL)
         assert np.array_equal(plan.kernel_layout.counts.sum(axis=(1, 2)), plan.pairs)
-    out = stlib.video_attention(q, k, v, SMALL, plan=plan, impl="pallas_tile_lane_dense",
-                                options={"bf16_probs": False})
+    out = stlib.video_attention(
+        q, k, v, SMALL, plan=plan, impl="pallas_tile_lane_dense", options={"bf16_probs": False}
+    )
     expected = stlib.attention(q, k, v, plan.mask, impl="reference")
     np.testing.assert_allclose(np.asarray(out), np.asarray(expected), atol=ATOL["kernel"][jnp.float32])
 
@@ -225,7 +231,9 @@ def test_grid_must_match_length():
         route(q, k, VideoGrid(3, 8, 32), 0.15)
     plan = svg_plan(SMALL, PLANTED, 0.15, block_q=128, block_kv=128)
     with pytest.raises(ValueError, match="grid|video grid"):
-        stlib.video_attention(q[:, :768], k[:, :768], v[:, :768], VideoGrid(2, 8, 48), plan=plan, impl="pallas_tile")
+        stlib.video_attention(
+            q[:, :768], k[:, :768], v[:, :768], VideoGrid(2, 8, 48), plan=plan, impl="pallas_tile"
+        )
 
 
 @pytest.mark.parametrize("where", ["q", "k"])
@@ -272,9 +280,12 @@ def test_plan_compiles_for_v6e_at_case_study_shape(boundary):
     plan = svg_plan(grid, kinds, 0.15, boundary=boundary, **CASE_BLOCKS)
     shape = jax.ShapeDtypeStruct(CASE_STUDY.qkv_shape, jnp.bfloat16)
 
-    def fn(q, k, v):  # 2,816 keys walked in chunks of 256 (the design's inner tile; 1,024 does not divide 2,816)
-        return stlib.video_attention(q, k, v, grid, plan=plan, impl="pallas_tile", interpret=False,
-                                     options={"block_kv_compute": 256})
+    def fn(
+        q, k, v
+    ):  # 2,816 keys walked in chunks of 256 (the design's inner tile; 1,024 does not divide 2,816)
+        return stlib.video_attention(
+            q, k, v, grid, plan=plan, impl="pallas_tile", interpret=False, options={"block_kv_compute": 256}
+        )
 
     compiled = compile_for_tpu(fn, shape, shape, shape, chip="v6e")
     assert "stlib_tile_full" in compiled.text()

@@ -69,12 +69,14 @@ def test_band_and_combinations():
 def test_per_head_lazy_and_dense_heads():
     length = 400
     rng = np.random.default_rng(1)
-    mask = masks.per_head([
-        masks.full(length),
-        masks.band(length, 30),
-        masks.band(length, 30),  # same as head 1: Splash deduplicates it
-        masks.from_array(rng.random((length, length)) < 0.2),  # no lazy form: NumpyMask
-    ])
+    mask = masks.per_head(
+        [
+            masks.full(length),
+            masks.band(length, 30),
+            masks.band(length, 30),  # same as head 1: Splash deduplicates it
+            masks.from_array(rng.random((length, length)) < 0.2),  # no lazy form: NumpyMask
+        ]
+    )
     check(mask, (4, length, 128), block_q=128, block_kv=128)
 
 
@@ -94,13 +96,21 @@ def test_random_mask_with_empty_rows_gives_zeros(dtype):
 
 def test_video_mask_uses_block_exact_numpy_mask():
     grid = stlib.VideoGrid(3, 8, 12)
-    check(masks.sliding_tile(grid, tile=(1, 4, 4), window=(3, 1, 1)), (2, grid.num_tokens, 128),
-          block_q=128, block_kv=128)
+    check(
+        masks.sliding_tile(grid, tile=(1, 4, 4), window=(3, 1, 1)),
+        (2, grid.num_tokens, 128),
+        block_q=128,
+        block_kv=128,
+    )
 
 
 @settings(max_examples=6, deadline=None)
-@given(length=st.integers(129, 400), density=st.floats(0.0, 1.0), blocks=st.sampled_from([128, 256]),
-       seed=st.integers(0, 2**16))
+@given(
+    length=st.integers(129, 400),
+    density=st.floats(0.0, 1.0),
+    blocks=st.sampled_from([128, 256]),
+    seed=st.integers(0, 2**16),
+)
 def test_random_masks_property(length, density, blocks, seed):
     mask = masks.from_array(np.random.default_rng(seed).random((2, length, length)) < density)
     check(mask, (2, length, 128), seed=seed, block_q=blocks, block_kv=128)
@@ -146,7 +156,10 @@ def test_compiles_for_tpu_at_case_study_shape(chip, pattern):
     shape = jax.ShapeDtypeStruct(CASE_STUDY.qkv_shape, CASE_STUDY.dtype)
     compiled = compile_for_tpu(
         lambda q, k, v: stlib.attention(q, k, v, mask, impl="splash", interpret=False),
-        shape, shape, shape, chip=chip,
+        shape,
+        shape,
+        shape,
+        chip=chip,
     )
     assert "tpu_custom_call" in compiled.text()  # a Mosaic kernel, not an XLA fallback
     memory = compiled.memory()

@@ -41,8 +41,12 @@ def assert_pallas_kernel(compiled, impl):
 
 
 def test_every_tpu_kernel_supports_every_chip():
-    assert {impl.name for impl in registry.tpu_kernels()} >= {"pallas_dense", "pallas_block_sparse",
-                                                               "pallas_tile", "splash"}
+    assert {impl.name for impl in registry.tpu_kernels()} >= {
+        "pallas_dense",
+        "pallas_block_sparse",
+        "pallas_tile",
+        "splash",
+    }
     assert all(set(impl.chips) == set(CHIPS) for impl in registry.tpu_kernels())
     assert set(CHIPS) == {"v5e", "v6e", "tpu7x"}
 
@@ -54,15 +58,28 @@ def test_compiles_at_case_study_shape(impl, chip, mask_name):
     if mask_name == "sliding_tile":
         # tile-aligned: 3x8x16 tiles in 3-D tiled order, one tile (384 tokens) per block
         def fn(q, k, v):
-            return stlib.video_attention(q, k, v, GRID, mask, impl=impl, block_q=STA_BLOCK, block_kv=STA_BLOCK,
-                                         orders=stlib.tiled_order(GRID, CASE_STUDY.sta_tile), interpret=False)
+            return stlib.video_attention(
+                q,
+                k,
+                v,
+                GRID,
+                mask,
+                impl=impl,
+                block_q=STA_BLOCK,
+                block_kv=STA_BLOCK,
+                orders=stlib.tiled_order(GRID, CASE_STUDY.sta_tile),
+                interpret=False,
+            )
+
         if impl == "splash":  # no lazy Splash form of a permuted sliding tile: refused, by name
             with pytest.raises(ValueError, match="DENSE_LIMIT|dense|L="):
                 compile_for_tpu(fn, SHAPE, SHAPE, SHAPE, chip=chip)
             return
     else:
+
         def fn(q, k, v):
             return stlib.attention(q, k, v, mask, impl=impl, interpret=False)
+
     compiled = compile_for_tpu(fn, SHAPE, SHAPE, SHAPE, chip=chip)
     assert_pallas_kernel(compiled, impl)
     assert compiled.memory()["output_size_in_bytes"] == 10 * GRID.num_tokens * 128 * 2
@@ -71,11 +88,19 @@ def test_compiles_at_case_study_shape(impl, chip, mask_name):
 @pytest.mark.parametrize("chip", CHIPS)
 def test_tile_flat_grid_and_balanced_boundary_compile(chip):
     layout = stlib.block_layout(case_mask("band"), 512, 1024)
-    for options in (TileOptions(form="flat", block_kv_compute=512), TileOptions(boundary="balanced", exp2=False)):
+    for options in (
+        TileOptions(form="flat", block_kv_compute=512),
+        TileOptions(boundary="balanced", exp2=False),
+    ):
         compiled = compile_for_tpu(
-            lambda q, k, v, options=options: tile_attention(q, k, v, layout, scale=128**-0.5, options=options,
-                                                          interpret=False),
-            SHAPE, SHAPE, SHAPE, chip=chip)
+            lambda q, k, v, options=options: tile_attention(
+                q, k, v, layout, scale=128**-0.5, options=options, interpret=False
+            ),
+            SHAPE,
+            SHAPE,
+            SHAPE,
+            chip=chip,
+        )
         assert_pallas_kernel(compiled, "pallas_tile")
 
 
@@ -85,7 +110,12 @@ def test_per_head_svg_routing_compiles_for_v6e():
     orders = [stlib.raster_order(GRID)] * 5 + [stlib.token_major_order(GRID)] * 5
     mask = masks.per_head(heads)
     compiled = compile_for_tpu(
-        lambda q, k, v: stlib.video_attention(q, k, v, GRID, mask, impl="pallas_tile", orders=orders,
-                                              interpret=False),
-        SHAPE, SHAPE, SHAPE, chip="v6e")
+        lambda q, k, v: stlib.video_attention(
+            q, k, v, GRID, mask, impl="pallas_tile", orders=orders, interpret=False
+        ),
+        SHAPE,
+        SHAPE,
+        SHAPE,
+        chip="v6e",
+    )
     assert_pallas_kernel(compiled, "pallas_tile")

@@ -41,15 +41,19 @@ def attribute(schedule: Schedule, impl: str, kernel: str) -> Attribution:
     Raises ScheduleFormatError when the structure differs from the one expected for ``impl``."""
     loops = [n for n in schedule.roots if n.kind == "loop"]
     if len(loops) != 1 or len(schedule.roots) != 1:
-        raise ScheduleFormatError(f"{kernel}: expected one grid loop at top level, found "
-                                  f"{[(n.kind, hex(n.first)) for n in schedule.roots]}")
+        raise ScheduleFormatError(
+            f"{kernel}: expected one grid loop at top level, found "
+            f"{[(n.kind, hex(n.first)) for n in schedule.roots]}"
+        )
     grid_loop = loops[0]
     stages = [n for n in grid_loop.children if n.kind == "cond"]
     if len(stages) > 1:  # blocks that end past the array: their copies are issued in regions of their own
         stages = [n for n in stages if schedule.has_mxu(n)]
     if len(stages) != 1 or any(n.kind != "cond" for n in grid_loop.children):
-        raise ScheduleFormatError(f"{kernel}: expected one conditional step region in the grid loop (and, besides "
-                                  "it, only conditional copy regions without MXU ops)")
+        raise ScheduleFormatError(
+            f"{kernel}: expected one conditional step region in the grid loop (and, besides "
+            "it, only conditional copy regions without MXU ops)"
+        )
     stage = stages[0]
     bounds = {tuple(int(x) for x in m.split(",")) for b in schedule.bundles for m in _BOUNDS.findall(b.text)}
     if len(bounds) > 1:
@@ -70,9 +74,11 @@ def attribute(schedule: Schedule, impl: str, kernel: str) -> Attribution:
     before = [c for c in conds if c.last < lo]
     after = [c for c in conds if c.first > hi]
     if len(before) + len(after) + len(compute) != len(conds):
-        raise ScheduleFormatError(f"{kernel}: step region has conditional regions "
-                                  f"{[(hex(c.first), hex(c.last), schedule.has_mxu(c)) for c in conds]}; "
-                                  "expected [init...] compute... [finalise...]")
+        raise ScheduleFormatError(
+            f"{kernel}: step region has conditional regions "
+            f"{[(hex(c.first), hex(c.last), schedule.has_mxu(c)) for c in conds]}; "
+            "expected [init...] compute... [finalise...]"
+        )
     names = _compute_names(impl, kernel, len(compute))
     # several regions before / after the compute (a row's copy of a block that ends past the array next to
     # its init / output write) run once per row each: their bundles add up to one init / finalise path
@@ -80,9 +86,16 @@ def attribute(schedule: Schedule, impl: str, kernel: str) -> Attribution:
 
     step = stage.size - sum(c.size for c in stage.children)
     step += sum(c.trip * _flat_cost(c, "step") for c in stage.children if c.kind == "loop")
-    paths = {"call": len(schedule.bundles) - grid_loop.size, "iteration": grid_loop.size - stage.size, "step": step}
-    ops = {"call": {}, "iteration": schedule.ops(grid_loop.first, grid_loop.last, (stage,)),
-           "step": schedule.ops(stage.first, stage.last, tuple(conds))}
+    paths = {
+        "call": len(schedule.bundles) - grid_loop.size,
+        "iteration": grid_loop.size - stage.size,
+        "step": step,
+    }
+    ops = {
+        "call": {},
+        "iteration": schedule.ops(grid_loop.first, grid_loop.last, (stage,)),
+        "step": schedule.ops(stage.first, stage.last, tuple(conds)),
+    }
     for name, node in labelled:
         paths[name] = paths.get(name, 0) + _flat_cost(node, name)
         merged = ops.setdefault(name, {})
@@ -93,8 +106,15 @@ def attribute(schedule: Schedule, impl: str, kernel: str) -> Attribution:
         operands[int(index)] = [memory, dtype, [int(x) for x in dims.split(",") if x], kind]
     if sorted(operands) != list(range(len(operands))):
         raise ScheduleFormatError(f"{kernel}: entry bundle lists operands {sorted(operands)}")
-    return Attribution(kernel, grid_loop.trip, grid, paths, ops, len(schedule.bundles),
-                       [operands[i] for i in range(len(operands))])
+    return Attribution(
+        kernel,
+        grid_loop.trip,
+        grid,
+        paths,
+        ops,
+        len(schedule.bundles),
+        [operands[i] for i in range(len(operands))],
+    )
 
 
 def _compute_names(impl: str, kernel: str, n: int) -> list[str]:
@@ -107,5 +127,7 @@ def _compute_names(impl: str, kernel: str, n: int) -> list[str]:
         raise ValueError(f"no attribution rules for impl={impl!r}")
     expected = implementation.compute_regions(kernel, n)
     if len(expected) != n:
-        raise ScheduleFormatError(f"{kernel}: {n} conditional compute regions, expected {len(expected)} for {impl}")
+        raise ScheduleFormatError(
+            f"{kernel}: {n} conditional compute regions, expected {len(expected)} for {impl}"
+        )
     return expected

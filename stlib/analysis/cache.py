@@ -42,22 +42,30 @@ def _source_hash() -> str:
     """Hash of the sources that shape the compiled kernels (a kernel edit invalidates the cache): each
     of ``SOURCES`` in the stlib package, as a module ``NAME.py`` and / or a package ``NAME/``."""
     root = stlib_dir()
-    paths = [p for name in SOURCES for p in (root / f"{name}.py", *root.glob(f"{name}/**/*.py")) if p.is_file()]
+    paths = [
+        p for name in SOURCES for p in (root / f"{name}.py", *root.glob(f"{name}/**/*.py")) if p.is_file()
+    ]
     digest = hashlib.sha256()
     for path in sorted(paths):
         digest.update(path.relative_to(root).as_posix().encode() + path.read_bytes())
     return digest.hexdigest()[:16]
 
 
-def compiled_attributions(impl: str, config: KernelConfig, mask_bytes: bytes | None = None,
-                          use_cache: bool = True) -> dict:
+def compiled_attributions(
+    impl: str, config: KernelConfig, mask_bytes: bytes | None = None, use_cache: bool = True
+) -> dict:
     """{"kernels": [Attribution as dict], "layouts": {kernel: [operand layouts]}, "glue_bytes": int,
     "compile_seconds": float} of ``config``, compiled in a subprocess and attributed; cached on disk
     by libtpu version and config."""
     version = check_libtpu()
-    key_data = {"format": FORMAT_VERSION, "libtpu": version, "jax": importlib.metadata.version("jax"),
-                "source": _source_hash(), "config": dataclasses.asdict(dataclasses.replace(config, mask_file=None)),
-                "mask": hashlib.sha256(mask_bytes).hexdigest() if mask_bytes else None}
+    key_data = {
+        "format": FORMAT_VERSION,
+        "libtpu": version,
+        "jax": importlib.metadata.version("jax"),
+        "source": _source_hash(),
+        "config": dataclasses.asdict(dataclasses.replace(config, mask_file=None)),
+        "mask": hashlib.sha256(mask_bytes).hexdigest() if mask_bytes else None,
+    }
     key = hashlib.sha256(json.dumps(key_data, sort_keys=True).encode()).hexdigest()[:24]
     path = cache_dir() / version / f"{key}.json"
     if use_cache and path.exists():
@@ -78,9 +86,16 @@ def compiled_attributions(impl: str, config: KernelConfig, mask_bytes: bytes | N
         layouts = kernel_layouts(hlo)
     missing = sorted({k["kernel"] for k in kernels} - set(layouts))
     if missing:
-        raise ScheduleFormatError(f"kernels {missing} have no custom-call in the scheduled HLO to read layouts from")
-    result = {"key": key_data, "kernels": kernels, "layouts": {k["kernel"]: layouts[k["kernel"]] for k in kernels},
-              "glue_bytes": glue, "compile_seconds": seconds}
+        raise ScheduleFormatError(
+            f"kernels {missing} have no custom-call in the scheduled HLO to read layouts from"
+        )
+    result = {
+        "key": key_data,
+        "kernels": kernels,
+        "layouts": {k["kernel"]: layouts[k["kernel"]] for k in kernels},
+        "glue_bytes": glue,
+        "compile_seconds": seconds,
+    }
     if use_cache:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")

@@ -25,36 +25,54 @@ from stlib.kernels.tile import BoundaryPolicy, GridForm
 def _print_calibration(rows, chip: str = "v6e") -> None:
     cal = calibration(chip)
     print(f"STATIC ESTIMATE of the calibration point {cal.point.describe()} (libtpu {libtpu_version()})")
-    print(f"{'block_q':>7} {'block_kv':>8} {'steps':>8} {'cycles':>13} {'implied GHz':>11} "
-          f"{'est. ms':>8} {'DMA floor ms':>12}  bundles per step path")
+    print(
+        f"{'block_q':>7} {'block_kv':>8} {'steps':>8} {'cycles':>13} {'implied GHz':>11} "
+        f"{'est. ms':>8} {'DMA floor ms':>12}  bundles per step path"
+    )
     for r in rows:
-        print(f"{r['block_q']:>7} {r['block_kv']:>8} {r['grid_steps']:>8,} {r['cycles']:>13,} "
-              f"{r['implied_clock_ghz']:>11.3f} {r['estimate_ms']:>8.2f} {r['memory_floor_ms']:>12.2f}  {r['paths']}")
+        print(
+            f"{r['block_q']:>7} {r['block_kv']:>8} {r['grid_steps']:>8,} {r['cycles']:>13,} "
+            f"{r['implied_clock_ghz']:>11.3f} {r['estimate_ms']:>8.2f} {r['memory_floor_ms']:>12.2f}  {r['paths']}"
+        )
     print(f"calibration: {cal.describe(chip)}")
     for other in ESTIMATE_CHIPS:
-        print(f"  {other}: calibrated {calibration(other).clock_hz(other) / 1e9:.3f} GHz; peak-implied "
-              f"{peak_clock_hz(other) / 1e9:.3f} GHz")
+        print(
+            f"  {other}: calibrated {calibration(other).clock_hz(other) / 1e9:.3f} GHz; peak-implied "
+            f"{peak_clock_hz(other) / 1e9:.3f} GHz"
+        )
 
 
 def _print_table(rows, chip: str) -> None:
     splash = estimate("splash", "full", chip)
     published = PUBLISHED["tile_aligned_sparse_ms"]
-    print(f"STATIC ESTIMATES on {chip}, case-study shape (libtpu {splash.libtpu_version}); cells: estimate ms "
-          f"[kernel DMA floor ms]\nclock: {splash.clock_assumption}")
+    print(
+        f"STATIC ESTIMATES on {chip}, case-study shape (libtpu {splash.libtpu_version}); cells: estimate ms "
+        f"[kernel DMA floor ms]\nclock: {splash.clock_assumption}"
+    )
     masks_ = list(dict.fromkeys(r["mask"] for r in rows))
     kernels = list(dict.fromkeys(r["kernel"] for r in rows))
     by = {(r["kernel"], r["mask"]): r for r in rows}
-    short = [m.replace("band (density ", "band ").replace(")", "").replace(STA_MASK, "sliding tile") for m in masks_]
+    short = [
+        m.replace("band (density ", "band ").replace(")", "").replace(STA_MASK, "sliding tile")
+        for m in masks_
+    ]
     print(f"{'kernel':<28}" + "".join(f"{name:>16}" for name in short))
     for k in kernels:
-        print(f"{k:<28}" + "".join(f"{c['estimate_ms']:>8.2f} [{c['memory_floor_ms']:>4.1f}]" if c else f"{'n/a':>16}"
-                                     for c in (by.get((k, m)) for m in masks_)))
+        print(
+            f"{k:<28}"
+            + "".join(
+                f"{c['estimate_ms']:>8.2f} [{c['memory_floor_ms']:>4.1f}]" if c else f"{'n/a':>16}"
+                for c in (by.get((k, m)) for m in masks_)
+            )
+        )
     if chip == "v6e":  # the published times are v6e times
         best = [min(by[(k, m)]["estimate_ms"] for k in kernels if k.startswith("pallas")) for m in masks_]
         print(f"{'best stlib - published':<28}" + "".join(f"{b - published:>+16.2f}" for b in best))
-    print(f"dense Splash (full mask): {splash.seconds * 1e3:.2f} ms [{splash.memory_seconds * 1e3:.1f}]; "
-          f"published on v6e: dense Splash {PUBLISHED['dense_splash_ms']} ms, tile-aligned sparse kernel "
-          f"{published} ms (density not published)")
+    print(
+        f"dense Splash (full mask): {splash.seconds * 1e3:.2f} ms [{splash.memory_seconds * 1e3:.1f}]; "
+        f"published on v6e: dense Splash {PUBLISHED['dense_splash_ms']} ms, tile-aligned sparse kernel "
+        f"{published} ms (density not published)"
+    )
 
 
 def _published(use_cache: bool = True) -> None:
@@ -63,17 +81,29 @@ def _published(use_cache: bool = True) -> None:
 
     rows = table(use_cache)
     RECORDS.write_text(json.dumps({"libtpu": libtpu_version(), "rows": rows}, indent=1) + "\n")
-    print(f"STATIC ESTIMATES vs published (libtpu {libtpu_version()}); * = calibration point, others held out")
-    print(f"{'':2}{'chip':<6} {'mask':<7} {'heads':>6} {'D':>4} {'L':>7} {'published':>10} {'estimate':>9} "
-          f"{'error':>7}  blocks  source")
+    print(
+        f"STATIC ESTIMATES vs published (libtpu {libtpu_version()}); * = calibration point, others held out"
+    )
+    print(
+        f"{'':2}{'chip':<6} {'mask':<7} {'heads':>6} {'D':>4} {'L':>7} {'published':>10} {'estimate':>9} "
+        f"{'error':>7}  blocks  source"
+    )
     for r in rows:
         heads = f"{r['num_heads']}:{r['num_kv_heads']}"
-        est = (f"{r['estimate_ms']:>9.2f} {r['error_pct']:>+6.1f}%  {r['estimate_blocks']['block_q']}/"
-               f"{r['estimate_blocks']['block_kv']}" if "estimate_ms" in r else f"  {r['estimate_error'][:60]}")
-        print(f"{'*' if r['calibration'] else ' ':2}{r['chip']:<6} {r['mask']:<7} {heads:>6} {r['head_dim']:>4} "
-              f"{r['length']:>7,} {r['published_ms']:>10.2f} {est}  {r['source_title'][:40]}")
+        est = (
+            f"{r['estimate_ms']:>9.2f} {r['error_pct']:>+6.1f}%  {r['estimate_blocks']['block_q']}/"
+            f"{r['estimate_blocks']['block_kv']}"
+            if "estimate_ms" in r
+            else f"  {r['estimate_error'][:60]}"
+        )
+        print(
+            f"{'*' if r['calibration'] else ' ':2}{r['chip']:<6} {r['mask']:<7} {heads:>6} {r['head_dim']:>4} "
+            f"{r['length']:>7,} {r['published_ms']:>10.2f} {est}  {r['source_title'][:40]}"
+        )
     fig = plotting.estimate_vs_published(rows, "Static estimate vs published TPU kernel times")
-    print(f"wrote {RECORDS} and {plotting.save(fig, RECORDS.parents[1] / 'figures' / 'estimate_published.png')}")
+    print(
+        f"wrote {RECORDS} and {plotting.save(fig, RECORDS.parents[1] / 'figures' / 'estimate_published.png')}"
+    )
 
 
 def main(argv=None) -> None:
@@ -96,9 +126,13 @@ def main(argv=None) -> None:
     one.add_argument("--length", type=int)
     one.add_argument("--clock", default="calibrated", help="'calibrated', 'peak' or Hz")
     one.add_argument("--json", action="store_true")
-    calibrate = sub.add_parser("calibrate", help="each chip's calibration point at several block sizes; the implied clock")
+    calibrate = sub.add_parser(
+        "calibrate", help="each chip's calibration point at several block sizes; the implied clock"
+    )
     calibrate.add_argument("--chip", default="v6e", choices=("v6e", "tpu7x"))
-    sub.add_parser("published", help="every public measurement in data/published_measurements.json vs its estimate")
+    sub.add_parser(
+        "published", help="every public measurement in data/published_measurements.json vs its estimate"
+    )
     table = sub.add_parser("table", help="every stlib kernel at band densities 0.15-0.65 and sliding tile")
     table.add_argument("--chip", default="v6e", choices=ESTIMATE_CHIPS)
     table.add_argument("--json", action="store_true")
@@ -109,10 +143,19 @@ def main(argv=None) -> None:
         from stlib.analysis.static import static_estimate
 
         blocks = "tuned" if args.tuned else {"block_q": args.block_q, "block_kv": args.block_kv}
-        est = static_estimate(args.impl, args.mask, args.chip, num_heads=args.heads, num_kv_heads=args.kv_heads,
-                              head_dim=args.head_dim, head_dim_v=args.head_dim_v,
-                              length=args.length or CASE_STUDY.num_tokens, block_sizes=blocks,
-                              options=opts or None, clock=clock)
+        est = static_estimate(
+            args.impl,
+            args.mask,
+            args.chip,
+            num_heads=args.heads,
+            num_kv_heads=args.kv_heads,
+            head_dim=args.head_dim,
+            head_dim_v=args.head_dim_v,
+            length=args.length or CASE_STUDY.num_tokens,
+            block_sizes=blocks,
+            options=opts or None,
+            clock=clock,
+        )
         print(json.dumps(est.as_record(), indent=1) if args.json else est)
     elif args.command == "calibrate":
         _print_calibration(calibration_table(args.chip), args.chip)

@@ -35,17 +35,27 @@ class CalibrationPoint:
 
     def describe(self) -> str:
         kv = "" if self.num_kv_heads is None else f" ({self.num_kv_heads} kv heads)"
-        return (f"{self.impl} {self.mask}, {self.num_heads} heads{kv} x {self.length:,} x {self.head_dim} bf16 on "
-                f"{self.chip}: {self.published_seconds * 1e3:.2f} ms ({self.source})")
+        return (
+            f"{self.impl} {self.mask}, {self.num_heads} heads{kv} x {self.length:,} x {self.head_dim} bf16 on "
+            f"{self.chip}: {self.published_seconds * 1e3:.2f} ms ({self.source})"
+        )
 
 
 #: The one published point per chip the clock is solved from.
 CALIBRATION_POINTS = {
     "v6e": CalibrationPoint("v6e", PUBLISHED_DENSE_SPLASH_SECONDS, PUBLISHED["source"]),
     "tpu7x": CalibrationPoint(
-        "tpu7x", 24.75e-3, 'tokamax, "Performance Benchmarks on Ironwood TPU", November 2025 (Splash forward, '
-        "batch 1, blocks tuned by its authors)", mask="causal", num_heads=32, num_kv_heads=8, head_dim=128,
-        length=32768, blocks="tuned"),
+        "tpu7x",
+        24.75e-3,
+        'tokamax, "Performance Benchmarks on Ironwood TPU", November 2025 (Splash forward, '
+        "batch 1, blocks tuned by its authors)",
+        mask="causal",
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        length=32768,
+        blocks="tuned",
+    ),
 }
 #: Chips without a published point: whose calibration they borrow, scaled by peak-implied clocks
 #: (an assumption: the same share of cycles lost to stalls the schedule does not show).
@@ -84,11 +94,16 @@ class Calibration:
 
     def describe(self, chip: str) -> str:
         own = self.point.chip
-        return (f"calibrated: {self.clock_hz(chip) / 1e9:.3f} GHz effective = clock at which the static estimate of "
-                f"{self.point.impl} / {self.point.mask} ({self.static_cycles:,} {own} cycles, blocks "
-                f"{self.blocks[0]}/{self.blocks[1]}) takes the published {self.published_seconds * 1e3:.2f} ms"
-                + ("" if chip == own else f"; {chip} has no published point: scaled by peak-implied clocks "
-                   f"{chip}/{own}"))
+        return (
+            f"calibrated: {self.clock_hz(chip) / 1e9:.3f} GHz effective = clock at which the static estimate of "
+            f"{self.point.impl} / {self.point.mask} ({self.static_cycles:,} {own} cycles, blocks "
+            f"{self.blocks[0]}/{self.blocks[1]}) takes the published {self.published_seconds * 1e3:.2f} ms"
+            + (
+                ""
+                if chip == own
+                else f"; {chip} has no published point: scaled by peak-implied clocks {chip}/{own}"
+            )
+        )
 
 
 _CALIBRATIONS: dict[str, Calibration] = {}
@@ -100,13 +115,25 @@ def solve_clock(point: CalibrationPoint, block_q: int | None, block_kv: int | No
     from stlib.analysis.kernel_estimate import estimate
 
     def run(clock):
-        return estimate(point.impl, point.mask, point.chip, block_q=block_q, block_kv=block_kv,
-                        num_heads=point.num_heads, num_kv_heads=point.num_kv_heads, head_dim=point.head_dim,
-                        length=point.length, clock=clock, use_cache=use_cache)
+        return estimate(
+            point.impl,
+            point.mask,
+            point.chip,
+            block_q=block_q,
+            block_kv=block_kv,
+            num_heads=point.num_heads,
+            num_kv_heads=point.num_kv_heads,
+            head_dim=point.head_dim,
+            length=point.length,
+            clock=clock,
+            use_cache=use_cache,
+        )
 
     est = run(1.0)
     if est.memory_seconds >= point.published_seconds:
-        raise RuntimeError(f"the DMA floor of {point.describe()} exceeds its published time: cannot calibrate a clock")
+        raise RuntimeError(
+            f"the DMA floor of {point.describe()} exceeds its published time: cannot calibrate a clock"
+        )
     hz = est.cycles / point.published_seconds
     for _ in range(3):
         exposed = run(hz).exposed_dma_seconds
@@ -119,7 +146,9 @@ def calibration(chip: str = "v6e", use_cache: bool = True) -> Calibration:
     once per process (``use_cache=False`` recompiles and recomputes it)."""
     owner = BORROWED.get(chip, chip)
     if owner not in CALIBRATION_POINTS:
-        raise ValueError(f"chip={chip!r} has no calibration point and borrows none: {sorted(CALIBRATION_POINTS)}")
+        raise ValueError(
+            f"chip={chip!r} has no calibration point and borrows none: {sorted(CALIBRATION_POINTS)}"
+        )
     if owner not in _CALIBRATIONS or not use_cache:
         point = CALIBRATION_POINTS[owner]
         if point.blocks == "tuned":
@@ -139,7 +168,10 @@ def _clock(clock, chip: str, use_cache: bool) -> tuple[float, str]:
         return cal.clock_hz(chip), cal.describe(chip)
     if clock == "peak":
         hz = peak_clock_hz(chip)
-        return hz, f"peak-implied: {hz / 1e9:.3f} GHz = bf16 peak / (2 x MXUs x width^2) from JAX's chip table"
+        return (
+            hz,
+            f"peak-implied: {hz / 1e9:.3f} GHz = bf16 peak / (2 x MXUs x width^2) from JAX's chip table",
+        )
     if isinstance(clock, (int, float)) and clock > 0:
         return float(clock), f"given: {clock / 1e9:.3f} GHz"
     raise ValueError(f"clock={clock!r} must be 'calibrated', 'peak' or a positive frequency in Hz")

@@ -35,8 +35,11 @@ class PathCounts:
         kv = self.kv_block_bytes / bandwidth
         row = (self.q_block_bytes + self.kv_block_bytes) / bandwidth
         prologue = row  # the first step waits for its q, k, v blocks; the last output block drains
-        return (prologue + self.kv_fetches * max(0.0, kv - step_seconds)
-                + self.q_rows * max(0.0, row - step_seconds))
+        return (
+            prologue
+            + self.kv_fetches * max(0.0, kv - step_seconds)
+            + self.q_rows * max(0.0, row - step_seconds)
+        )
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,9 @@ class Setup:
     def layout(self):
         from stlib import masks
 
-        return _layout(self.mask if self.mask is not None else masks.full(self.length), self.block_q, self.block_kv)
+        return _layout(
+            self.mask if self.mask is not None else masks.full(self.length), self.block_q, self.block_kv
+        )
 
 
 _LAYOUTS: dict = {}
@@ -75,20 +80,29 @@ def _layout(mask, block_q: int, block_kv: int):
     return _LAYOUTS[key]
 
 
-def _hbm_roles(att: Attribution, head_dim: int, head_dim_v: int | None = None,
-               layouts: list[str] | None = None) -> dict[str, tuple[bool, int]]:
+def _hbm_roles(
+    att: Attribution, head_dim: int, head_dim_v: int | None = None, layouts: list[str] | None = None
+) -> dict[str, tuple[bool, int]]:
     """Per role q, k, v, o, lse: whether the kernel moves it through HBM (XLA may place whole operands
     in VMEM at small shapes, and then the pipeline moves nothing for them) and its row's minor
     dimension as laid out (``layouts``: per operand index, from the scheduled HLO)."""
     from stlib.analysis.dump import laid_out_minor
 
     dv = head_dim_v or head_dim
-    inputs = [(i, op) for i, op in enumerate(att.operands)
-              if op[3] == "input" and len(op[2]) == 3 and op[2][-1] in (head_dim, dv)]
+    inputs = [
+        (i, op)
+        for i, op in enumerate(att.operands)
+        if op[3] == "input" and len(op[2]) == 3 and op[2][-1] in (head_dim, dv)
+    ]
     outputs = [(i, op) for i, op in enumerate(att.operands) if op[3] == "output" and len(op[2]) == 3]
     o = [(i, op) for i, op in outputs if op[2][-1] == dv]
     lse = [(i, op) for i, op in outputs if op[2][-1] == 1]
-    if len(inputs) != 3 or len(o) != 1 or len(lse) > 1 or [op[2][-1] for _, op in inputs][:2] != [head_dim] * 2:
+    if (
+        len(inputs) != 3
+        or len(o) != 1
+        or len(lse) > 1
+        or [op[2][-1] for _, op in inputs][:2] != [head_dim] * 2
+    ):
         raise ScheduleFormatError(f"{att.kernel}: cannot tell q, k, v, o apart among operands {att.operands}")
 
     def role(i, op):

@@ -83,8 +83,10 @@ def resolve_mask(config: KernelConfig):
         raise KeyError(f"mask {config.mask!r} is a case-study mask; it has no form at length={config.length}")
     catalog = case_study_masks()
     if config.mask not in catalog:
-        raise KeyError(f"unknown mask {config.mask!r}: use 'none', 'full', 'band (density X)', "
-                       f"'band (width W)' or one of {sorted(catalog)}")
+        raise KeyError(
+            f"unknown mask {config.mask!r}: use 'none', 'full', 'band (density X)', "
+            f"'band (width W)' or one of {sorted(catalog)}"
+        )
     return catalog[config.mask]
 
 
@@ -107,17 +109,37 @@ def _build_and_compile(config: KernelConfig) -> float:
 
     if (kv_heads, dv) != (config.num_heads, config.head_dim):
         if config.impl != "splash":
-            raise ValueError(f"impl={config.impl!r}: shared kv heads and head_dim_v != head_dim are compiled for "
-                             "Splash only")
+            raise ValueError(
+                f"impl={config.impl!r}: shared kv heads and head_dim_v != head_dim are compiled for "
+                "Splash only"
+            )
         from stlib.kernels.splash import splash_attention
 
         def fn(q, k, v):  # Splash's MHA kernel takes kv heads dividing the q heads and its own v head dim
-            return splash_attention(q, k, v, mask, scale=config.head_dim**-0.5, block_q=config.block_q,
-                                    block_kv=config.block_kv, interpret=False)
+            return splash_attention(
+                q,
+                k,
+                v,
+                mask,
+                scale=config.head_dim**-0.5,
+                block_q=config.block_q,
+                block_kv=config.block_kv,
+                interpret=False,
+            )
     else:
+
         def fn(q, k, v):
-            return stlib.attention(q, k, v, mask, impl=config.impl, block_q=config.block_q,
-                                   block_kv=config.block_kv, options=config.options or None, interpret=False)
+            return stlib.attention(
+                q,
+                k,
+                v,
+                mask,
+                impl=config.impl,
+                block_q=config.block_q,
+                block_kv=config.block_kv,
+                options=config.options or None,
+                interpret=False,
+            )
 
     start = time.perf_counter()
     compile_for_tpu(fn, q_shape, k_shape, v_shape, chip=config.chip)
@@ -148,8 +170,10 @@ def parse_dump(directory: str) -> dict[str, dict[str, int]]:
         if step >= latest.get(match["kernel"], (-1, ""))[0]:
             latest[match["kernel"]] = (step, text)
     if not latest:
-        raise RuntimeError(f"no Pallas kernel allocations found in the libtpu dump at {directory}; "
-                           "the dump format of this libtpu may differ from 0.0.42.1")
+        raise RuntimeError(
+            f"no Pallas kernel allocations found in the libtpu dump at {directory}; "
+            "the dump format of this libtpu may differ from 0.0.42.1"
+        )
     report = {}
     for kernel, (_, text) in sorted(latest.items()):
         spaces: dict[str, int] = {}
@@ -180,8 +204,14 @@ def compile_with_dump(config: KernelConfig, directory: str, timeout: float = 600
     return the compile seconds. Raises RuntimeError if compilation fails."""
     env = subprocess_env()
     env["LIBTPU_INIT_ARGS"] = (env.get("LIBTPU_INIT_ARGS", "") + f" --xla_jf_dump_to={directory}").strip()
-    proc = subprocess.run([sys.executable, "-m", "stlib.compile_report", json.dumps(asdict(config))],
-                          capture_output=True, text=True, env=env, timeout=timeout, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "stlib.compile_report", json.dumps(asdict(config))],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        check=False,
+    )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"compiling {config} failed:\n{proc.stderr[-3000:]}")
@@ -205,7 +235,9 @@ def check_libtpu() -> str:
     """The installed libtpu version; raises ScheduleFormatError unless it is the pinned one."""
     version = libtpu_version()
     if version != PINNED_LIBTPU:
-        raise ScheduleFormatError(f"libtpu {version} is installed; the dump parser knows libtpu {PINNED_LIBTPU} only")
+        raise ScheduleFormatError(
+            f"libtpu {version} is installed; the dump parser knows libtpu {PINNED_LIBTPU} only"
+        )
     return version
 
 
@@ -213,15 +245,20 @@ def _dump_files(directory: str) -> dict[str, tuple[str, str]]:
     files: dict[str, dict[str, str]] = {}
     for name in os.listdir(directory):
         match = _STEP.match(name)
-        if match and is_pallas_kernel(match["kernel"]) and match["what"] in ("final_bundles",
-                                                                        "schedule-analysis_final_bundles"):
+        if (
+            match
+            and is_pallas_kernel(match["kernel"])
+            and match["what"] in ("final_bundles", "schedule-analysis_final_bundles")
+        ):
             entry = files.setdefault(match["kernel"], {})
             if match["what"] in entry:
                 raise ScheduleFormatError(f"two {match['what']} dumps for kernel {match['kernel']}")
             entry[match["what"]] = Path(directory, name).read_text(errors="replace")
     if not files or any(len(v) != 2 for v in files.values()):
-        raise ScheduleFormatError(f"no final_bundles + schedule-analysis pair per Pallas kernel in {directory}: "
-                                  f"{ {k: sorted(v) for k, v in files.items()} }")
+        raise ScheduleFormatError(
+            f"no final_bundles + schedule-analysis pair per Pallas kernel in {directory}: "
+            f"{ {k: sorted(v) for k, v in files.items()} }"
+        )
     return {k: (v["final_bundles"], v["schedule-analysis_final_bundles"]) for k, v in files.items()}
 
 
@@ -263,7 +300,7 @@ def laid_out_minor(n: int, layout: str) -> int:
 def kernel_layouts(hlo: str) -> dict[str, list[str]]:
     """Per Pallas kernel call in the scheduled HLO: the layouts (``{2,1,0:T(8,128)}``) of its operands
     then its results, in operand-index order (as the kernel dump numbers them)."""
-    entry = hlo[hlo.index("\nENTRY"):] if "\nENTRY" in hlo else ""
+    entry = hlo[hlo.index("\nENTRY") :] if "\nENTRY" in hlo else ""
     shapes: dict[str, list[str]] = {}
     out: dict[str, list[str]] = {}
     for line in entry.split("\n")[1:]:
@@ -279,12 +316,35 @@ def kernel_layouts(hlo: str) -> dict[str, list[str]]:
     return out
 
 
-_ITEMSIZE = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4, "s32": 4,
-             "u32": 4, "f64": 8, "s64": 8, "u64": 8}
+_ITEMSIZE = {
+    "pred": 1,
+    "s8": 1,
+    "u8": 1,
+    "bf16": 2,
+    "f16": 2,
+    "s16": 2,
+    "u16": 2,
+    "f32": 4,
+    "s32": 4,
+    "u32": 4,
+    "f64": 8,
+    "s64": 8,
+    "u64": 8,
+}
 _ARRAY = re.compile(r"\b(pred|[fsu]\d+|bf16)\[([\d,]*)\]\{([^}]*)\}")
 _INSTR = re.compile(r"^\s*(?:ROOT )?(%[\w.\-]+) = (\(.*?\)|\S+) ([\w\-]+)\(([^)]*)\)")
-_NOT_GLUE = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "custom-call", "copy-done",
-             "after-all", "partition-id", "replica-id"}
+_NOT_GLUE = {
+    "parameter",
+    "constant",
+    "get-tuple-element",
+    "tuple",
+    "bitcast",
+    "custom-call",
+    "copy-done",
+    "after-all",
+    "partition-id",
+    "replica-id",
+}
 
 
 def glue_bytes(hlo: str) -> int:
@@ -292,7 +352,7 @@ def glue_bytes(hlo: str) -> int:
     slicing) in the entry computation of the scheduled HLO: outputs plus operands of every op that
     is not a kernel call or a no-op, each at its laid-out size (``padded_bytes``). Arrays placed in
     other memory spaces (layout ``S(n)``) are left out."""
-    entry = hlo[hlo.index("\nENTRY"):] if "\nENTRY" in hlo else ""
+    entry = hlo[hlo.index("\nENTRY") :] if "\nENTRY" in hlo else ""
     if not entry:
         raise ScheduleFormatError("no ENTRY computation in the scheduled HLO")
     sizes: dict[str, int] = {}
@@ -302,8 +362,11 @@ def glue_bytes(hlo: str) -> int:
         if not match:
             continue
         name, shape, opcode, operands = match.groups()
-        size = sum(padded_bytes(t, [int(d) for d in dims.split(",") if d], layout)
-                   for t, dims, layout in _ARRAY.findall(shape) if "S(" not in layout)
+        size = sum(
+            padded_bytes(t, [int(d) for d in dims.split(",") if d], layout)
+            for t, dims, layout in _ARRAY.findall(shape)
+            if "S(" not in layout
+        )
         sizes[name] = size
         if opcode not in _NOT_GLUE:
             total += size + sum(sizes.get(op, 0) for op in re.findall(r"%[\w.\-]+", operands))

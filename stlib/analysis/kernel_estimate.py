@@ -32,9 +32,11 @@ from stlib.analysis.schedule import ScheduleFormatError
 from stlib.configs import CASE_STUDY
 from stlib.roofline import ComputeOrMemoryBound
 
-METHOD = ("static estimate: VLIW bundles of the libtpu schedule per control path (1 bundle = 1 cycle) x path "
-          "counts from the tile layout / calibrated clock, + exposed DMA (prologue, steps shorter than their "
-          "copies), floored by laid-out kernel DMA bytes / HBM bandwidth; + XLA glue bytes / HBM bandwidth")
+METHOD = (
+    "static estimate: VLIW bundles of the libtpu schedule per control path (1 bundle = 1 cycle) x path "
+    "counts from the tile layout / calibrated clock, + exposed DMA (prologue, steps shorter than their "
+    "copies), floored by laid-out kernel DMA bytes / HBM bandwidth; + XLA glue bytes / HBM bandwidth"
+)
 
 
 @dataclass(frozen=True)
@@ -138,20 +140,30 @@ class Estimate:
         }
 
     def __str__(self) -> str:
-        lines = [(f"STATIC ESTIMATE (not a measurement) {self.impl} / {self.mask} on {self.chip}: "
-                  f"{self.total_seconds * 1e3:.2f} ms total = kernels {self.seconds * 1e3:.2f} ms + glue "
-                  f"{self.glue_seconds * 1e3:.3f} ms; blocks {self.blocks}"),
-                 f"  clock: {self.clock_assumption}",
-                 f"  libtpu {self.libtpu_version}; {self.method}"]
+        lines = [
+            (
+                f"STATIC ESTIMATE (not a measurement) {self.impl} / {self.mask} on {self.chip}: "
+                f"{self.total_seconds * 1e3:.2f} ms total = kernels {self.seconds * 1e3:.2f} ms + glue "
+                f"{self.glue_seconds * 1e3:.3f} ms; blocks {self.blocks}"
+            ),
+            f"  clock: {self.clock_assumption}",
+            f"  libtpu {self.libtpu_version}; {self.method}",
+        ]
         for k in self.kernels:
-            lines.append(f"  kernel {k.kernel}: {k.grid_steps:,} grid steps, {k.cycles:,} cycles -> compute "
-                         f"{k.compute_seconds * 1e3:.2f} ms + exposed DMA {k.exposed_dma_seconds * 1e3:.3f} ms, "
-                         f"DMA floor {k.memory_seconds * 1e3:.2f} ms ({k.dma_bytes / 1e9:.2f} GB), {k.bound}-bound")
+            lines.append(
+                f"  kernel {k.kernel}: {k.grid_steps:,} grid steps, {k.cycles:,} cycles -> compute "
+                f"{k.compute_seconds * 1e3:.2f} ms + exposed DMA {k.exposed_dma_seconds * 1e3:.3f} ms, "
+                f"DMA floor {k.memory_seconds * 1e3:.2f} ms ({k.dma_bytes / 1e9:.2f} GB), {k.bound}-bound"
+            )
             for path, v in k.breakdown.items():
-                lines.append(f"    {path:<15} {v['bundles']:>7,} bundles x {v['count']:>11,} = "
-                             f"{v['cycles']:>15,} cycles ({v['cycles'] / max(k.cycles, 1):6.1%})")
-        lines.append(f"  XLA glue around the kernels ({self.glue_bytes / 1e9:.3f} GB / HBM bandwidth, included in the "
-                     f"total): {self.glue_seconds * 1e3:.3f} ms")
+                lines.append(
+                    f"    {path:<15} {v['bundles']:>7,} bundles x {v['count']:>11,} = "
+                    f"{v['cycles']:>15,} cycles ({v['cycles'] / max(k.cycles, 1):6.1%})"
+                )
+        lines.append(
+            f"  XLA glue around the kernels ({self.glue_bytes / 1e9:.3f} GB / HBM bandwidth, included in the "
+            f"total): {self.glue_seconds * 1e3:.3f} ms"
+        )
         return "\n".join(lines)
 
 
@@ -165,23 +177,60 @@ def setup_for(impl: str, config: KernelConfig, mask) -> Setup:
         from stlib.kernels.splash import splash_blocks
 
         blocks = splash_blocks(length, config.block_q, config.block_kv)
-        return Setup(impl, mask, length, config.num_heads, config.head_dim, itemsize, blocks.block_q,
-                     blocks.block_kv, blocks.block_kv_compute, {}, config.num_kv_heads, config.head_dim_v)
+        return Setup(
+            impl,
+            mask,
+            length,
+            config.num_heads,
+            config.head_dim,
+            itemsize,
+            blocks.block_q,
+            blocks.block_kv,
+            blocks.block_kv_compute,
+            {},
+            config.num_kv_heads,
+            config.head_dim_v,
+        )
     implementation = registry.get(impl)
     if implementation.resolve_blocks is not None:  # the kernel's own rule, with its per-chip defaults
-        sizes, _ = implementation.resolve_blocks(length, config.block_q, config.block_kv,
-                                                 implementation.options(config.options or None), False)
+        sizes, _ = implementation.resolve_blocks(
+            length, config.block_q, config.block_kv, implementation.options(config.options or None), False
+        )
     else:
-        sizes = block_sizes_for(length, config.block_q, config.block_kv, interpret=False,
-                                overrides=implementation.blocks)
-    return Setup(impl, mask, length, config.num_heads, config.head_dim, itemsize, sizes.block_q, sizes.block_kv,
-                 sizes.block_kv_compute, dict(config.options), config.num_kv_heads, config.head_dim_v)
+        sizes = block_sizes_for(
+            length, config.block_q, config.block_kv, interpret=False, overrides=implementation.blocks
+        )
+    return Setup(
+        impl,
+        mask,
+        length,
+        config.num_heads,
+        config.head_dim,
+        itemsize,
+        sizes.block_q,
+        sizes.block_kv,
+        sizes.block_kv_compute,
+        dict(config.options),
+        config.num_kv_heads,
+        config.head_dim_v,
+    )
 
 
-def make_config(impl: str, mask, chip: str, *, block_q=None, block_kv=None, options: dict | None = None,
-                num_heads: int = CASE_STUDY.num_heads, head_dim: int = CASE_STUDY.head_dim,
-                dtype: str = "bfloat16", length: int | None = None, num_kv_heads: int | None = None,
-                head_dim_v: int | None = None) -> tuple[KernelConfig, bytes | None]:
+def make_config(
+    impl: str,
+    mask,
+    chip: str,
+    *,
+    block_q=None,
+    block_kv=None,
+    options: dict | None = None,
+    num_heads: int = CASE_STUDY.num_heads,
+    head_dim: int = CASE_STUDY.head_dim,
+    dtype: str = "bfloat16",
+    length: int | None = None,
+    num_kv_heads: int | None = None,
+    head_dim_v: int | None = None,
+) -> tuple[KernelConfig, bytes | None]:
     """The KernelConfig (and pickled mask, for a mask object) of an estimate request."""
     from stlib.masks import Mask
 
@@ -192,7 +241,9 @@ def make_config(impl: str, mask, chip: str, *, block_q=None, block_kv=None, opti
         try:
             mask_bytes = pickle.dumps(mask)
         except Exception as err:  # any pickling failure means the same thing
-            raise TypeError(f"cannot send {mask!r} to the compile subprocess ({err}); use a named mask") from err
+            raise TypeError(
+                f"cannot send {mask!r} to the compile subprocess ({err}); use a named mask"
+            ) from err
         name = repr(mask)
     elif isinstance(mask, str):
         name = mask
@@ -205,11 +256,23 @@ def make_config(impl: str, mask, chip: str, *, block_q=None, block_kv=None, opti
     if num_kv_heads is not None and (num_kv_heads <= 0 or num_heads % num_kv_heads):
         raise ValueError(f"num_kv_heads={num_kv_heads} must be a positive divisor of num_heads={num_heads}")
     if (num_kv_heads, head_dim_v) != (None, None) and impl != "splash":
-        raise ValueError(f"impl={impl!r}: num_kv_heads / head_dim_v other than num_heads / head_dim are estimated "
-                         "for impl='splash' only")
-    config = KernelConfig(impl=impl, mask=name if mask_bytes is None else "none", num_heads=num_heads,
-                          head_dim=head_dim, dtype=dtype, block_q=block_q, block_kv=block_kv, chip=chip,
-                          length=length, num_kv_heads=num_kv_heads, head_dim_v=head_dim_v)
+        raise ValueError(
+            f"impl={impl!r}: num_kv_heads / head_dim_v other than num_heads / head_dim are estimated "
+            "for impl='splash' only"
+        )
+    config = KernelConfig(
+        impl=impl,
+        mask=name if mask_bytes is None else "none",
+        num_heads=num_heads,
+        head_dim=head_dim,
+        dtype=dtype,
+        block_q=block_q,
+        block_kv=block_kv,
+        chip=chip,
+        length=length,
+        num_kv_heads=num_kv_heads,
+        head_dim_v=head_dim_v,
+    )
     implementation = registry.get(impl)
     fields = {f.name for f in dataclasses.fields(implementation.options_type)}
     if "chip" in fields:  # a kernel that sizes itself per chip is sized for the chip estimated
@@ -226,11 +289,23 @@ def make_config(impl: str, mask, chip: str, *, block_q=None, block_kv=None, opti
     return config, mask_bytes
 
 
-def estimate(impl: str, mask="none", chip: str = "v6e", *, block_q: int | None = None,
-             block_kv: int | None = None, options: dict | None = None, num_heads: int = CASE_STUDY.num_heads,
-             head_dim: int = CASE_STUDY.head_dim, dtype: str = "bfloat16", length: int | None = None,
-             num_kv_heads: int | None = None, head_dim_v: int | None = None, clock="calibrated",
-             use_cache: bool = True) -> Estimate:
+def estimate(
+    impl: str,
+    mask="none",
+    chip: str = "v6e",
+    *,
+    block_q: int | None = None,
+    block_kv: int | None = None,
+    options: dict | None = None,
+    num_heads: int = CASE_STUDY.num_heads,
+    head_dim: int = CASE_STUDY.head_dim,
+    dtype: str = "bfloat16",
+    length: int | None = None,
+    num_kv_heads: int | None = None,
+    head_dim_v: int | None = None,
+    clock="calibrated",
+    use_cache: bool = True,
+) -> Estimate:
     """Static estimate of ``impl`` ("splash", "pallas_dense", "pallas_block_sparse", "pallas_tile")
     on ``mask`` (a name: "none", "full", "causal", "band (density X)", "band (width W)", a case-study
     catalog name; or a picklable stlib mask) for ``chip`` (one of ``ESTIMATE_CHIPS``), q [num_heads,
@@ -244,11 +319,24 @@ def estimate(impl: str, mask="none", chip: str = "v6e", *, block_q: int | None =
     from stlib.device import chip_spec
 
     if chip not in ESTIMATE_CHIPS:
-        raise ValueError(f"chip={chip!r}: the static estimate covers {ESTIMATE_CHIPS} (the schedule reader "
-                         "knows their dump form)")
-    config, mask_bytes = make_config(impl, mask, chip, block_q=block_q, block_kv=block_kv, options=options,
-                                     num_heads=num_heads, head_dim=head_dim, dtype=dtype, length=length,
-                                     num_kv_heads=num_kv_heads, head_dim_v=head_dim_v)
+        raise ValueError(
+            f"chip={chip!r}: the static estimate covers {ESTIMATE_CHIPS} (the schedule reader "
+            "knows their dump form)"
+        )
+    config, mask_bytes = make_config(
+        impl,
+        mask,
+        chip,
+        block_q=block_q,
+        block_kv=block_kv,
+        options=options,
+        num_heads=num_heads,
+        head_dim=head_dim,
+        dtype=dtype,
+        length=length,
+        num_kv_heads=num_kv_heads,
+        head_dim_v=head_dim_v,
+    )
     compiled = compiled_attributions(impl, config, mask_bytes, use_cache)
     setup = setup_for(impl, config, pickle.loads(mask_bytes) if mask_bytes else resolve_mask(config))
     attributions = [Attribution(**{**k, "grid": k["grid"] and tuple(k["grid"])}) for k in compiled["kernels"]]
@@ -261,24 +349,54 @@ def estimate(impl: str, mask="none", chip: str = "v6e", *, block_q: int | None =
     for att in attributions:
         counts = path_counts(setup, att, layouts.get(att.kernel))
         if counts.grid_steps != att.grid_steps:
-            raise ScheduleFormatError(f"{att.kernel}: the dump's grid loop runs {att.grid_steps} steps, the layout "
-                                      f"says {counts.grid_steps}")
+            raise ScheduleFormatError(
+                f"{att.kernel}: the dump's grid loop runs {att.grid_steps} steps, the layout "
+                f"says {counts.grid_steps}"
+            )
         executions = {"call": 1, "iteration": att.trip, "step": att.grid_steps, **counts.counts}
         breakdown = {}
         for path, bundles in att.paths.items():
             if path not in executions:
                 raise ScheduleFormatError(f"{att.kernel}: no count for path {path!r}")
-            breakdown[path] = {"bundles": bundles, "count": executions[path], "cycles": bundles * executions[path]}
+            breakdown[path] = {
+                "bundles": bundles,
+                "count": executions[path],
+                "cycles": bundles * executions[path],
+            }
         cycles = sum(v["cycles"] for v in breakdown.values())
         exposed = counts.exposed_seconds(_computed_step_cycles(att.paths) / hz, bandwidth)
-        kernels.append(KernelEstimate(att.kernel, att.grid_steps, cycles, breakdown, cycles / hz,
-                                      counts.dma_bytes, counts.dma_bytes / bandwidth, exposed))
-    record = {**dataclasses.asdict(config),
-              "resolved_blocks": {"block_q": setup.block_q, "block_kv": setup.block_kv,
-                                  "block_kv_compute": setup.block_kv_compute}}
-    return Estimate(impl, mask if isinstance(mask, str) else repr(mask), chip, record,
-                    tuple(kernels), hz, assumption, compiled["glue_bytes"], compiled["glue_bytes"] / bandwidth,
-                    compiled["key"]["libtpu"])
+        kernels.append(
+            KernelEstimate(
+                att.kernel,
+                att.grid_steps,
+                cycles,
+                breakdown,
+                cycles / hz,
+                counts.dma_bytes,
+                counts.dma_bytes / bandwidth,
+                exposed,
+            )
+        )
+    record = {
+        **dataclasses.asdict(config),
+        "resolved_blocks": {
+            "block_q": setup.block_q,
+            "block_kv": setup.block_kv,
+            "block_kv_compute": setup.block_kv_compute,
+        },
+    }
+    return Estimate(
+        impl,
+        mask if isinstance(mask, str) else repr(mask),
+        chip,
+        record,
+        tuple(kernels),
+        hz,
+        assumption,
+        compiled["glue_bytes"],
+        compiled["glue_bytes"] / bandwidth,
+        compiled["key"]["libtpu"],
+    )
 
 
 def _computed_step_cycles(paths: dict[str, int]) -> int:
@@ -297,5 +415,7 @@ def _check_block_sparse_probe(att: Attribution, config: KernelConfig, setup: Set
     free = kernels[0]["paths"].get("compute_full")
     full, masked = att.paths["compute_full"], att.paths["compute_masked"]
     if free is None or abs(free - full) > 0.02 * full or abs(free - full) >= abs(free - masked):
-        raise ScheduleFormatError(f"probe without masked tiles has a {free}-bundle compute region; the two "
-                                  f"regions here have {full} and {masked}: cannot tell which is mask-free")
+        raise ScheduleFormatError(
+            f"probe without masked tiles has a {free}-bundle compute region; the two "
+            f"regions here have {full} and {masked}: cannot tell which is mask-free"
+        )

@@ -27,16 +27,32 @@ def predict(row: dict, use_cache: bool = True) -> dict:
     fixed = row["calibration"] and point is not None and point.blocks != "tuned"
     blocks = {"block_q": point.blocks[0], "block_kv": point.blocks[1]} if fixed else "tuned"
     try:
-        est = static_estimate(row["impl"], row["mask"], row["chip"], num_heads=row["num_heads"] * row.get("batch", 1),
-                              num_kv_heads=row["num_kv_heads"] * row.get("batch", 1), head_dim=row["head_dim"],
-                              length=row["length"], dtype=row["dtype"], block_sizes=blocks, use_cache=use_cache)
+        est = static_estimate(
+            row["impl"],
+            row["mask"],
+            row["chip"],
+            num_heads=row["num_heads"] * row.get("batch", 1),
+            num_kv_heads=row["num_kv_heads"] * row.get("batch", 1),
+            head_dim=row["head_dim"],
+            length=row["length"],
+            dtype=row["dtype"],
+            block_sizes=blocks,
+            use_cache=use_cache,
+        )
     except Exception as error:  # noqa: BLE001 - recorded, never replaced by a number
         return {**row, "estimate_error": f"{type(error).__name__}: {error}"[:400]}
     # every published time here is a kernel time (no padding / scaling glue around it): like for like
     ms = (est.seconds if row.get("scope", "kernel") == "kernel" else est.total_seconds) * 1e3
-    return {**row, "estimate_ms": ms, "estimate_total_ms": est.total_seconds * 1e3, "estimate_glue_ms": est.glue_seconds * 1e3,
-            "estimate_blocks": est.blocks, "estimate_clock_ghz": est.clock_hz / 1e9,
-            "estimate_sweep": list(getattr(est, "sweep", ())), "error_pct": 100 * (ms / row["published_ms"] - 1)}
+    return {
+        **row,
+        "estimate_ms": ms,
+        "estimate_total_ms": est.total_seconds * 1e3,
+        "estimate_glue_ms": est.glue_seconds * 1e3,
+        "estimate_blocks": est.blocks,
+        "estimate_clock_ghz": est.clock_hz / 1e9,
+        "estimate_sweep": list(getattr(est, "sweep", ())),
+        "error_pct": 100 * (ms / row["published_ms"] - 1),
+    }
 
 
 def table(use_cache: bool = True, path: Path = MEASUREMENTS) -> list[dict]:

@@ -32,9 +32,16 @@ class ScheduleFormatError(RuntimeError):
     """The libtpu dump is not in the format (or structure) this estimator understands."""
 
 
-_KEY = ("= control target key start", "LH: loop header", "LB: loop body", "LE: loop exit",
-        "PB: predicated region body", "PF: predicated region fallthrough", "CT: control target",
-        "= control target key end")
+_KEY = (
+    "= control target key start",
+    "LH: loop header",
+    "LB: loop body",
+    "LE: loop exit",
+    "PB: predicated region body",
+    "PF: predicated region fallthrough",
+    "CT: control target",
+    "= control target key end",
+)
 _BUNDLE = re.compile(r"^\s*(0x[0-9a-f]+|0)\s+(?:([A-Z]{2}):|:)\s*(>*)\s*\{")
 _REGION = re.compile(r"(Start/End empty region|Start region|End region) (\d+)")
 _BRANCH = re.compile(r"sbr\.rel \((!?)(%p\w+)\) target = \$region(\d+)")
@@ -85,7 +92,7 @@ class Schedule:
     roots: list[Node]
 
     def has_mxu(self, node: Node) -> bool:
-        return any("vmatmul" in b.code for b in self.bundles[node.first:node.last + 1])
+        return any("vmatmul" in b.code for b in self.bundles[node.first : node.last + 1])
 
     def ops(self, first: int, last: int, skip: tuple[Node, ...] = ()) -> dict[str, int]:
         """Op counts by unit over bundles first..last, outside the ranges of ``skip``."""
@@ -119,11 +126,13 @@ def parse_bundles(text: str) -> list[Bundle]:
     """The bundles of a ``...-final_bundles.txt`` dump. Raises ScheduleFormatError when the marker
     key, the bundle syntax or the addressing differ from libtpu 0.0.42.1's."""
     lines = text.split("\n")
-    if tuple(line.strip() for line in lines[:len(_KEY)]) != _KEY:
-        raise ScheduleFormatError("final_bundles dump does not start with the control-target key of libtpu "
-                                  f"{PINNED_LIBTPU}: {lines[:3]!r}")
+    if tuple(line.strip() for line in lines[: len(_KEY)]) != _KEY:
+        raise ScheduleFormatError(
+            "final_bundles dump does not start with the control-target key of libtpu "
+            f"{PINNED_LIBTPU}: {lines[:3]!r}"
+        )
     bundles: list[list] = []
-    for line in lines[len(_KEY):]:
+    for line in lines[len(_KEY) :]:
         match = _BUNDLE.match(line)
         if match:
             bundles.append([int(match[1], 16) if match[1] != "0" else 0, match[2] or "", line])
@@ -152,11 +161,15 @@ def _is_empty(bundle: Bundle) -> bool:
 def _shadow_tpu7x(bundles: list[Bundle], a: int) -> int:
     if a + 2 < len(bundles) and _is_empty(bundles[a + 1]) and "Start region" in bundles[a + 2].text:
         return 1  # the conditional region starts right behind one empty delay bundle
-    ends = [k for k in range(1, TPU7X_SHADOW + 1) if a + k < len(bundles) and "End region" in bundles[a + k].text]
+    ends = [
+        k for k in range(1, TPU7X_SHADOW + 1) if a + k < len(bundles) and "End region" in bundles[a + k].text
+    ]
     if ends:
         return ends[-1]
-    raise ScheduleFormatError(f"branch at {a:#x}: neither a region end within {TPU7X_SHADOW} bundles nor one "
-                              "empty delay bundle followed by 'Start region' (the TPU7x forms)")
+    raise ScheduleFormatError(
+        f"branch at {a:#x}: neither a region end within {TPU7X_SHADOW} bundles nor one "
+        "empty delay bundle followed by 'Start region' (the TPU7x forms)"
+    )
 
 
 #: Per dump form: the bundles behind a branch at address a that run on both of its paths.
@@ -169,7 +182,9 @@ def parse_schedule(text: str, analysis: str | None = None, form: str = "delay4")
     ``form`` names the chip's branch form (``BRANCH_FORMS``; the chip table's ``schedule_form``).
     Raises ScheduleFormatError on any form or structure this parser does not know."""
     if form not in BRANCH_FORMS:
-        raise ScheduleFormatError(f"form={form!r}: the schedule reader knows the branch forms {sorted(BRANCH_FORMS)}")
+        raise ScheduleFormatError(
+            f"form={form!r}: the schedule reader knows the branch forms {sorted(BRANCH_FORMS)}"
+        )
     shadow = BRANCH_FORMS[form]
     bundles = parse_bundles(text)
     if analysis is not None:
@@ -177,7 +192,9 @@ def parse_schedule(text: str, analysis: str | None = None, form: str = "delay4")
         if total is None:
             raise ScheduleFormatError("schedule analysis has no 'total scheduled bundles' line")
         if int(total[1]) != len(bundles):
-            raise ScheduleFormatError(f"schedule analysis counts {total[1]} bundles, the dump has {len(bundles)}")
+            raise ScheduleFormatError(
+                f"schedule analysis counts {total[1]} bundles, the dump has {len(bundles)}"
+            )
     starts: dict[int, int] = {}
     for b in bundles:
         for what, region in _REGION.findall(b.text):
@@ -210,18 +227,21 @@ def parse_schedule(text: str, analysis: str | None = None, form: str = "delay4")
         if b.marker == "LB" and not any(n.kind == "loop" and n.first == b.address for n in nodes):
             raise ScheduleFormatError(f"loop body marker at {b.address:#x} without a backward branch to it")
         if b.marker not in ("", "LB", "PF"):  # LH, LE, PB, CT: never seen in Pallas kernels of this libtpu
-            raise ScheduleFormatError(f"marker {b.marker} at {b.address:#x}: a control structure this parser "
-                                      "does not know")
+            raise ScheduleFormatError(
+                f"marker {b.marker} at {b.address:#x}: a control structure this parser does not know"
+            )
     return Schedule(bundles, _nest(nodes))
 
 
 def _loop(bundles, target: int, branch: int, negated: str, predicate: str, delay: int) -> Node:
     if bundles[target].marker != "LB":
         raise ScheduleFormatError(f"backward branch at {branch:#x} targets {target:#x}, not a loop body (LB)")
-    exits = [m for b in bundles[target:branch + 1] for m in _EXIT.findall(b.text) if m[0] == predicate]
+    exits = [m for b in bundles[target : branch + 1] for m in _EXIT.findall(b.text) if m[0] == predicate]
     if negated != "!" or len(exits) != 1:
-        raise ScheduleFormatError(f"loop {target:#x}..{branch:#x}: expected one 'loop exit test' defining "
-                                  f"{predicate} and a branch on its negation")
+        raise ScheduleFormatError(
+            f"loop {target:#x}..{branch:#x}: expected one 'loop exit test' defining "
+            f"{predicate} and a branch on its negation"
+        )
     return Node("loop", target, branch + delay, branch, negated + predicate, trip=int(exits[0][1]))
 
 
@@ -232,8 +252,10 @@ def _nest(nodes: list[Node]) -> list[Node]:
         while stack and node.first > stack[-1].last:
             stack.pop()
         if stack and node.last > stack[-1].last:
-            raise ScheduleFormatError(f"{node.kind} {node.first:#x}..{node.last:#x} overlaps "
-                                      f"{stack[-1].kind} {stack[-1].first:#x}..{stack[-1].last:#x}")
+            raise ScheduleFormatError(
+                f"{node.kind} {node.first:#x}..{node.last:#x} overlaps "
+                f"{stack[-1].kind} {stack[-1].first:#x}..{stack[-1].last:#x}"
+            )
         (stack[-1].children if stack else roots).append(node)
         stack.append(node)
     return roots

@@ -34,9 +34,19 @@ def best_blocks(point, chip: str | None = None, use_cache: bool = True) -> tuple
     results = []
     for bq, bkv in _sweep_for(point.impl):
         try:
-            est = estimate(point.impl, point.mask, chip or point.chip, block_q=bq, block_kv=bkv,
-                           num_heads=point.num_heads, num_kv_heads=point.num_kv_heads, head_dim=point.head_dim,
-                           length=point.length, clock=1.0, use_cache=use_cache)
+            est = estimate(
+                point.impl,
+                point.mask,
+                chip or point.chip,
+                block_q=bq,
+                block_kv=bkv,
+                num_heads=point.num_heads,
+                num_kv_heads=point.num_kv_heads,
+                head_dim=point.head_dim,
+                length=point.length,
+                clock=1.0,
+                use_cache=use_cache,
+            )
         except RuntimeError:  # does not compile (VMEM): not a candidate
             continue
         results.append((est.cycles, (bq, bkv)))
@@ -45,9 +55,22 @@ def best_blocks(point, chip: str | None = None, use_cache: bool = True) -> tuple
     return min(results)[1]
 
 
-def static_estimate(impl: str, mask="none", chip: str = "v6e", *, num_heads: int, num_kv_heads: int | None = None,
-                    head_dim: int, head_dim_v: int | None = None, length: int, dtype: str = "bfloat16",
-                    block_sizes=None, options=None, clock="calibrated", use_cache: bool = True) -> Estimate:
+def static_estimate(
+    impl: str,
+    mask="none",
+    chip: str = "v6e",
+    *,
+    num_heads: int,
+    num_kv_heads: int | None = None,
+    head_dim: int,
+    head_dim_v: int | None = None,
+    length: int,
+    dtype: str = "bfloat16",
+    block_sizes=None,
+    options=None,
+    clock="calibrated",
+    use_cache: bool = True,
+) -> Estimate:
     """Static TPU time estimate of one attention call (never a measurement): q [num_heads, length,
     head_dim], k [num_kv_heads, length, head_dim], v [num_kv_heads, length, head_dim_v] of ``dtype``.
 
@@ -62,17 +85,31 @@ def static_estimate(impl: str, mask="none", chip: str = "v6e", *, num_heads: int
     Raises ValueError for an unknown chip, impl, option or an unsupported configuration,
     ScheduleFormatError for a libtpu or dump this estimator does not know, RuntimeError when the
     kernel does not compile."""
-    common = {"num_heads": num_heads, "num_kv_heads": num_kv_heads, "head_dim": head_dim, "head_dim_v": head_dim_v,
-              "length": length, "dtype": dtype, "options": dict(options) if options else None, "clock": clock,
-              "use_cache": use_cache}
+    common = {
+        "num_heads": num_heads,
+        "num_kv_heads": num_kv_heads,
+        "head_dim": head_dim,
+        "head_dim_v": head_dim_v,
+        "length": length,
+        "dtype": dtype,
+        "options": dict(options) if options else None,
+        "clock": clock,
+        "use_cache": use_cache,
+    }
     if block_sizes is None:
         return estimate(impl, mask, chip, **common)
     if isinstance(block_sizes, Mapping):
         unknown = sorted(set(block_sizes) - {"block_q", "block_kv"})
         if unknown:
             raise ValueError(f"block_sizes has unknown keys {unknown}; use 'block_q' and 'block_kv'")
-        return estimate(impl, mask, chip, block_q=block_sizes.get("block_q"), block_kv=block_sizes.get("block_kv"),
-                        **common)
+        return estimate(
+            impl,
+            mask,
+            chip,
+            block_q=block_sizes.get("block_q"),
+            block_kv=block_sizes.get("block_kv"),
+            **common,
+        )
     if block_sizes != "tuned":
         raise ValueError(f"block_sizes={block_sizes!r} must be None, 'tuned' or a dict of block_q / block_kv")
     best, sweep = None, []

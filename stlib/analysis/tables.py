@@ -28,13 +28,29 @@ def calibration_table(chip: str = "v6e", use_cache: bool = True) -> list[dict]:
     point = cal.point
 
     def one(bq, bkv):
-        est = estimate(point.impl, point.mask, chip, block_q=bq, block_kv=bkv, num_heads=point.num_heads,
-                       num_kv_heads=point.num_kv_heads, head_dim=point.head_dim, length=point.length,
-                       use_cache=use_cache)
+        est = estimate(
+            point.impl,
+            point.mask,
+            chip,
+            block_q=bq,
+            block_kv=bkv,
+            num_heads=point.num_heads,
+            num_kv_heads=point.num_kv_heads,
+            head_dim=point.head_dim,
+            length=point.length,
+            use_cache=use_cache,
+        )
         _, hz = solve_clock(point, bq, bkv, use_cache)
-        return {"block_q": bq, "block_kv": bkv, "grid_steps": est.kernels[0].grid_steps, "cycles": est.cycles,
-                "implied_clock_ghz": hz / 1e9, "estimate_ms": est.seconds * 1e3,
-                "memory_floor_ms": est.memory_seconds * 1e3, "paths": est.path_bundles()}
+        return {
+            "block_q": bq,
+            "block_kv": bkv,
+            "grid_steps": est.kernels[0].grid_steps,
+            "cycles": est.cycles,
+            "implied_clock_ghz": hz / 1e9,
+            "estimate_ms": est.seconds * 1e3,
+            "memory_floor_ms": est.memory_seconds * 1e3,
+            "paths": est.path_bundles(),
+        }
 
     rows = [one(bq, bkv) for bq, bkv in SPLASH_BLOCKS]  # one at a time: the calibration's compiles are cached
     for row in rows:
@@ -47,14 +63,26 @@ def case_study_table(chip: str = "v6e", use_cache: bool = True) -> list[dict]:
     sliding-tile pattern (3-D tiled order, 384-token tiles)."""
     masks_ = [(f"band (density {d})", None) for d in DENSITIES] + [(STA_MASK, 384)]
     calibration(chip, use_cache)
-    items = [(impl.name, label, opts, m, b) for impl in registry.tpu_kernels()
-             for label, opts in impl.comparison_runs() for m, b in masks_
-             if not (impl.name == "splash" and m == STA_MASK)]  # bands only: no lazy Splash sliding tile
+    items = [
+        (impl.name, label, opts, m, b)
+        for impl in registry.tpu_kernels()
+        for label, opts in impl.comparison_runs()
+        for m, b in masks_
+        if not (impl.name == "splash" and m == STA_MASK)
+    ]  # bands only: no lazy Splash sliding tile
 
     def one(impl, label, opts, mask, block):
-        est = estimate(impl, mask, chip, block_q=block, block_kv=block, options=opts or None, use_cache=use_cache)
-        return {"kernel": label, "mask": mask, "estimate_ms": est.seconds * 1e3,
-                "compute_ms": est.compute_seconds * 1e3, "memory_floor_ms": est.memory_seconds * 1e3,
-                "grid_steps": sum(k.grid_steps for k in est.kernels), "paths": est.path_bundles()}
+        est = estimate(
+            impl, mask, chip, block_q=block, block_kv=block, options=opts or None, use_cache=use_cache
+        )
+        return {
+            "kernel": label,
+            "mask": mask,
+            "estimate_ms": est.seconds * 1e3,
+            "compute_ms": est.compute_seconds * 1e3,
+            "memory_floor_ms": est.memory_seconds * 1e3,
+            "grid_steps": sum(k.grid_steps for k in est.kernels),
+            "paths": est.path_bundles(),
+        }
 
     return _parallel(one, items)

@@ -68,8 +68,11 @@ def case_study_cases(workload: Workload, tpu: bool, densities=DENSITIES) -> list
     ]
     for density in densities:
         band = masks.band(length, masks.band_width_for_density(length, density))
-        cases += [Case(impl.name, "band", band, label, **big, options=options)
-                  for impl in registry.tpu_kernels() for label, options in impl.comparison_runs()]
+        cases += [
+            Case(impl.name, "band", band, label, **big, options=options)
+            for impl in registry.tpu_kernels()
+            for label, options in impl.comparison_runs()
+        ]
     order = tiled_order(grid, sta_tile)
     counts = [cdiv(n, s) for n, s in zip(grid.shape, sta_tile)]
     for window in sta_windows(grid, sta_tile):
@@ -78,10 +81,25 @@ def case_study_cases(workload: Workload, tpu: bool, densities=DENSITIES) -> list
         sta = masks.sliding_tile(grid, sta_tile, window)
         cases += [
             Case("pallas_block_sparse", "sliding tile", sta, "pallas_block_sparse (raster)", **big),
-            Case("pallas_tile", "sliding tile", sta.permute(order), "pallas_tile (3-D tiled)",
-                 block_q=tile_bq, block_kv=tile_bkv, order=order),
-            Case("pallas_tile", "sliding tile", sta, "pallas_tile (3-D tiled) + reordering",
-                 block_q=tile_bq, block_kv=tile_bkv, order=order, grid=grid),
+            Case(
+                "pallas_tile",
+                "sliding tile",
+                sta.permute(order),
+                "pallas_tile (3-D tiled)",
+                block_q=tile_bq,
+                block_kv=tile_bkv,
+                order=order,
+            ),
+            Case(
+                "pallas_tile",
+                "sliding tile",
+                sta,
+                "pallas_tile (3-D tiled) + reordering",
+                block_q=tile_bq,
+                block_kv=tile_bkv,
+                order=order,
+                grid=grid,
+            ),
         ]
     return cases
 
@@ -89,11 +107,28 @@ def case_study_cases(workload: Workload, tpu: bool, densities=DENSITIES) -> list
 def case_function(case: Case, scale: float, interpret: bool):
     """The call a case times: (q, k, v) -> o, in the order ``case_inputs`` gives."""
     if case.reorders_in_timing:
-        return functools.partial(stlib.video_attention, grid=case.grid, mask=case.mask, impl=case.impl,
-                                 orders=case.order, scale=scale, block_q=case.block_q, block_kv=case.block_kv,
-                                 options=case.options or None, interpret=interpret)
-    return functools.partial(stlib.attention, mask=case.mask, impl=case.impl, scale=scale, block_q=case.block_q,
-                             block_kv=case.block_kv, options=case.options or None, interpret=interpret)
+        return functools.partial(
+            stlib.video_attention,
+            grid=case.grid,
+            mask=case.mask,
+            impl=case.impl,
+            orders=case.order,
+            scale=scale,
+            block_q=case.block_q,
+            block_kv=case.block_kv,
+            options=case.options or None,
+            interpret=interpret,
+        )
+    return functools.partial(
+        stlib.attention,
+        mask=case.mask,
+        impl=case.impl,
+        scale=scale,
+        block_q=case.block_q,
+        block_kv=case.block_kv,
+        options=case.options or None,
+        interpret=interpret,
+    )
 
 
 def case_inputs(case: Case, q, k, v):
@@ -109,8 +144,14 @@ def case_work(case: Case, workload: Workload) -> dict:
     bq = case.block_q or 128
     bkv = case.block_kv or 128
     layout = stlib.block_layout(case.kernel_mask, bq, bkv)
-    return work_summary(case.impl, layout, workload.num_heads, workload.head_dim,
-                        jnp.dtype(workload.dtype).itemsize, case.options or None)
+    return work_summary(
+        case.impl,
+        layout,
+        workload.num_heads,
+        workload.head_dim,
+        jnp.dtype(workload.dtype).itemsize,
+        case.options or None,
+    )
 
 
 def estimate_fields(case: Case) -> dict:
@@ -124,8 +165,14 @@ def estimate_fields(case: Case) -> dict:
     mask = "full" if case.pattern == "dense" else case.kernel_mask
     for chip in ESTIMATE_CHIPS:
         try:
-            record = estimate.estimate(case.impl, mask, chip, block_q=case.block_q, block_kv=case.block_kv,
-                                       options=case.options or None).as_record()
+            record = estimate.estimate(
+                case.impl,
+                mask,
+                chip,
+                block_q=case.block_q,
+                block_kv=case.block_kv,
+                options=case.options or None,
+            ).as_record()
         except Exception as error:  # noqa: BLE001 - recorded, never silently replaced by a number
             out[f"estimate_{chip}_error"] = f"{type(error).__name__}: {error}"[:500]
             continue

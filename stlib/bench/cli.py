@@ -23,19 +23,29 @@ from stlib.bench.runs import run_case_study, run_cpu_scaling, run_layout, write_
 
 def main(argv=None) -> None:
     """Run the command named in ``argv`` (``sys.argv[1:]`` by default), then redraw the figures."""
-    parser = argparse.ArgumentParser(prog="python -m stlib.bench", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m stlib.bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("command", choices=["case-study", "cpu-scaling", "layout", "figures", "all"])
     parser.add_argument("--out", type=Path, default=DATA_DIR, help="directory of the .jsonl records")
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--no-compile-check", action="store_true", help="skip the v6e compile checks")
-    parser.add_argument("--no-estimates", action="store_true",
-                        help="skip the static v6e / v5e estimates of the full-shape records (stlib.estimate)")
+    parser.add_argument(
+        "--no-estimates",
+        action="store_true",
+        help="skip the static v6e / v5e estimates of the full-shape records (stlib.estimate)",
+    )
     args = parser.parse_args(argv)
     write_published_reference(args.out)
     if args.command in ("case-study", "all"):
-        run_case_study(args.out, trials=args.trials, compile_check=not args.no_compile_check,
-                       estimates=not args.no_estimates)
+        run_case_study(
+            args.out,
+            trials=args.trials,
+            compile_check=not args.no_compile_check,
+            estimates=not args.no_estimates,
+        )
     if args.command in ("cpu-scaling", "all"):
         run_cpu_scaling(args.out, trials=args.trials)
     if args.command in ("layout", "all"):

@@ -23,12 +23,20 @@ def measure_layout(name: str, block_q: int, block_kv: int) -> dict:
     _ = layout.kinds, layout.row_kv_tiles, layout.step_q
     seconds = time.perf_counter() - start
     peak_mb = _peak_rss_mb()
-    return {"mask": name, "repr": repr(mask), "seconds": seconds, "peak_rss_mb": peak_mb,
-            "peak_after_imports_mb": imports_mb, "layout_peak_growth_mb": peak_mb - imports_mb,
-            "density": layout.density,
-            "occupancy": layout.occupancy, "partial_fraction": layout.partial_fraction,
-            "work_efficiency": layout.work_efficiency, "row_table_bytes": layout.table_bytes("rows"),
-            "flat_table_bytes": layout.table_bytes("flat")}
+    return {
+        "mask": name,
+        "repr": repr(mask),
+        "seconds": seconds,
+        "peak_rss_mb": peak_mb,
+        "peak_after_imports_mb": imports_mb,
+        "layout_peak_growth_mb": peak_mb - imports_mb,
+        "density": layout.density,
+        "occupancy": layout.occupancy,
+        "partial_fraction": layout.partial_fraction,
+        "work_efficiency": layout.work_efficiency,
+        "row_table_bytes": layout.table_bytes("rows"),
+        "flat_table_bytes": layout.table_bytes("flat"),
+    }
 
 
 def _peak_rss_mb() -> float:

@@ -59,7 +59,9 @@ class Progress:
         if self.done >= self.total:
             return f"done in {format_seconds(self.elapsed)}"
         left = self.remaining()
-        return f"{format_seconds(self.elapsed)} so far" + ("" if left is None else f", about {format_seconds(left)} left")
+        return f"{format_seconds(self.elapsed)} so far" + (
+            "" if left is None else f", about {format_seconds(left)} left"
+        )
 
     def status(self) -> str:
         """'[what n/total] 12 s so far, about 40 s left'."""
@@ -68,7 +70,11 @@ class Progress:
     def step(self, message: str = "", show: bool = True) -> str:
         """One more item done: print (unless not ``show``) and return its line, ``message`` after the count."""
         self.done += 1
-        line = f"[{self.what} {self.done}/{self.total}] {message}  ({self.times()})" if message else self.status()
+        line = (
+            f"[{self.what} {self.done}/{self.total}] {message}  ({self.times()})"
+            if message
+            else self.status()
+        )
         if show:
             print(line, file=self._stream or sys.stdout, flush=True)
         return line

@@ -33,12 +33,27 @@ def environment() -> dict:
             return None
 
     try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                             cwd=Path(__file__).parent, timeout=10, check=False).stdout.strip() or "unknown"
+        rev = (
+            subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"],
+                capture_output=True,
+                text=True,
+                cwd=Path(__file__).parent,
+                timeout=10,
+                check=False,
+            ).stdout.strip()
+            or "unknown"
+        )
     except (OSError, subprocess.SubprocessError):
         rev = "unknown"
-    return {"backend": backend(), "device_kind": device_kind(), "jax": version("jax"), "jaxlib": version("jaxlib"),
-            "libtpu": version("libtpu"), "git_rev": rev}
+    return {
+        "backend": backend(),
+        "device_kind": device_kind(),
+        "jax": version("jax"),
+        "jaxlib": version("jaxlib"),
+        "libtpu": version("libtpu"),
+        "git_rev": rev,
+    }
 
 
 #: Identifies the records of one benchmark process (figures draw the latest run of each file).
@@ -54,8 +69,12 @@ class Recorder:
 
     def write(self, record: dict) -> dict:
         """Write ``record`` with the environment, ``run`` and ``date`` fields in front; return it."""
-        full = {**environment(), "run": RUN_ID,
-                "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), **record}
+        full = {
+            **environment(),
+            "run": RUN_ID,
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            **record,
+        }
         with open(self.path, "a") as handle:
             handle.write(json.dumps(full, default=_jsonable) + "\n")
             handle.flush()

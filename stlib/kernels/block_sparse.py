@@ -38,8 +38,17 @@ def step_table(layout: BlockLayout) -> np.ndarray:
     return (fetch << 2 | kind).astype(np.int32)
 
 
-def block_sparse_attention(q, k, v, layout: BlockLayout, *, scale: float, interpret: bool | None = None,
-                           block_kv_compute: int | None = None, exp2: bool = False):
+def block_sparse_attention(
+    q,
+    k,
+    v,
+    layout: BlockLayout,
+    *,
+    scale: float,
+    interpret: bool | None = None,
+    block_kv_compute: int | None = None,
+    exp2: bool = False,
+):
     """q, k, v [H, L, D] -> [H, L, D] with the tiles of ``layout`` (built for L, block_q, block_kv)."""
     num_heads, length, head_dim = q.shape
     bq, bkv = layout.block_q, layout.block_kv
@@ -51,8 +60,13 @@ def block_sparse_attention(q, k, v, layout: BlockLayout, *, scale: float, interp
     prefetch = [table]
     if plan.mode == common.MaskPlanMode.TABLE:
         prefetch.append(common.carried_index(plan.index).reshape(-1))
-    common.check_prefetch(prefetch, plan, bq, f"pallas_block_sparse ({layout.num_heads} heads x {nq} x {nk} "
-                          f"tiles of {bq}x{bkv})", "use larger tiles")
+    common.check_prefetch(
+        prefetch,
+        plan,
+        bq,
+        f"pallas_block_sparse ({layout.num_heads} heads x {nq} x {nk} tiles of {bq}x{bkv})",
+        "use larger tiles",
+    )
 
     qp, kp, vp = common.pad_sequence(q, bq), common.pad_sequence(k, bkv), common.pad_sequence(v, bkv)
     options = common.SoftmaxOptions(scale, exp2)
@@ -74,8 +88,9 @@ def block_sparse_attention(q, k, v, layout: BlockLayout, *, scale: float, interp
 
         @pl.when(kind == MASK_FREE)
         def _():
-            common.update_tile(common.scaled_q(q_ref, options), k_ref, v_ref, m_ref, l_ref, acc_ref,
-                               options, sizes.kv_chunk)
+            common.update_tile(
+                common.scaled_q(q_ref, options), k_ref, v_ref, m_ref, l_ref, acc_ref, options, sizes.kv_chunk
+            )
 
         if plan.mode != common.MaskPlanMode.NONE:
             if plan.mode == common.MaskPlanMode.IOTA:
@@ -85,8 +100,17 @@ def block_sparse_attention(q, k, v, layout: BlockLayout, *, scale: float, interp
 
             @pl.when(kind == MASKED)
             def _():
-                common.update_tile(common.scaled_q(q_ref, options), k_ref, v_ref, m_ref, l_ref, acc_ref,
-                                   options, sizes.kv_chunk, mask_fn)
+                common.update_tile(
+                    common.scaled_q(q_ref, options),
+                    k_ref,
+                    v_ref,
+                    m_ref,
+                    l_ref,
+                    acc_ref,
+                    options,
+                    sizes.kv_chunk,
+                    mask_fn,
+                )
 
         @pl.when(j == nk - 1)
         def _():
@@ -102,7 +126,9 @@ def block_sparse_attention(q, k, v, layout: BlockLayout, *, scale: float, interp
     ]
     operands = [qp, kp, vp]
     if plan.mode == common.MaskPlanMode.TABLE:
-        in_specs.append(pl.BlockSpec((None, bq, bkv), lambda h, i, j, t, mi: (mi[row_of(h, i) * nk + j], 0, 0)))
+        in_specs.append(
+            pl.BlockSpec((None, bq, bkv), lambda h, i, j, t, mi: (mi[row_of(h, i) * nk + j], 0, 0))
+        )
         operands.append(jnp.asarray(plan.table))
     grid_spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=len(prefetch),
@@ -112,8 +138,12 @@ def block_sparse_attention(q, k, v, layout: BlockLayout, *, scale: float, interp
         scratch_shapes=common.softmax_scratch(bq, head_dim),
     )
     out = common.run_pallas(
-        kernel, grid_spec=grid_spec, out_shape=jax.ShapeDtypeStruct(qp.shape, q.dtype), interpret=interpret,
-        dimension_semantics=("parallel", "parallel", "arbitrary"), name="stlib_block_sparse",
+        kernel,
+        grid_spec=grid_spec,
+        out_shape=jax.ShapeDtypeStruct(qp.shape, q.dtype),
+        interpret=interpret,
+        dimension_semantics=("parallel", "parallel", "arbitrary"),
+        name="stlib_block_sparse",
         operands=[*(jnp.asarray(t) for t in prefetch), *operands],
     )
     return out[:, :length]
@@ -128,11 +158,21 @@ def block_sparse_work(layout: BlockLayout, num_heads: int, head_dim: int) -> com
     return common.work_from_counts(layout, num_heads, head_dim, num_heads * nq * nk, computed, masked)
 
 
-def _forward(q, k, v, mask: Mask | None, *, scale, block_q, block_kv, options: common.FlashOptions, interpret):
+def _forward(
+    q, k, v, mask: Mask | None, *, scale, block_q, block_kv, options: common.FlashOptions, interpret
+):
     sizes, options = common.flash_blocks(q, block_q, block_kv, options, interpret)
     layout = block_layout(mask if mask is not None else full(q.shape[1]), sizes.block_q, sizes.block_kv)
-    return block_sparse_attention(q, k, v, layout, scale=scale, interpret=interpret,
-                                  block_kv_compute=options.block_kv_compute, exp2=options.exp2)
+    return block_sparse_attention(
+        q,
+        k,
+        v,
+        layout,
+        scale=scale,
+        interpret=interpret,
+        block_kv_compute=options.block_kv_compute,
+        exp2=options.exp2,
+    )
 
 
 def _compute_regions(kernel: str, n: int) -> list[str]:
@@ -148,22 +188,35 @@ def block_sparse_schedule_counts(setup, attribution):
     nq, nk = layout.grid_shape
     mult = h if layout.num_heads == 1 else 1
     table = step_table(layout)
-    counts = {"init": h * nq, "finalise": h * nq,
-              "compute_full": int(np.sum((table & 3) == MASK_FREE)) * mult,
-              "compute_masked": int(np.sum((table & 3) == MASKED)) * mult}
+    counts = {
+        "init": h * nq,
+        "finalise": h * nq,
+        "compute_full": int(np.sum((table & 3) == MASK_FREE)) * mult,
+        "compute_masked": int(np.sum((table & 3) == MASKED)) * mult,
+    }
     kv = np.arange(h)[:, None, None] * nk + np.broadcast_to(table >> 2, (h, nq, nk))
-    return ScheduleCounts(counts, h * nq * nk, h * nq, common.block_changes(kv), setup.block_q,
-                                 setup.block_kv, setup.itemsize, writes_lse=False)
+    return ScheduleCounts(
+        counts,
+        h * nq * nk,
+        h * nq,
+        common.block_changes(kv),
+        setup.block_q,
+        setup.block_kv,
+        setup.itemsize,
+        writes_lse=False,
+    )
 
 
-IMPLEMENTATION = register(Implementation(
-    name="pallas_block_sparse",
-    forward=_forward,
-    description="the Splash idea from scratch: full grid, a prefetched step table, skipped steps fetch nothing",
-    options_type=common.FlashOptions,
-    work=lambda layout, num_heads, head_dim, options: block_sparse_work(layout, num_heads, head_dim),
-    kernel_names=("stlib_block_sparse",),
-    compute_regions=_compute_regions,
-    schedule_counts=block_sparse_schedule_counts,
-    chips=common.ALL_CHIPS,
-))
+IMPLEMENTATION = register(
+    Implementation(
+        name="pallas_block_sparse",
+        forward=_forward,
+        description="the Splash idea from scratch: full grid, a prefetched step table, skipped steps fetch nothing",
+        options_type=common.FlashOptions,
+        work=lambda layout, num_heads, head_dim, options: block_sparse_work(layout, num_heads, head_dim),
+        kernel_names=("stlib_block_sparse",),
+        compute_regions=_compute_regions,
+        schedule_counts=block_sparse_schedule_counts,
+        chips=common.ALL_CHIPS,
+    )
+)

@@ -92,8 +92,15 @@ def default_block_sizes(chip: str | None, overrides=None) -> BlockSizes:
     return BlockSizes(row.block_q, row.block_kv, row.block_kv_compute)
 
 
-def block_sizes_for(length: int, block_q: int | None, block_kv: int | None, *, interpret: bool | None = None,
-                    block_kv_compute: int | None = None, overrides=None) -> BlockSizes:
+def block_sizes_for(
+    length: int,
+    block_q: int | None,
+    block_kv: int | None,
+    *,
+    interpret: bool | None = None,
+    block_kv_compute: int | None = None,
+    overrides=None,
+) -> BlockSizes:
     """The block sizes an implementation uses: explicit values, else the default of the chip it
     runs on (v6e's when compiling for a TPU from elsewhere, small tiles in interpret mode). The
     default chunk applies only with default kv blocks."""
@@ -104,8 +111,9 @@ def block_sizes_for(length: int, block_q: int | None, block_kv: int | None, *, i
     sizes = BlockSizes(
         block_q=block_q or base.block_q,
         block_kv=block_kv or base.block_kv,
-        block_kv_compute=block_kv_compute if block_kv_compute is not None else (
-            base.block_kv_compute if block_kv is None else None),
+        block_kv_compute=block_kv_compute
+        if block_kv_compute is not None
+        else (base.block_kv_compute if block_kv is None else None),
     )
     if block_q is None or block_kv is None:
         sizes = sizes.fitted(length)
@@ -134,8 +142,14 @@ class FlashOptions:
 
 def flash_blocks(q, block_q, block_kv, options: FlashOptions, interpret, overrides=None):
     """(BlockSizes, options with the chunk resolved) of a flash-style kernel call."""
-    sizes = block_sizes_for(q.shape[1], block_q, block_kv, interpret=interpret,
-                            block_kv_compute=options.block_kv_compute, overrides=overrides)
+    sizes = block_sizes_for(
+        q.shape[1],
+        block_q,
+        block_kv,
+        interpret=interpret,
+        block_kv_compute=options.block_kv_compute,
+        overrides=overrides,
+    )
     return sizes, dataclasses.replace(options, block_kv_compute=sizes.block_kv_compute)
 
 
@@ -194,7 +208,9 @@ def check_prefetch(tables, plan: MaskPlan, block_q: int, what: str, hint: str) -
     the (32, 128) int8 tiling, with messages that name the fix."""
     table_bytes, limit = sum(smem_bytes(t.shape) for t in tables), smem_limit()
     if table_bytes > limit:
-        raise ValueError(f"{what} prefetches {table_bytes:,} bytes of tables into {limit:,} bytes of SMEM; {hint}")
+        raise ValueError(
+            f"{what} prefetches {table_bytes:,} bytes of tables into {limit:,} bytes of SMEM; {hint}"
+        )
     if plan.mode == MaskPlanMode.TABLE and block_q % 32:
         raise ValueError(f"{block_q=} must be a multiple of 32 for an int8 mask table")
 
@@ -258,7 +274,9 @@ def update_tile(q, k_ref, v_ref, m_ref, l_ref, acc_ref, options: SoftmaxOptions,
         c0 = pl.multiple_of(c * chunk, chunk)
         k = k_ref[pl.ds(c0, chunk), :]  # [chunk, D]
         v = v_ref[pl.ds(c0, chunk), :]  # [chunk, D]
-        s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)  # [bq, chunk]
+        s = jax.lax.dot_general(
+            q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+        )  # [bq, chunk]
         allowed = None if mask_fn is None else mask_fn(c0, s.shape)
         if allowed is not None:
             s = jnp.where(allowed, s, MASK_VALUE)
@@ -270,8 +288,9 @@ def update_tile(q, k_ref, v_ref, m_ref, l_ref, acc_ref, options: SoftmaxOptions,
         alpha = options.exp(m_prev - m_next)  # [bq, 128]
         l_ref[...] = alpha * l_ref[...] + jnp.sum(p, axis=1, keepdims=True)
         m_ref[...] = m_next
-        pv = jax.lax.dot_general(p, v.astype(jnp.float32), (((1,), (0,)), ((), ())),
-                                 preferred_element_type=jnp.float32)  # [bq, D]
+        pv = jax.lax.dot_general(
+            p, v.astype(jnp.float32), (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32
+        )  # [bq, D]
         acc_ref[...] = _lanes(alpha, acc_ref.shape[1]) * acc_ref[...] + pv
         return carry
 
@@ -306,8 +325,17 @@ def softmax_scratch(block_q: int, head_dim: int):
 # pallas_call wrapper and padding
 
 
-def run_pallas(kernel, *, grid_spec, out_shape, interpret, dimension_semantics, name, operands,
-               vmem_limit_bytes: int | None = None):
+def run_pallas(
+    kernel,
+    *,
+    grid_spec,
+    out_shape,
+    interpret,
+    dimension_semantics,
+    name,
+    operands,
+    vmem_limit_bytes: int | None = None,
+):
     """``pl.pallas_call`` with the interpret switch (None: interpret unless on a TPU) and, when given,
     the scoped-VMEM limit the compiled kernel may use (None: the compiler's default)."""
     use_interpret = resolve_interpret(interpret)
@@ -316,8 +344,9 @@ def run_pallas(kernel, *, grid_spec, out_shape, interpret, dimension_semantics, 
         grid_spec=grid_spec,
         out_shape=out_shape,
         interpret=use_interpret,
-        compiler_params=None if use_interpret else pltpu.CompilerParams(
-            dimension_semantics=dimension_semantics, vmem_limit_bytes=vmem_limit_bytes),
+        compiler_params=None
+        if use_interpret
+        else pltpu.CompilerParams(dimension_semantics=dimension_semantics, vmem_limit_bytes=vmem_limit_bytes),
         name=name,
     )
     return call(*operands)
@@ -373,8 +402,14 @@ class KernelWork:
         return {**dataclasses.asdict(self), "flop_ratio": self.flop_ratio}
 
 
-def work_from_counts(layout: BlockLayout, num_heads: int, head_dim: int, grid_steps: int,
-                     computed_tiles: int, masked_tiles: int) -> KernelWork:
+def work_from_counts(
+    layout: BlockLayout,
+    num_heads: int,
+    head_dim: int,
+    grid_steps: int,
+    computed_tiles: int,
+    masked_tiles: int,
+) -> KernelWork:
     """KernelWork from tile counts (per-head counts of a shared layout are multiplied by H)."""
     tile_pairs = layout.block_q * layout.block_kv
     allowed = layout.allowed_pairs * (num_heads if layout.num_heads == 1 else 1)

@@ -18,8 +18,17 @@ from stlib.masks import DENSE_LIMIT, Mask, full
 from stlib.registry import Implementation, ScheduleCounts, register
 
 
-def dense_attention(q, k, v, mask: Mask | None, *, scale: float, block_sizes: common.BlockSizes,
-                    interpret: bool | None = None, exp2: bool = False):
+def dense_attention(
+    q,
+    k,
+    v,
+    mask: Mask | None,
+    *,
+    scale: float,
+    block_sizes: common.BlockSizes,
+    interpret: bool | None = None,
+    exp2: bool = False,
+):
     """q, k, v [H, L, D] -> [H, L, D]. The mask (if any) is evaluated on every tile: from iota for a
     lazy head-uniform mask, else from a dense int8 [Hm, L, L] copy (L <= DENSE_LIMIT only)."""
     num_heads, length, head_dim = q.shape
@@ -33,7 +42,9 @@ def dense_attention(q, k, v, mask: Mask | None, *, scale: float, block_sizes: co
     dense_mask = None
     if not lazy:
         if length > DENSE_LIMIT:
-            raise ValueError(f"pallas_dense needs a dense copy of a {type(mask).__name__}; L={length} > {DENSE_LIMIT}")
+            raise ValueError(
+                f"pallas_dense needs a dense copy of a {type(mask).__name__}; L={length} > {DENSE_LIMIT}"
+            )
         dense = mask.to_dense().reshape(-1, length, length)
         dense_mask = np.zeros((dense.shape[0], nq * bq, nk * bkv), np.int8)
         dense_mask[:, :length, :length] = dense
@@ -53,12 +64,15 @@ def dense_attention(q, k, v, mask: Mask | None, *, scale: float, block_sizes: co
         if dense_mask is not None:
             mask_fn = lambda c0, shape: mask_ref[:, pl.ds(c0, shape[1])] != 0
         elif mask is not None or ragged:
-            plan = common.MaskPlan(common.MaskPlanMode.IOTA, mask if mask is not None else full(length), length)
+            plan = common.MaskPlan(
+                common.MaskPlanMode.IOTA, mask if mask is not None else full(length), length
+            )
             mask_fn = lambda c0, shape: common.iota_mask(plan, i * bq, j * bkv + c0, shape, h)
         else:
             mask_fn = None
-        common.update_tile(common.scaled_q(q_ref, options), k_ref, v_ref, m_ref, l_ref, acc_ref,
-                           options, chunk, mask_fn)
+        common.update_tile(
+            common.scaled_q(q_ref, options), k_ref, v_ref, m_ref, l_ref, acc_ref, options, chunk, mask_fn
+        )
 
         @pl.when(j == nk - 1)
         def _():
@@ -80,8 +94,13 @@ def dense_attention(q, k, v, mask: Mask | None, *, scale: float, block_sizes: co
         scratch_shapes=common.softmax_scratch(bq, head_dim),
     )
     out = common.run_pallas(
-        kernel, grid_spec=grid_spec, out_shape=jax.ShapeDtypeStruct(qp.shape, q.dtype), interpret=interpret,
-        dimension_semantics=("parallel", "parallel", "arbitrary"), name="stlib_dense_flash", operands=operands,
+        kernel,
+        grid_spec=grid_spec,
+        out_shape=jax.ShapeDtypeStruct(qp.shape, q.dtype),
+        interpret=interpret,
+        dimension_semantics=("parallel", "parallel", "arbitrary"),
+        name="stlib_dense_flash",
+        operands=operands,
     )
     return out[:, :length]
 
@@ -96,7 +115,9 @@ def dense_work(layout, num_heads: int, head_dim: int) -> common.KernelWork:
 
 def _forward(q, k, v, mask, *, scale, block_q, block_kv, options: common.FlashOptions, interpret):
     sizes, options = common.flash_blocks(q, block_q, block_kv, options, interpret)
-    return dense_attention(q, k, v, mask, scale=scale, block_sizes=sizes, interpret=interpret, exp2=options.exp2)
+    return dense_attention(
+        q, k, v, mask, scale=scale, block_sizes=sizes, interpret=interpret, exp2=options.exp2
+    )
 
 
 def dense_schedule_counts(setup, attribution):
@@ -105,21 +126,31 @@ def dense_schedule_counts(setup, attribution):
     h, (nq, nk) = setup.num_heads, setup.layout.grid_shape
     kv = np.broadcast_to(np.arange(h)[:, None, None] * nk + np.arange(nk), (h, nq, nk))
     rows = {"init": h * nq, "finalise": h * nq}
-    return ScheduleCounts(rows, h * nq * nk, h * nq, common.block_changes(kv), setup.block_q,
-                                 setup.block_kv, setup.itemsize, writes_lse=False)
+    return ScheduleCounts(
+        rows,
+        h * nq * nk,
+        h * nq,
+        common.block_changes(kv),
+        setup.block_q,
+        setup.block_kv,
+        setup.itemsize,
+        writes_lse=False,
+    )
 
 
-IMPLEMENTATION = register(Implementation(
-    name="pallas_dense",
-    forward=_forward,
-    description="flash attention in Pallas over every tile, masking element by element",
-    options_type=common.FlashOptions,
-    work=lambda layout, num_heads, head_dim, options: dense_work(layout, num_heads, head_dim),
-    kernel_names=("stlib_dense_flash",),
-    compute_regions=lambda kernel, n: [],
-    schedule_counts=dense_schedule_counts,
-    chips=common.ALL_CHIPS,
-))
+IMPLEMENTATION = register(
+    Implementation(
+        name="pallas_dense",
+        forward=_forward,
+        description="flash attention in Pallas over every tile, masking element by element",
+        options_type=common.FlashOptions,
+        work=lambda layout, num_heads, head_dim, options: dense_work(layout, num_heads, head_dim),
+        kernel_names=("stlib_dense_flash",),
+        compute_regions=lambda kernel, n: [],
+        schedule_counts=dense_schedule_counts,
+        chips=common.ALL_CHIPS,
+    )
+)
 
 
 __all__ = ["dense_attention", "dense_work"]

@@ -61,16 +61,18 @@ class SplashBlocks:
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0 or value % LANES:
                 raise ValueError(f"{name}={value!r} must be a positive multiple of {LANES} for Splash")
         if self.block_kv % self.block_kv_compute:
-            raise ValueError(f"block_kv={self.block_kv} must be a multiple of "
-                             f"block_kv_compute={self.block_kv_compute}")
+            raise ValueError(
+                f"block_kv={self.block_kv} must be a multiple of block_kv_compute={self.block_kv_compute}"
+            )
 
     def padded_length(self, length: int) -> int:
         """Smallest Lp >= length that both block_q and block_kv divide."""
         return round_up(length, math.lcm(self.block_q, self.block_kv))
 
     def to_splash(self) -> sa.BlockSizes:
-        return sa.BlockSizes(block_q=self.block_q, block_kv=self.block_kv,
-                             block_kv_compute=self.block_kv_compute)
+        return sa.BlockSizes(
+            block_q=self.block_q, block_kv=self.block_kv, block_kv_compute=self.block_kv_compute
+        )
 
 
 def splash_blocks(length: int, block_q: int | None = None, block_kv: int | None = None) -> SplashBlocks:
@@ -186,7 +188,9 @@ def splash_attention(q, k, v, mask, *, scale, block_q, block_kv, options=None, i
     tokens."""
     num_heads, length, _ = q.shape
     if num_heads % k.shape[0] or k.shape[0] != v.shape[0]:
-        raise ValueError(f"k and v heads ({k.shape[0]}, {v.shape[0]}) must be equal and divide the q heads {num_heads}")
+        raise ValueError(
+            f"k and v heads ({k.shape[0]}, {v.shape[0]}) must be equal and divide the q heads {num_heads}"
+        )
     blocks = splash_blocks(length, block_q, block_kv)
     padded = blocks.padded_length(length)
     splash, visible = splash_mask(mask, num_heads, length, padded)
@@ -202,8 +206,13 @@ def splash_attention(q, k, v, mask, *, scale, block_q, block_kv, options=None, i
         ids = jnp.asarray((np.arange(padded) >= length).astype(np.int32))  # 0 real, 1 padding
         segment_ids = sa.SegmentIds(q=ids, kv=ids)
 
-    kernel = sa.make_splash_mha(splash, block_sizes=blocks.to_splash(), head_shards=1, q_seq_shards=1,
-                                interpret=resolve_interpret(interpret))
+    kernel = sa.make_splash_mha(
+        splash,
+        block_sizes=blocks.to_splash(),
+        head_shards=1,
+        q_seq_shards=1,
+        interpret=resolve_interpret(interpret),
+    )
     out = kernel(q_p, k_p, v_p, segment_ids)[:, :length]  # [H, L, Dv]
     if visible is not None:
         out = jnp.where(jnp.asarray(visible)[:, :, None], out, 0)
@@ -253,25 +262,36 @@ def splash_schedule_counts(setup, attribution) -> ScheduleCounts:
     nq, nk = layout.grid_shape
     h = setup.num_heads
     if tuple(attribution.grid[:2]) != (h, nq):
-        raise ValueError(f"{attribution.kernel}: grid {attribution.grid} does not start with "
-                         f"(heads, q tiles) = {(h, nq)}")
+        raise ValueError(
+            f"{attribution.kernel}: grid {attribution.grid} does not start with (heads, q tiles) = {(h, nq)}"
+        )
     from stlib.kernels.block_sparse import step_table
 
     group = h // (getattr(setup, "num_kv_heads", None) or h)  # q heads per kv head
     kv = (np.arange(h) // group)[:, None, None] * nk + np.broadcast_to(step_table(layout) >> 2, (h, nq, nk))
     counts = {"init": h * nq, "finalise": h * nq, "compute": int(np.sum(layout.kinds != TileKind.EMPTY)) * h}
-    return ScheduleCounts(counts, attribution.grid_steps, h * nq, block_changes(kv), blocks.block_q,
-                          blocks.block_kv, setup.itemsize, writes_lse=False)
+    return ScheduleCounts(
+        counts,
+        attribution.grid_steps,
+        h * nq,
+        block_changes(kv),
+        blocks.block_q,
+        blocks.block_kv,
+        setup.itemsize,
+        writes_lse=False,
+    )
 
 
-IMPLEMENTATION = register(Implementation(
-    name="splash",
-    title="Splash",
-    forward=splash_attention,
-    description="JAX's Splash attention on stlib masks: the baseline",
-    work=lambda layout, num_heads, head_dim, options: splash_work(layout, num_heads, head_dim),
-    kernel_names=("splash",),
-    compute_regions=lambda kernel, n: ["compute"],
-    schedule_counts=splash_schedule_counts,
-    chips=ALL_CHIPS,
-))
+IMPLEMENTATION = register(
+    Implementation(
+        name="splash",
+        title="Splash",
+        forward=splash_attention,
+        description="JAX's Splash attention on stlib masks: the baseline",
+        work=lambda layout, num_heads, head_dim, options: splash_work(layout, num_heads, head_dim),
+        kernel_names=("splash",),
+        compute_regions=lambda kernel, n: ["compute"],
+        schedule_counts=splash_schedule_counts,
+        chips=ALL_CHIPS,
+    )
+)

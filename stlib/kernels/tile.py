@@ -126,15 +126,27 @@ def split_passes(layout: BlockLayout, boundary: BoundaryPolicy) -> list[Pass]:
             partial, ragged = partial | ragged, np.zeros_like(ragged)
         else:
             validity = _validity_mask(layout.mask)
-            plan = common.plan_mask(validity, block_layout(validity, layout.block_q, layout.block_kv),
-                                    ragged.any(axis=0, keepdims=True))
-            passes = [Pass(PassKind.FULL, computed & ~padded_kv, common.MaskPlan(common.MaskPlanMode.NONE, None, length)),
-                      Pass(PassKind.MASKED, ragged, plan)]
+            plan = common.plan_mask(
+                validity,
+                block_layout(validity, layout.block_q, layout.block_kv),
+                ragged.any(axis=0, keepdims=True),
+            )
+            passes = [
+                Pass(
+                    PassKind.FULL,
+                    computed & ~padded_kv,
+                    common.MaskPlan(common.MaskPlanMode.NONE, None, length),
+                ),
+                Pass(PassKind.MASKED, ragged, plan),
+            ]
             return [p for p in passes if p.selected.any()]
     passes = [
         Pass(PassKind.FULL, computed & ~padded_kv, common.MaskPlan(common.MaskPlanMode.NONE, None, length)),
-        Pass(PassKind.RAGGED, ragged, common.MaskPlan(common.MaskPlanMode.PREFIX, None, length,
-                                                      kv_valid=layout.kv_valid)),
+        Pass(
+            PassKind.RAGGED,
+            ragged,
+            common.MaskPlan(common.MaskPlanMode.PREFIX, None, length, kv_valid=layout.kv_valid),
+        ),
         Pass(PassKind.MASKED, partial, common.plan_mask(layout.mask, layout, partial)),
     ]
     return [p for p in passes if p.selected.any()]
@@ -174,23 +186,43 @@ def _pass_tables(selected: np.ndarray, plan: common.MaskPlan, form: GridForm) ->
     flags = steps["step_first"] | (steps["step_last"] << 1) | (steps["step_active"] << 2)
     tables = [head_q.astype(np.int32), ((steps["step_kv"] << 3) | flags).astype(np.int32)]
     if plan.mode == common.MaskPlanMode.TABLE:
-        idx = np.broadcast_to(plan.index, selected.shape)[steps["step_head"], steps["step_q"], steps["step_kv"]]
+        idx = np.broadcast_to(plan.index, selected.shape)[
+            steps["step_head"], steps["step_q"], steps["step_kv"]
+        ]
         tables.append(common.carried_index(np.where(steps["step_active"] > 0, idx, -1)))
     if plan.mode == common.MaskPlanMode.PREFIX:
         tables.append(plan.kv_valid.astype(np.int32))
     return tables, int(head_q.shape[0])
 
 
-def _run_pass(qp, kp, vp, selected, plan, *, bq, bkv, options: TileOptions, softmax: common.SoftmaxOptions,
-              interpret, out_dtype, name):
+def _run_pass(
+    qp,
+    kp,
+    vp,
+    selected,
+    plan,
+    *,
+    bq,
+    bkv,
+    options: TileOptions,
+    softmax: common.SoftmaxOptions,
+    interpret,
+    out_dtype,
+    name,
+):
     """One pallas_call over the tiles in ``selected``. Returns o [H, Lq, D] and lse [H, Lq, 1]."""
     num_heads, lq, head_dim = qp.shape
     nq = lq // bq
     shared = selected.shape[0] == 1
     tables, extent = _pass_tables(selected, plan, options.form)
-    common.check_prefetch(tables, plan, bq, f"pallas_tile {options.form} ({selected.shape[0]} heads x "
-                          f"{selected.shape[1]} x {selected.shape[2]} tiles of {bq}x{bkv})",
-                          "use larger tiles, the other grid form, or fewer heads per call")
+    common.check_prefetch(
+        tables,
+        plan,
+        bq,
+        f"pallas_tile {options.form} ({selected.shape[0]} heads x "
+        f"{selected.shape[1]} x {selected.shape[2]} tiles of {bq}x{bkv})",
+        "use larger tiles, the other grid form, or fewer heads per call",
+    )
     chunk = options.block_kv_compute or bkv
     masked = plan.mode != common.MaskPlanMode.NONE
 
@@ -238,7 +270,9 @@ def _run_pass(qp, kp, vp, selected, plan, *, bq, bkv, options: TileOptions, soft
             mask_fn = None
         elif plan.mode == common.MaskPlanMode.IOTA:
             mask_fn = lambda c0, shape: common.iota_mask(plan, qi * bq, ki * bkv + c0, shape, head)
-        elif plan.mode == common.MaskPlanMode.PREFIX:  # the tile's real keys come first: one compare per score
+        elif (
+            plan.mode == common.MaskPlanMode.PREFIX
+        ):  # the tile's real keys come first: one compare per score
             real_keys = tab[-1][ki]
             mask_fn = lambda c0, shape: c0 + jax.lax.broadcasted_iota(jnp.int32, shape, 1) < real_keys
         else:
@@ -246,8 +280,9 @@ def _run_pass(qp, kp, vp, selected, plan, *, bq, bkv, options: TileOptions, soft
 
         @pl.when(active)
         def _():
-            common.update_tile(common.scaled_q(q_ref, softmax), k_ref, v_ref, m_ref, l_ref, acc_ref,
-                               softmax, chunk, mask_fn)
+            common.update_tile(
+                common.scaled_q(q_ref, softmax), k_ref, v_ref, m_ref, l_ref, acc_ref, softmax, chunk, mask_fn
+            )
 
         @pl.when(last)
         def _():
@@ -268,20 +303,35 @@ def _run_pass(qp, kp, vp, selected, plan, *, bq, bkv, options: TileOptions, soft
     ]
     operands = [qp, kp, vp]
     if plan.mode == common.MaskPlanMode.TABLE:
-        in_specs.append(pl.BlockSpec((None, bq, bkv), lambda *args: (args[len(grid) + len(tables) - 1][locate(*args)[3]], 0, 0)))
+        in_specs.append(
+            pl.BlockSpec(
+                (None, bq, bkv), lambda *args: (args[len(grid) + len(tables) - 1][locate(*args)[3]], 0, 0)
+            )
+        )
         operands.append(jnp.asarray(plan.table))
     out_specs = [
         pl.BlockSpec((None, bq, head_dim), q_map),  # o [bq, D]
         pl.BlockSpec((None, bq, 1), q_map),  # lse [bq, 1]
     ]
     grid_spec = pltpu.PrefetchScalarGridSpec(
-        num_scalar_prefetch=len(tables), grid=grid, in_specs=in_specs, out_specs=out_specs,
+        num_scalar_prefetch=len(tables),
+        grid=grid,
+        in_specs=in_specs,
+        out_specs=out_specs,
         scratch_shapes=common.softmax_scratch(bq, head_dim),
     )
-    out_shape = [jax.ShapeDtypeStruct(qp.shape, out_dtype), jax.ShapeDtypeStruct((num_heads, lq, 1), jnp.float32)]
+    out_shape = [
+        jax.ShapeDtypeStruct(qp.shape, out_dtype),
+        jax.ShapeDtypeStruct((num_heads, lq, 1), jnp.float32),
+    ]
     return common.run_pallas(
-        kernel, grid_spec=grid_spec, out_shape=out_shape, interpret=interpret, dimension_semantics=semantics,
-        name=name, operands=[*(jnp.asarray(t) for t in tables), *operands],
+        kernel,
+        grid_spec=grid_spec,
+        out_shape=out_shape,
+        interpret=interpret,
+        dimension_semantics=semantics,
+        name=name,
+        operands=[*(jnp.asarray(t) for t in tables), *operands],
     )
 
 
@@ -289,8 +339,17 @@ def _run_pass(qp, kp, vp, selected, plan, *, bq, bkv, options: TileOptions, soft
 # the whole call
 
 
-def tile_attention(q, k, v, layout: BlockLayout, *, scale: float, options: TileOptions = TileOptions(),
-                   interpret: bool | None = None, return_lse: bool = False):
+def tile_attention(
+    q,
+    k,
+    v,
+    layout: BlockLayout,
+    *,
+    scale: float,
+    options: TileOptions = TileOptions(),
+    interpret: bool | None = None,
+    return_lse: bool = False,
+):
     """q, k, v [H, L, D] -> o [H, L, D] (and lse [H, L] natural log, -inf for rows that see
     nothing, when ``return_lse``). ``layout`` is the tile layout of the mask for these tokens."""
     num_heads, length, _ = q.shape
@@ -302,8 +361,20 @@ def tile_attention(q, k, v, layout: BlockLayout, *, scale: float, options: TileO
     out_dtype = jnp.float32 if len(passes) > 1 else q.dtype
     o = lse = None
     for p in passes:
-        o_p, lse_p = _run_pass(qp, kp, vp, p.selected, p.plan, bq=bq, bkv=bkv, options=options, softmax=softmax,
-                               interpret=interpret, out_dtype=out_dtype, name=f"stlib_tile_{p.name}")
+        o_p, lse_p = _run_pass(
+            qp,
+            kp,
+            vp,
+            p.selected,
+            p.plan,
+            bq=bq,
+            bkv=bkv,
+            options=options,
+            softmax=softmax,
+            interpret=interpret,
+            out_dtype=out_dtype,
+            name=f"stlib_tile_{p.name}",
+        )
         o, lse = (o_p, lse_p) if o is None else common.merge_partials(o, lse, o_p, lse_p)
     if o is None:  # nothing to compute: every row sees nothing
         o, lse = jnp.zeros(qp.shape, q.dtype), jnp.full((num_heads, qp.shape[1], 1), -jnp.inf, jnp.float32)
@@ -364,27 +435,45 @@ def tile_schedule_counts(setup, attribution) -> ScheduleCounts:
         tiles, row_counts = row_tables(selected)
         kv = heads * nk + np.broadcast_to(tiles, (h,) + tiles.shape[1:])
         counts = {"init": h * nq, "finalise": h * nq, name: int(row_counts.sum()) * mult}
-        return ScheduleCounts(counts, h * nq * tiles.shape[2], h * nq, common.block_changes(kv), setup.block_q,
-                              setup.block_kv, out_item, writes_lse=True)
+        return ScheduleCounts(
+            counts,
+            h * nq * tiles.shape[2],
+            h * nq,
+            common.block_changes(kv),
+            setup.block_q,
+            setup.block_kv,
+            out_item,
+            writes_lse=True,
+        )
     flat = flat_steps(selected)
     groups = np.arange(mult)[:, None]
     kv = (groups + flat["step_head"]) * nk + flat["step_kv"]
     q = (groups + flat["step_head"]) * nq + flat["step_q"]
     first = int(flat["step_first"].sum()) * mult
     counts = {"init": first, "finalise": first, name: int(flat["step_active"].sum()) * mult}
-    return ScheduleCounts(counts, flat["step_q"].size * mult, common.block_changes(q), common.block_changes(kv),
-                          setup.block_q, setup.block_kv, out_item, writes_lse=True)
+    return ScheduleCounts(
+        counts,
+        flat["step_q"].size * mult,
+        common.block_changes(q),
+        common.block_changes(kv),
+        setup.block_q,
+        setup.block_kv,
+        out_item,
+        writes_lse=True,
+    )
 
 
-IMPLEMENTATION = register(Implementation(
-    name="pallas_tile",
-    forward=_forward,
-    description="tile-aligned sparse kernel: a grid over non-empty tiles only, mask-free main pass",
-    options_type=TileOptions,
-    work=lambda layout, num_heads, head_dim, options: tile_work(layout, num_heads, head_dim, options),
-    kernel_names=tuple(f"stlib_tile_{kind}" for kind in PassKind),
-    compute_regions=_compute_regions,
-    schedule_counts=tile_schedule_counts,
-    chips=common.ALL_CHIPS,
-    variants={"rows": {"form": "rows"}, "flat": {"form": "flat"}, "balanced": {"boundary": "balanced"}},
-))
+IMPLEMENTATION = register(
+    Implementation(
+        name="pallas_tile",
+        forward=_forward,
+        description="tile-aligned sparse kernel: a grid over non-empty tiles only, mask-free main pass",
+        options_type=TileOptions,
+        work=lambda layout, num_heads, head_dim, options: tile_work(layout, num_heads, head_dim, options),
+        kernel_names=tuple(f"stlib_tile_{kind}" for kind in PassKind),
+        compute_regions=_compute_regions,
+        schedule_counts=tile_schedule_counts,
+        chips=common.ALL_CHIPS,
+        variants={"rows": {"form": "rows"}, "flat": {"form": "flat"}, "balanced": {"boundary": "balanced"}},
+    )
+)

@@ -57,7 +57,11 @@ class StepKind(enum.IntEnum):
     MASKED = 2  # PARTIAL tile, or a tile with padding slots: the mask evaluated per score
 
 
-REGION_NAMES = {StepKind.FULL: "compute_full", StepKind.RAGGED: "compute_ragged", StepKind.MASKED: "compute_masked"}
+REGION_NAMES = {
+    StepKind.FULL: "compute_full",
+    StepKind.RAGGED: "compute_ragged",
+    StepKind.MASKED: "compute_masked",
+}
 
 
 @dataclass(frozen=True)
@@ -84,8 +88,10 @@ class LaneDenseOptions:
         if self.block_kv_register is not None:
             check_positive_int("block_kv_register", self.block_kv_register)
             if self.block_kv_register % SUBLANES:
-                raise ValueError(f"block_kv_register={self.block_kv_register} must be a multiple of {SUBLANES} "
-                                 "(TPU sublane tiling)")
+                raise ValueError(
+                    f"block_kv_register={self.block_kv_register} must be a multiple of {SUBLANES} "
+                    "(TPU sublane tiling)"
+                )
         if self.chip is not None:
             chip_spec(self.chip)  # raises, naming the chips of the table
 
@@ -100,19 +106,31 @@ def vmem_limit(chip: str | None) -> int:
     return int(min(c.vmem_bytes for c in chips) * VMEM_SHARE)
 
 
-def vmem_bytes(block_q: int, block_kv: int, chunk: int, register: int, head_dim: int, itemsize: int,
-               table: bool = False) -> int:
+def vmem_bytes(
+    block_q: int, block_kv: int, chunk: int, register: int, head_dim: int, itemsize: int, table: bool = False
+) -> int:
     """VMEM one call needs (upper estimate): double-buffered q, k, v, o (and mask) blocks, the
     scratch (m, l [8, block_q] f32, o^T [D, block_q] f32, scaled q), and the temporaries of one chunk
     (scores [chunk, block_q] f32, probabilities of one register tile, one p.v product)."""
     blocks = 2 * itemsize * head_dim * (2 * block_q + 2 * block_kv) + (2 * block_q * block_kv if table else 0)
     scratch = 2 * SUBLANES * block_q * 4 + head_dim * block_q * 4 + block_q * head_dim * itemsize
-    temps = chunk * block_q * (4 + (1 if table else 0)) + 3 * register * block_q * 4 + 2 * head_dim * block_q * 4
+    temps = (
+        chunk * block_q * (4 + (1 if table else 0)) + 3 * register * block_q * 4 + 2 * head_dim * block_q * 4
+    )
     return blocks + scratch + temps
 
 
-def check_blocks(block_q: int, block_kv: int, chunk: int, register: int | None, head_dim: int, itemsize: int,
-                 chip: str | None, table: bool = False, compiled: bool = True) -> int:
+def check_blocks(
+    block_q: int,
+    block_kv: int,
+    chunk: int,
+    register: int | None,
+    head_dim: int,
+    itemsize: int,
+    chip: str | None,
+    table: bool = False,
+    compiled: bool = True,
+) -> int:
     """Refuse blocks this kernel cannot tile or that overflow the VMEM limit, naming value and limit;
     returns the limit. block_q is the lane dimension of the scores here: a multiple of 128 when
     ``compiled`` for a TPU (interpret mode takes any multiple of 8)."""
@@ -121,10 +139,15 @@ def check_blocks(block_q: int, block_kv: int, chunk: int, register: int | None, 
         raise ValueError(f"{block_q=} must be a multiple of {LANES}: queries lie along lanes in this kernel")
     if table and block_kv % 32:
         raise ValueError(f"{block_kv=} must be a multiple of 32 for an int8 mask table")
-    need, limit = vmem_bytes(block_q, block_kv, chunk, register or chunk, head_dim, itemsize, table), vmem_limit(chip)
+    need, limit = (
+        vmem_bytes(block_q, block_kv, chunk, register or chunk, head_dim, itemsize, table),
+        vmem_limit(chip),
+    )
     if need > limit:
-        raise ValueError(f"blocks {block_q}x{block_kv} (chunk {chunk}, register {register}) need about {need:,} "
-                         f"bytes of VMEM; the limit on {chip or 'the smallest chip'} is {limit:,}")
+        raise ValueError(
+            f"blocks {block_q}x{block_kv} (chunk {chunk}, register {register}) need about {need:,} "
+            f"bytes of VMEM; the limit on {chip or 'the smallest chip'} is {limit:,}"
+        )
     return limit
 
 
@@ -153,7 +176,9 @@ def kinds_present(kinds: np.ndarray) -> tuple[StepKind, ...]:
 
 
 def kernel_name(present) -> str:
-    return "_".join([KERNEL_PREFIX, *(k.name.lower() for k in present)]) if present else f"{KERNEL_PREFIX}_none"
+    return (
+        "_".join([KERNEL_PREFIX, *(k.name.lower() for k in present)]) if present else f"{KERNEL_PREFIX}_none"
+    )
 
 
 def step_tables(kinds: np.ndarray):
@@ -168,8 +193,20 @@ def step_tables(kinds: np.ndarray):
 # the kernel
 
 
-def _chunk_update(q, k, v, m_ref, l_ref, acc_ref, *, score_scale_exp, register: int, p_dtype, allowed=None,
-                  v_rows_valid=None):
+def _chunk_update(
+    q,
+    k,
+    v,
+    m_ref,
+    l_ref,
+    acc_ref,
+    *,
+    score_scale_exp,
+    register: int,
+    p_dtype,
+    allowed=None,
+    v_rows_valid=None,
+):
     """Fold one chunk of keys into the running softmax of a q tile. q [bq, D] (pre-scaled); k, v
     [C, D]; ``allowed`` bool [C, bq] or None; ``v_rows_valid`` bool [C, 1] (rows past the array end
     hold stale data: zeroed before p.v) or None.
@@ -194,8 +231,12 @@ def _chunk_update(q, k, v, m_ref, l_ref, acc_ref, *, score_scale_exp, register: 
             p = jnp.where(allowed[r0:r1], p, 0.0)
         part = jnp.sum(p, axis=0, keepdims=True)  # [1, bq]
         v_r = v[r0:r1]  # [R, D]
-        prod = jax.lax.dot_general(v_r.astype(p_dtype), p.astype(p_dtype), (((0,), (0,)), ((), ())),
-                                   preferred_element_type=jnp.float32)  # [D, bq]
+        prod = jax.lax.dot_general(
+            v_r.astype(p_dtype),
+            p.astype(p_dtype),
+            (((0,), (0,)), ((), ())),
+            preferred_element_type=jnp.float32,
+        )  # [D, bq]
         l_add = part if l_add is None else l_add + part
         pv = prod if pv is None else pv + prod
     l_ref[...] = jnp.broadcast_to(alpha * l_ref[:1] + l_add, l_ref.shape)
@@ -203,8 +244,22 @@ def _chunk_update(q, k, v, m_ref, l_ref, acc_ref, *, score_scale_exp, register: 
     acc_ref[...] = alpha * acc_ref[...] + pv  # [D, bq]
 
 
-def _build_kernel(*, plan: common.MaskPlan, present, bq: int, bkv: int, chunk: int, register: int, length: int,
-                  nq: int, extent: int, shared: bool, softmax: common.SoftmaxOptions, p_dtype, n_tables: int):
+def _build_kernel(
+    *,
+    plan: common.MaskPlan,
+    present,
+    bq: int,
+    bkv: int,
+    chunk: int,
+    register: int,
+    length: int,
+    nq: int,
+    extent: int,
+    shared: bool,
+    softmax: common.SoftmaxOptions,
+    p_dtype,
+    n_tables: int,
+):
     tail = length % bkv  # real rows of the last kv block (0: the array ends at a block edge)
     exp = softmax.exp
 
@@ -227,36 +282,57 @@ def _build_kernel(*, plan: common.MaskPlan, present, bq: int, bkv: int, chunk: i
             m_ref[...] = jnp.full(m_ref.shape, MASK_VALUE, jnp.float32)
             l_ref[...] = jnp.zeros(l_ref.shape, jnp.float32)
             acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
-            qs_ref[...] = (q_ref[...].astype(jnp.float32) * softmax.score_scale).astype(qs_ref.dtype)  # [bq, D]
+            qs_ref[...] = (q_ref[...].astype(jnp.float32) * softmax.score_scale).astype(
+                qs_ref.dtype
+            )  # [bq, D]
 
         def update(c0, size, allowed=None, v_rows_valid=None):
-            _chunk_update(qs_ref[...], k_ref[pl.ds(c0, size), :], v_ref[pl.ds(c0, size), :], m_ref, l_ref, acc_ref,
-                          score_scale_exp=exp, register=register, p_dtype=p_dtype, allowed=allowed,
-                          v_rows_valid=v_rows_valid)
+            _chunk_update(
+                qs_ref[...],
+                k_ref[pl.ds(c0, size), :],
+                v_ref[pl.ds(c0, size), :],
+                m_ref,
+                l_ref,
+                acc_ref,
+                score_scale_exp=exp,
+                register=register,
+                p_dtype=p_dtype,
+                allowed=allowed,
+                v_rows_valid=v_rows_valid,
+            )
 
         if StepKind.FULL in present:
+
             @pl.when(active & (kind == StepKind.FULL))
             def _():
                 for c in range(bkv // chunk):
                     update(c * chunk, chunk)
 
         if StepKind.RAGGED in present:
+
             @pl.when(active & (kind == StepKind.RAGGED))
             def _():
                 for c in range(tail // chunk):
                     update(c * chunk, chunk)
                 rem = tail % chunk
-                if rem:  # the last chunk sliced to the real rows (rounded up to the sublane tile, then masked)
+                if (
+                    rem
+                ):  # the last chunk sliced to the real rows (rounded up to the sublane tile, then masked)
                     size = min(chunk, round_up(rem, 2 * SUBLANES))
                     c0 = tail - rem
                     if size == rem:
                         update(c0, size)
                     else:
                         key = jax.lax.broadcasted_iota(jnp.int32, (size, bq), 0)
-                        update(c0, size, allowed=key < rem,
-                               v_rows_valid=jax.lax.broadcasted_iota(jnp.int32, (size, 1), 0) < rem)
+                        update(
+                            c0,
+                            size,
+                            allowed=key < rem,
+                            v_rows_valid=jax.lax.broadcasted_iota(jnp.int32, (size, 1), 0) < rem,
+                        )
 
         if StepKind.MASKED in present:
+
             @pl.when(active & (kind == StepKind.MASKED))
             def _():
                 for c in range(bkv // chunk):
@@ -269,7 +345,9 @@ def _build_kernel(*, plan: common.MaskPlan, present, bq: int, bkv: int, chunk: i
                         allowed = plan.mask._allowed(queries, keys, h) & (keys < length)
                     rows_ok = None
                     if tail:  # the last kv block runs past the array: its stale rows must not reach p.v
-                        rows_ok = (ki * bkv + c0 + jax.lax.broadcasted_iota(jnp.int32, (chunk, 1), 0)) < length
+                        rows_ok = (
+                            ki * bkv + c0 + jax.lax.broadcasted_iota(jnp.int32, (chunk, 1), 0)
+                        ) < length
                     update(c0, chunk, allowed=allowed, v_rows_valid=rows_ok)
 
         @pl.when(j == extent - 1)
@@ -281,12 +359,19 @@ def _build_kernel(*, plan: common.MaskPlan, present, bq: int, bkv: int, chunk: i
             out_t = jnp.where(seen, acc_ref[...] * inv, 0.0)  # [D, bq]
             o_ref[...] = out_t.T.astype(o_ref.dtype)  # [bq, D]
 
-
     return kernel
 
 
-def lane_dense_attention(q, k, v, layout: BlockLayout, *, scale: float,
-                         options: LaneDenseOptions = LaneDenseOptions(), interpret: bool | None = None):
+def lane_dense_attention(
+    q,
+    k,
+    v,
+    layout: BlockLayout,
+    *,
+    scale: float,
+    options: LaneDenseOptions = LaneDenseOptions(),
+    interpret: bool | None = None,
+):
     """q, k, v [H, L, D] -> o [H, L, D] in q's dtype. ``layout`` is the tile layout of the mask for
     these tokens; its blocks must suit this kernel (``check_blocks``). Raises ValueError for such
     blocks and for step tables that overflow SMEM."""
@@ -300,8 +385,17 @@ def lane_dense_attention(q, k, v, layout: BlockLayout, *, scale: float,
     plan = common.plan_mask(mask, layout, kinds == StepKind.MASKED)
     table = plan.mode == common.MaskPlanMode.TABLE
     chip = options.chip or current_chip()
-    limit = check_blocks(bq, bkv, chunk, register, head_dim, q.dtype.itemsize, chip, table,
-                         compiled=not resolve_interpret(interpret))
+    limit = check_blocks(
+        bq,
+        bkv,
+        chunk,
+        register,
+        head_dim,
+        q.dtype.itemsize,
+        chip,
+        table,
+        compiled=not resolve_interpret(interpret),
+    )
     if not present:  # nothing to compute: every row sees nothing
         return jnp.zeros(q.shape, q.dtype)
     steps, counts = step_tables(kinds)
@@ -313,13 +407,30 @@ def lane_dense_attention(q, k, v, layout: BlockLayout, *, scale: float,
         idx = np.take_along_axis(np.broadcast_to(plan.index, kinds.shape), steps >> 2, axis=2)
         idx = np.where(np.arange(extent) < counts[:, :, None], idx, -1)
         tables.append(common.carried_index(idx).reshape(-1))
-    common.check_prefetch(tables, plan, bq, f"{NAME} ({steps.shape[0]} heads x {nq} x {layout.grid_shape[1]} "
-                          f"tiles of {bq}x{bkv})", "use larger tiles or fewer heads per call")
+    common.check_prefetch(
+        tables,
+        plan,
+        bq,
+        f"{NAME} ({steps.shape[0]} heads x {nq} x {layout.grid_shape[1]} tiles of {bq}x{bkv})",
+        "use larger tiles or fewer heads per call",
+    )
     softmax = common.SoftmaxOptions(scale, options.exp2)
     p_dtype = v.dtype if (options.bf16_probs or v.dtype == jnp.float32) else jnp.float32
-    kernel = _build_kernel(plan=plan, present=present, bq=bq, bkv=bkv, chunk=chunk, register=register,
-                           length=length, nq=nq, extent=extent, shared=shared, softmax=softmax, p_dtype=p_dtype,
-                           n_tables=len(tables))
+    kernel = _build_kernel(
+        plan=plan,
+        present=present,
+        bq=bq,
+        bkv=bkv,
+        chunk=chunk,
+        register=register,
+        length=length,
+        nq=nq,
+        extent=extent,
+        shared=shared,
+        softmax=softmax,
+        p_dtype=p_dtype,
+        n_tables=len(tables),
+    )
 
     def row_of(h, i):
         return i if shared else h * nq + i
@@ -337,10 +448,14 @@ def lane_dense_attention(q, k, v, layout: BlockLayout, *, scale: float,
     ]
     operands = [q, k, v]
     if table:
-        in_specs.append(pl.BlockSpec((None, bkv, bq), lambda h, i, j, *tabs: (tabs[-1][row_of(h, i) * extent + j], 0, 0)))
+        in_specs.append(
+            pl.BlockSpec((None, bkv, bq), lambda h, i, j, *tabs: (tabs[-1][row_of(h, i) * extent + j], 0, 0))
+        )
         operands.append(jnp.asarray(np.ascontiguousarray(plan.table.transpose(0, 2, 1))))  # [P, bkv, bq]
     grid_spec = pltpu.PrefetchScalarGridSpec(
-        num_scalar_prefetch=len(tables), grid=(num_heads, nq, extent), in_specs=in_specs,
+        num_scalar_prefetch=len(tables),
+        grid=(num_heads, nq, extent),
+        in_specs=in_specs,
         out_specs=pl.BlockSpec((None, bq, head_dim), q_map),  # o [bq, D]
         scratch_shapes=[
             pltpu.VMEM((SUBLANES, bq), jnp.float32),  # m: running max, one per query along lanes
@@ -350,9 +465,14 @@ def lane_dense_attention(q, k, v, layout: BlockLayout, *, scale: float,
         ],
     )
     return common.run_pallas(
-        kernel, grid_spec=grid_spec, out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype), interpret=interpret,
-        dimension_semantics=("parallel", "parallel", "arbitrary"), name=kernel_name(present),
-        operands=[*(jnp.asarray(t) for t in tables), *operands], vmem_limit_bytes=limit,
+        kernel,
+        grid_spec=grid_spec,
+        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        interpret=interpret,
+        dimension_semantics=("parallel", "parallel", "arbitrary"),
+        name=kernel_name(present),
+        operands=[*(jnp.asarray(t) for t in tables), *operands],
+        vmem_limit_bytes=limit,
     )
 
 
@@ -409,7 +529,7 @@ def lane_dense_work(layout: BlockLayout, num_heads: int, head_dim: int, options=
 def _regions_of(kernel: str) -> list[str]:
     if not kernel.startswith(KERNEL_PREFIX):
         raise ValueError(f"{kernel!r} is not a {NAME} kernel")
-    words = kernel[len(KERNEL_PREFIX):].split(".")[0].split("_")
+    words = kernel[len(KERNEL_PREFIX) :].split(".")[0].split("_")
     return [REGION_NAMES[k] for k in StepKind if k.name.lower() in words]
 
 
@@ -428,7 +548,9 @@ def lane_dense_schedule_counts(setup, attribution) -> ScheduleCounts:
     kinds = step_kinds(layout, setup.length)
     present = kinds_present(kinds)
     if kernel_name(present) != attribution.kernel.split(".")[0]:
-        raise ValueError(f"{attribution.kernel!r}: the layout's step kinds make kernel {kernel_name(present)!r}")
+        raise ValueError(
+            f"{attribution.kernel!r}: the layout's step kinds make kernel {kernel_name(present)!r}"
+        )
     steps, _ = step_tables(kinds)
     tiles = steps >> 2
     paths = {"init": h * nq, "finalise": h * nq}
@@ -436,10 +558,16 @@ def lane_dense_schedule_counts(setup, attribution) -> ScheduleCounts:
         paths[REGION_NAMES[kind]] = int((kinds == kind).sum()) * mult
     heads = np.arange(h)[:, None, None]
     kv = heads * nk + np.broadcast_to(tiles, (h,) + tiles.shape[1:])
-    return ScheduleCounts(paths, h * nq * steps.shape[2], h * nq, common.block_changes(kv), setup.block_q,
-                          setup.block_kv, setup.itemsize, writes_lse=False)
-
-
+    return ScheduleCounts(
+        paths,
+        h * nq * steps.shape[2],
+        h * nq,
+        common.block_changes(kv),
+        setup.block_q,
+        setup.block_kv,
+        setup.itemsize,
+        writes_lse=False,
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -448,17 +576,29 @@ def lane_dense_schedule_counts(setup, attribution) -> ScheduleCounts:
 #: Mask families of the sweep (estimator mask names) and the block candidates (block_q, block_kv,
 #: block_kv_compute) for each; the sliding tile's blocks hold whole 3x8x16 tiles (384 tokens), up to
 #: a row of five tiles (1,920 tokens).
-SWEEP_MASKS = {"dense": "full", "band 0.25": "band (density 0.25)", "sliding tile": "sliding tile, 3-D tiled order"}
+SWEEP_MASKS = {
+    "dense": "full",
+    "band 0.25": "band (density 0.25)",
+    "sliding tile": "sliding tile, 3-D tiled order",
+}
 SWEEP_BLOCKS = {
     "dense": ((512, 1024, 512), (1024, 2048, 512), (1024, 2048, 1024), (2048, 2048, 512), (2048, 4096, 1024)),
-    "band 0.25": ((512, 1024, 512), (1024, 2048, 512), (1024, 2048, 1024), (2048, 2048, 512), (2048, 4096, 1024)),
+    "band 0.25": (
+        (512, 1024, 512),
+        (1024, 2048, 512),
+        (1024, 2048, 1024),
+        (2048, 2048, 512),
+        (2048, 4096, 1024),
+    ),
     "sliding tile": ((384, 384, 384), (768, 768, 384), (1920, 1920, 640), (1920, 1920, 384)),
 }
 SWEEP_CHIPS = ("v6e", "v5e")
 SPLASH_SWEEP_BLOCKS = ((512, 1024), (1024, 1024), (1024, 2048), (2048, 2048))
 
 
-def sweep(chips=SWEEP_CHIPS, families=tuple(SWEEP_MASKS), workers: int = 2, path="data/tile_block_sweep.jsonl"):
+def sweep(
+    chips=SWEEP_CHIPS, families=tuple(SWEEP_MASKS), workers: int = 2, path="data/tile_block_sweep.jsonl"
+):
     """Static estimates of this kernel at every candidate block of ``SWEEP_BLOCKS`` (and dense Splash
     at ``SPLASH_SWEEP_BLOCKS``) on ``chips``, appended as records to ``path``; returns the records.
     Candidates over the chip's VMEM limit are recorded as refused, not compiled."""
@@ -471,30 +611,52 @@ def sweep(chips=SWEEP_CHIPS, families=tuple(SWEEP_MASKS), workers: int = 2, path
     from stlib import analysis
     from stlib.configs import CASE_STUDY
 
-    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], check=False, capture_output=True, text=True).stdout.strip()
+    rev = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], check=False, capture_output=True, text=True
+    ).stdout.strip()
     jobs = [(chip, fam, NAME, blocks) for chip in chips for fam in families for blocks in SWEEP_BLOCKS[fam]]
     jobs += [(chip, "dense", "splash", (bq, bkv, None)) for chip in chips for bq, bkv in SPLASH_SWEEP_BLOCKS]
 
     def one(chip, family, impl, blocks):
         bq, bkv, chunk = blocks
-        record = {"chip": chip, "family": family, "mask": SWEEP_MASKS[family], "impl": impl, "block_q": bq,
-                  "block_kv": bkv, "block_kv_compute": chunk, "shape": list(CASE_STUDY.qkv_shape), "dtype": "bfloat16",
-                  "git": rev, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        record = {
+            "chip": chip,
+            "family": family,
+            "mask": SWEEP_MASKS[family],
+            "impl": impl,
+            "block_q": bq,
+            "block_kv": bkv,
+            "block_kv_compute": chunk,
+            "shape": list(CASE_STUDY.qkv_shape),
+            "dtype": "bfloat16",
+            "git": rev,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        }
         options = None
         if impl == NAME:
             options = {"block_kv_compute": chunk, "chip": chip}
             record["vmem_need"] = vmem_bytes(bq, bkv, chunk, min(256, chunk), CASE_STUDY.head_dim, 2)
             record["vmem_limit"] = vmem_limit(chip)
         try:
-            est = analysis.estimate(impl, SWEEP_MASKS[family], chip, block_q=bq, block_kv=bkv, options=options)
+            est = analysis.estimate(
+                impl, SWEEP_MASKS[family], chip, block_q=bq, block_kv=bkv, options=options
+            )
         except (ValueError, RuntimeError) as error:
             return {**record, "error": str(error)[:300]}
         kernels = est.kernels
-        return {**record, "estimate_ms": est.seconds * 1e3, "total_ms": est.total_seconds * 1e3,
-                "glue_ms": est.glue_seconds * 1e3, "cycles": est.cycles,
-                "grid_steps": sum(k.grid_steps for k in kernels), "dma_floor_ms": est.memory_seconds * 1e3,
-                "breakdown": {k.kernel: k.breakdown for k in kernels}, "libtpu": est.libtpu_version,
-                "clock_hz": est.clock_hz, "static_estimate": True}
+        return {
+            **record,
+            "estimate_ms": est.seconds * 1e3,
+            "total_ms": est.total_seconds * 1e3,
+            "glue_ms": est.glue_seconds * 1e3,
+            "cycles": est.cycles,
+            "grid_steps": sum(k.grid_steps for k in kernels),
+            "dma_floor_ms": est.memory_seconds * 1e3,
+            "breakdown": {k.kernel: k.breakdown for k in kernels},
+            "libtpu": est.libtpu_version,
+            "clock_hz": est.clock_hz,
+            "static_estimate": True,
+        }
 
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -504,9 +666,12 @@ def sweep(chips=SWEEP_CHIPS, families=tuple(SWEEP_MASKS), workers: int = 2, path
             records.append(record)
             with out.open("a") as handle:
                 handle.write(json.dumps(record) + "\n")
-            print(f"{record['chip']:<5} {record['family']:<12} {record['impl']:<24} {record['block_q']:>5} "
-                  f"{record['block_kv']:>5} {record['block_kv_compute'] or '-':>5} "
-                  f"{record.get('total_ms', float('nan')):>8.2f} ms  {record.get('error', '')[:80]}", flush=True)
+            print(
+                f"{record['chip']:<5} {record['family']:<12} {record['impl']:<24} {record['block_q']:>5} "
+                f"{record['block_kv']:>5} {record['block_kv_compute'] or '-':>5} "
+                f"{record.get('total_ms', float('nan')):>8.2f} ms  {record.get('error', '')[:80]}",
+                flush=True,
+            )
     return records
 
 
@@ -533,17 +698,21 @@ def main(argv=None) -> None:
 if __name__ == "__main__":  # the package import has registered this kernel already: only run the sweep
     main()
 else:
-    IMPLEMENTATION = register(Implementation(
-        name=NAME,
-        forward=_forward,
-        description="tile-aligned sparse kernel, keys on sublanes: lane-dense softmax statistics, one pass, "
-                    "per-step FULL / RAGGED / MASKED flags, no padded inputs",
-        options_type=LaneDenseOptions,
-        work=lambda layout, num_heads, head_dim, options: lane_dense_work(layout, num_heads, head_dim, options),
-        kernel_names=(KERNEL_PREFIX,),
-        compute_regions=_compute_regions,
-        schedule_counts=lane_dense_schedule_counts,
-        chips=common.ALL_CHIPS,
-        blocks=DEFAULT_BLOCKS,
-        resolve_blocks=resolve_blocks,
-    ))
+    IMPLEMENTATION = register(
+        Implementation(
+            name=NAME,
+            forward=_forward,
+            description="tile-aligned sparse kernel, keys on sublanes: lane-dense softmax statistics, one pass, "
+            "per-step FULL / RAGGED / MASKED flags, no padded inputs",
+            options_type=LaneDenseOptions,
+            work=lambda layout, num_heads, head_dim, options: lane_dense_work(
+                layout, num_heads, head_dim, options
+            ),
+            kernel_names=(KERNEL_PREFIX,),
+            compute_regions=_compute_regions,
+            schedule_counts=lane_dense_schedule_counts,
+            chips=common.ALL_CHIPS,
+            blocks=DEFAULT_BLOCKS,
+            resolve_blocks=resolve_blocks,
+        )
+    )

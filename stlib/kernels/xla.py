@@ -44,15 +44,19 @@ def _block_sparse_work(layout, num_heads, head_dim, options):
     return block_sparse_work(layout, num_heads, head_dim)
 
 
-REFERENCE = register(Implementation(
-    name="reference",
-    forward=_reference,
-    description="softmax(q k^T * scale, mask) v with the [H, L, L] scores materialised",
-    work=_dense_work,
-))
-XLA = register(Implementation(
-    name="xla",
-    forward=_xla,
-    description="plain JAX over the non-empty tiles of each row (no Pallas)",
-    work=_block_sparse_work,
-))
+REFERENCE = register(
+    Implementation(
+        name="reference",
+        forward=_reference,
+        description="softmax(q k^T * scale, mask) v with the [H, L, L] scores materialised",
+        work=_dense_work,
+    )
+)
+XLA = register(
+    Implementation(
+        name="xla",
+        forward=_xla,
+        description="plain JAX over the non-empty tiles of each row (no Pallas)",
+        work=_block_sparse_work,
+    )
+)

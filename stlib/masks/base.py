@@ -76,7 +76,9 @@ class Mask:
                 if not np.issubdtype(idx.dtype, np.integer):
                     raise TypeError(f"{name} indices must be integers, got {idx.dtype}")
                 if idx.size and (idx.min() < 0 or idx.max() >= self.length):
-                    raise ValueError(f"{name} indices must lie in [0, {self.length}), got [{idx.min()}, {idx.max()}]")
+                    raise ValueError(
+                        f"{name} indices must lie in [0, {self.length}), got [{idx.min()}, {idx.max()}]"
+                    )
         return self._allowed(q, k, head)
 
     def _allowed(self, q, k, head):
@@ -251,7 +253,9 @@ class PermutedMask(Mask):
         if not isinstance(order, TokenOrder):
             raise TypeError(f"order must be a TokenOrder, got {type(order).__name__}")
         if order.num_tokens != base.length:
-            raise ValueError(f"order {order.name!r} permutes {order.num_tokens} tokens, the mask has {base.length}")
+            raise ValueError(
+                f"order {order.name!r} permutes {order.num_tokens} tokens, the mask has {base.length}"
+            )
         self.base, self.order = base, order
         self.length = order.length
         self.num_heads = base.num_heads

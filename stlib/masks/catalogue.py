@@ -21,8 +21,9 @@ from stlib.masks.video import (
 )
 
 
-def case_study_masks(grid: VideoGrid = CASE_STUDY.grid,
-                     num_heads: int = CASE_STUDY.num_heads) -> dict[str, Mask]:
+def case_study_masks(
+    grid: VideoGrid = CASE_STUDY.grid, num_heads: int = CASE_STUDY.num_heads
+) -> dict[str, Mask]:
     """Every built-in pattern on ``grid``, by name (raster order unless the name says otherwise)."""
     length = grid.num_tokens
     tile, window = CASE_STUDY.sta_tile, CASE_STUDY.sta_window

@@ -394,15 +394,17 @@ def _band_width(grid: VideoGrid, density, width) -> int:
     return band_width_for_density(grid.num_tokens, density) if width is None else width
 
 
-def spatial_band(grid: VideoGrid, density: float | None = None, *, width: int | None = None,
-                 anchor: bool = False) -> Mask:
+def spatial_band(
+    grid: VideoGrid, density: float | None = None, *, width: int | None = None, anchor: bool = False
+) -> Mask:
     """SVG spatial head in its TPU band form: |q - k| <= w in frame-major (raster) order, with
     w from ``density`` (``band_width_for_density``) or given as ``width``."""
     return _with_anchor(_VideoBand(grid, _band_width(grid, density, width)), anchor)
 
 
-def temporal_band(grid: VideoGrid, density: float | None = None, *, width: int | None = None,
-                  anchor: bool = False) -> Mask:
+def temporal_band(
+    grid: VideoGrid, density: float | None = None, *, width: int | None = None, anchor: bool = False
+) -> Mask:
     """SVG temporal head in its TPU band form: a band of width w (from ``density`` or ``width``)
     in token-major (y, x, t) order, expressed on raster indices.
     ``.permute(token_major_order(grid))`` turns it into a plain band."""
