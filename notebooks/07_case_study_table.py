@@ -228,6 +228,8 @@ estimate_runs = [  # (label, impl, mask, blocks, options)
      {"boundary": "balanced", **like}),
     (f"pallas_tile flat + exp2, band {band_density:.2f}", "pallas_tile", band_name, None,
      {"form": "flat", "exp2": True}),  # the exp2 effect on its own: the only difference from the flat row
+    # the second-generation tile kernel at its swept default blocks (2048 x 2048, chunk 512), exp2 on
+    (f"pallas_tile_lane_dense, band {band_density:.2f}", "pallas_tile_lane_dense", band_name, None, None),
     (f"pallas_block_sparse (raster), {sta_label}", "pallas_block_sparse", STA_RASTER, None, like),
     (f"pallas_tile flat (3-D tiled), {sta_label}", "pallas_tile", STA_MASK, 384, {"form": "flat", **like}),
 ]
