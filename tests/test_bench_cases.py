@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 
 import stlib
+from stlib import registry
 from stlib.bench.cases import case_function, case_inputs, case_study_cases, sta_windows
 from stlib.configs import DENSITIES, SMALL_CPU
 from stlib.geometry import VideoGrid
 
-IMPLS = {"splash", "pallas_dense", "pallas_block_sparse", "pallas_tile"}
+IMPLS = {impl.name for impl in registry.tpu_kernels()}  # the comparisons run every registered TPU kernel
 PATTERNS = {"dense", "band", "sliding tile"}
 
 
