@@ -34,9 +34,11 @@ def test_cases_name_kernels_patterns_and_lengths(small_cases):
     assert all(c.mask.length == SMALL_CPU.num_tokens for c in small_cases if c.order is None)
     counts = collections.Counter(c.pattern for c in small_cases)
     windows = len(sta_windows(SMALL_CPU.grid, SMALL_CPU.sta_tile)) - 1  # the whole grid is the dense case
-    assert counts == {"dense": 3, "band": 6 * 2, "sliding tile": 3 * windows}
+    runs = sum(len(impl.comparison_runs()) for impl in registry.tpu_kernels())  # every kernel, every variant
+    assert runs >= 6
+    assert counts == {"dense": 3, "band": runs * 2, "sliding tile": 3 * windows}
     labels = [c.label for c in small_cases if c.pattern == "band"]
-    assert labels[:6] == labels[6:]  # the same six kernels at every density
+    assert labels[:runs] == labels[runs:]  # the same kernels at every density
     assert [c.label for c in small_cases if c.pattern == "dense"] == [
         "Splash (dense)",
         "pallas_dense (dense)",
