@@ -8,6 +8,7 @@ import dataclasses
 from collections.abc import Mapping
 
 from stlib.analysis.kernel_estimate import Estimate, estimate
+from stlib.analysis.schedule import ScheduleFormatError
 
 #: The Splash blocks (block_q, block_kv) a tuned estimate chooses from (block_kv_compute: 512 where
 #: it divides block_kv, as the adapter does).
@@ -47,6 +48,8 @@ def best_blocks(point, chip: str | None = None, use_cache: bool = True) -> tuple
                 clock=1.0,
                 use_cache=use_cache,
             )
+        except ScheduleFormatError:  # a schedule this reader does not know: never skipped silently
+            raise
         except RuntimeError:  # does not compile (VMEM): not a candidate
             continue
         results.append((est.cycles, (bq, bkv)))
@@ -116,6 +119,8 @@ def static_estimate(
     for bq, bkv in _sweep_for(impl):
         try:
             est = estimate(impl, mask, chip, block_q=bq, block_kv=bkv, **common)
+        except ScheduleFormatError:  # a schedule this reader does not know: never skipped silently
+            raise
         except RuntimeError as error:  # a block that does not compile (VMEM, SMEM) is no candidate
             sweep.append((bq, bkv, f"does not compile: {str(error).strip().splitlines()[-1][:160]}"))
             continue
