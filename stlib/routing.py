@@ -434,19 +434,22 @@ def _run_tile(q, k, v, plan: SvgPlan, *, scale, options, interpret):
     if explicit is not None and BoundaryPolicy(explicit) != plan.boundary:
         raise ValueError(f"options boundary={explicit!r} differs from the plan's {plan.boundary.value!r}")
     opts = dataclasses.replace(opts, boundary=plan.boundary)
+    return _in_plan_order(
+        q,
+        k,
+        v,
+        plan,
+        lambda *qkv: tile_attention(*qkv, plan.layout, scale=scale, options=opts, interpret=interpret),
+    )
+
+
+def _in_plan_order(q, k, v, plan: SvgPlan, kernel):
+    """``kernel(q, k, v)`` on the tokens in each head's plan order (one shared order applied once),
+    the output restored to raster order."""
     orders = list(plan.orders)
     if len(set(orders)) == 1:
         orders = orders[:1]
-    o = tile_attention(
-        apply_orders(q, orders),
-        apply_orders(k, orders),
-        apply_orders(v, orders),
-        plan.layout,
-        scale=scale,
-        options=opts,
-        interpret=interpret,
-    )
-    return restore_orders(o, orders)
+    return restore_orders(kernel(*(apply_orders(x, orders) for x in (q, k, v))), orders)
 
 
 def _run_lane_dense(q, k, v, plan: SvgPlan, *, scale, options, interpret):
@@ -455,19 +458,15 @@ def _run_lane_dense(q, k, v, plan: SvgPlan, *, scale, options, interpret):
     from stlib.registry import get
 
     opts = get("pallas_tile_lane_dense").options(options)
-    orders = list(plan.orders)
-    if len(set(orders)) == 1:
-        orders = orders[:1]
-    o = lane_dense_attention(
-        apply_orders(q, orders),
-        apply_orders(k, orders),
-        apply_orders(v, orders),
-        plan.kernel_layout,
-        scale=scale,
-        options=opts,
-        interpret=interpret,
+    return _in_plan_order(
+        q,
+        k,
+        v,
+        plan,
+        lambda *qkv: lane_dense_attention(
+            *qkv, plan.kernel_layout, scale=scale, options=opts, interpret=interpret
+        ),
     )
-    return restore_orders(o, orders)
 
 
 #: How each implementation runs a plan: a tile kernel reads the plan's layout and orders directly

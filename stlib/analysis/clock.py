@@ -33,6 +33,32 @@ class CalibrationPoint:
     length: int = CASE_STUDY.num_tokens
     blocks: tuple[int, int] | str = (512, 1024)
 
+    def estimate(
+        self,
+        block_q: int | None,
+        block_kv: int | None,
+        *,
+        chip: str | None = None,
+        clock=1.0,
+        use_cache: bool = True,
+    ):
+        """The static estimate of this point's call with these blocks (on ``chip``, default its own)."""
+        from stlib.analysis.kernel_estimate import estimate
+
+        return estimate(
+            self.impl,
+            self.mask,
+            chip or self.chip,
+            block_q=block_q,
+            block_kv=block_kv,
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            length=self.length,
+            clock=clock,
+            use_cache=use_cache,
+        )
+
     def describe(self) -> str:
         kv = "" if self.num_kv_heads is None else f" ({self.num_kv_heads} kv heads)"
         return (
@@ -112,22 +138,9 @@ _CALIBRATIONS: dict[str, Calibration] = {}
 def solve_clock(point: CalibrationPoint, block_q: int | None, block_kv: int | None, use_cache: bool = True):
     """(cycles, clock in Hz) at which the estimate of ``point`` with these blocks takes its published
     time: cycles / clock + exposed DMA = published (fixed point; the exposed part is small)."""
-    from stlib.analysis.kernel_estimate import estimate
 
     def run(clock):
-        return estimate(
-            point.impl,
-            point.mask,
-            point.chip,
-            block_q=block_q,
-            block_kv=block_kv,
-            num_heads=point.num_heads,
-            num_kv_heads=point.num_kv_heads,
-            head_dim=point.head_dim,
-            length=point.length,
-            clock=clock,
-            use_cache=use_cache,
-        )
+        return point.estimate(block_q, block_kv, clock=clock, use_cache=use_cache)
 
     est = run(1.0)
     if est.memory_seconds >= point.published_seconds:

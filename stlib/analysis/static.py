@@ -35,19 +35,7 @@ def best_blocks(point, chip: str | None = None, use_cache: bool = True) -> tuple
     results = []
     for bq, bkv in _sweep_for(point.impl):
         try:
-            est = estimate(
-                point.impl,
-                point.mask,
-                chip or point.chip,
-                block_q=bq,
-                block_kv=bkv,
-                num_heads=point.num_heads,
-                num_kv_heads=point.num_kv_heads,
-                head_dim=point.head_dim,
-                length=point.length,
-                clock=1.0,
-                use_cache=use_cache,
-            )
+            est = point.estimate(bq, bkv, chip=chip, use_cache=use_cache)
         except ScheduleFormatError:  # a schedule this reader does not know: never skipped silently
             raise
         except RuntimeError:  # does not compile (VMEM): not a candidate

@@ -28,18 +28,7 @@ def calibration_table(chip: str = "v6e", use_cache: bool = True) -> list[dict]:
     point = cal.point
 
     def one(bq, bkv):
-        est = estimate(
-            point.impl,
-            point.mask,
-            chip,
-            block_q=bq,
-            block_kv=bkv,
-            num_heads=point.num_heads,
-            num_kv_heads=point.num_kv_heads,
-            head_dim=point.head_dim,
-            length=point.length,
-            use_cache=use_cache,
-        )
+        est = point.estimate(bq, bkv, clock=cal.clock_hz(chip), use_cache=use_cache)
         _, hz = solve_clock(point, bq, bkv, use_cache)
         return {
             "block_q": bq,

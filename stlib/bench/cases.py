@@ -37,6 +37,18 @@ class Case:
     def reorders_in_timing(self) -> bool:
         return self.grid is not None
 
+    def record_fields(self) -> dict:
+        """What every record of this case names: kernel, label, pattern, mask, blocks, options."""
+        return {
+            "impl": self.impl,
+            "label": self.label,
+            "pattern": self.pattern,
+            "mask": repr(self.mask),
+            "block_q": self.block_q,
+            "block_kv": self.block_kv,
+            "options": self.options,
+        }
+
     @property
     def kernel_mask(self):
         """The mask in the order the kernel sees."""

@@ -94,13 +94,7 @@ def run_case_study(
         record = recorder.write(
             {
                 "benchmark": "case-study",
-                "impl": case.impl,
-                "label": case.label,
-                "pattern": case.pattern,
-                "mask": repr(case.mask),
-                "block_q": case.block_q,
-                "block_kv": case.block_kv,
-                "options": case.options,
+                **case.record_fields(),
                 "shape": list(workload.qkv_shape),
                 "grid": list(workload.grid.shape),
                 "dtype": jnp.dtype(workload.dtype).name,
@@ -143,13 +137,7 @@ def record_full_scale_work(
         recorder.write(
             {
                 "benchmark": "case-study-work",
-                "impl": case.impl,
-                "label": case.label,
-                "pattern": case.pattern,
-                "mask": repr(case.mask),
-                "block_q": case.block_q,
-                "block_kv": case.block_kv,
-                "options": case.options,
+                **case.record_fields(),
                 "shape": list(CASE_STUDY.qkv_shape),
                 "compiled_for": compiles,
                 **work,
