@@ -29,8 +29,10 @@ from stlib.device import chip_spec
 #: Bumped when the attribution format or rules change (invalidates the cache). 2: operand layouts,
 #: laid-out glue bytes, per-chip branch forms.
 FORMAT_VERSION = 2
-#: The stlib modules (or packages) whose sources shape the compiled kernels.
-SOURCES = ("kernels", "masks", "layout", "geometry", "api")
+#: The stlib modules (or packages) whose sources shape every compiled kernel; each implementation's
+#: own module (``stlib/kernels/NAME.py``, where its forward lives) is added to these, so editing one
+#: kernel invalidates that kernel's estimates and no other's.
+SOURCES = ("kernels/__init__", "kernels/common", "masks", "layout", "geometry", "api", "reference", "device")
 
 
 def cache_dir() -> Path:
@@ -38,13 +40,25 @@ def cache_dir() -> Path:
     return Path(os.environ.get("STLIB_CACHE_DIR", Path.home() / ".cache" / "stlib")) / "estimate"
 
 
-def _source_hash() -> str:
-    """Hash of the sources that shape the compiled kernels (a kernel edit invalidates the cache): each
-    of ``SOURCES`` in the stlib package, as a module ``NAME.py`` and / or a package ``NAME/``."""
+def implementation_module(impl: str) -> str:
+    """The stlib module (path relative to the package, no suffix) that defines ``impl``'s forward."""
+    from stlib.registry import get
+
+    module = get(impl).forward.__module__
+    if not module.startswith("stlib."):
+        raise ValueError(f"{impl!r}: its forward lives outside stlib ({module})")
+    return module.removeprefix("stlib.").replace(".", "/")
+
+
+def _source_hash(impl: str) -> str:
+    """Hash of the sources that shape ``impl``'s compiled kernels (an edit invalidates its cached
+    estimates): each of ``SOURCES`` and the implementation's own module in the stlib package, as a
+    module ``NAME.py`` and / or a package ``NAME/``."""
     root = stlib_dir()
-    paths = [
-        p for name in SOURCES for p in (root / f"{name}.py", *root.glob(f"{name}/**/*.py")) if p.is_file()
-    ]
+    names = (*SOURCES, implementation_module(impl))
+    paths = {
+        p for name in names for p in (root / f"{name}.py", *root.glob(f"{name}/**/*.py")) if p.is_file()
+    }
     digest = hashlib.sha256()
     for path in sorted(paths):
         digest.update(path.relative_to(root).as_posix().encode() + path.read_bytes())
@@ -62,7 +76,7 @@ def compiled_attributions(
         "format": FORMAT_VERSION,
         "libtpu": version,
         "jax": importlib.metadata.version("jax"),
-        "source": _source_hash(),
+        "source": _source_hash(impl),
         "config": dataclasses.asdict(dataclasses.replace(config, mask_file=None)),
         "mask": hashlib.sha256(mask_bytes).hexdigest() if mask_bytes else None,
     }
