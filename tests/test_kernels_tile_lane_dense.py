@@ -57,14 +57,23 @@ def test_matches_reference_ragged(length, dtype, mask_name, blocks):
 def test_step_kinds_split_full_ragged_masked():
     length = 1000  # 1000 % 256 = 232 real keys in the last kv block
     layout = stlib.block_layout(masks.band(length, 300), 128, 256)
-    kinds = ld.step_kinds(layout, length)
-    assert set(ld.kinds_present(kinds)) == {StepKind.FULL, StepKind.RAGGED, StepKind.MASKED}
+    steps = ld.plan_steps(layout, length)
+    kinds = steps.codes
+    assert set(steps.present) == {StepKind.FULL, StepKind.RAGGED, StepKind.MASKED}  # a band has no pattern
     assert (kinds[..., :-1] != StepKind.RAGGED).all()  # only the last kv block is ragged
     assert ((kinds == StepKind.MASKED) == (layout.kinds == 1)).all()  # exact: PARTIAL tiles are masked
-    _, counts = ld.step_tables(kinds)
+    _, counts = steps.tables()
     assert (counts == (kinds >= 0).sum(axis=2)).all()
-    assert ld.kernel_name(ld.kinds_present(kinds)) == "stlib_tile_ld_full_ragged_masked"
-    assert ld._compute_regions("stlib_tile_ld_full_masked.3", 2) == ["compute_full", "compute_masked"]
+    assert ld.kernel_name(ld.KERNEL_PREFIX, steps.present) == "stlib_tile_ld_full_ragged_masked"
+    regions = ld.IMPLEMENTATION.compute_regions
+    assert regions("stlib_tile_ld_full_masked.3", 2) == ["compute_full", "compute_masked"]
+    assert regions("stlib_tile_ld_full_p0_p1.2", 3) == [
+        "compute_full",
+        "compute_pattern0",
+        "compute_pattern1",
+    ]
+    with pytest.raises(ValueError, match="names no step kind"):
+        regions("stlib_tile_ld_full_q7.1", 2)
 
 
 def test_sliding_tile_in_tiled_order():
@@ -80,6 +89,65 @@ def test_sliding_tile_in_tiled_order():
             q, k, v, grid, mask, impl=IMPL, orders=order, block_q=128, block_kv=128, interpret=True
         )
         assert err(out, ref) <= ATOL[dtype]
+
+
+def test_sliding_tile_rows_of_tiles_run_as_patterns():
+    """Blocks that hold a row of five 2x4x16 tiles (640 tokens): every block is PARTIAL, but at the
+    grain of one tile (128) every sub-tile is EMPTY or FULL, so each block runs as a pattern (the
+    w-window of three tiles, clamped at the edges: 15 of 25 sub-tiles), mask-free; kv blocks at the
+    padded h edge (14 rows in tiles of 4) mask their padding slots by key. Same output as the
+    reference, and as the same kernel with patterns off (every block MASKED)."""
+    grid = stlib.VideoGrid(8, 14, 80)
+    tile = (2, 4, 16)
+    mask = masks.sliding_tile(grid, tile, (3, 3, 3))
+    order = stlib.tiled_order(grid, tile)
+    layout = stlib.block_layout(mask.permute(order), 640, 640)
+    steps = ld.plan_steps(layout, order.length)
+    assert layout.kind_counts()["FULL"] == 0 and not (steps.codes == StepKind.MASKED).any()
+    window = ((1, 1, 0, 0, 0), (1, 1, 1, 0, 0), (1, 1, 1, 1, 1), (0, 0, 1, 1, 1), (0, 0, 0, 1, 1))
+    assert {(p.grain, p.rows, p.padded) for p in steps.patterns} == {
+        (128, window, False),
+        (128, window, True),
+    }
+    assert ld.kernel_name(ld.KERNEL_PREFIX, steps.present) == "stlib_tile_ld_p0_p1"
+    work = ld.lane_dense_work(layout, 1, 128)
+    assert work.executed_flops == 4.0 * 128 * int((steps.codes >= 0).sum()) * 15 * 128**2
+    off = ld.lane_dense_work(layout, 1, 128, {"pattern_grain": 0})
+    assert off.executed_flops == 4.0 * 128 * int((steps.codes >= 0).sum()) * 640**2
+    for dtype in (jnp.float32, jnp.bfloat16):
+        q, k, v = stlib.random_qkv((1, grid.num_tokens, 128), dtype, seed=7)
+        ref = stlib.attention(q, k, v, mask)
+        outs = [
+            stlib.video_attention(
+                q,
+                k,
+                v,
+                grid,
+                mask,
+                impl=IMPL,
+                orders=order,
+                block_q=640,
+                block_kv=640,
+                options=opt,
+                interpret=True,
+            )
+            for opt in ({}, {"pattern_grain": 0})
+        ]
+        assert max(err(out, ref) for out in outs) <= ATOL[dtype]
+
+
+def test_pattern_updates_cover_each_full_sub_tile_once():
+    pattern = ld.Pattern(128, ((1, 0, 1), (0, 1, 1)), False)
+    updates = pattern.updates(384, 256, 128)
+    assert updates == [(0, 128, 0, 128), (0, 128, 256, 128), (128, 128, 128, 256)]
+    assert ld.Pattern(256, ((1, 1), (1, 1)), True).updates(512, 512, 128) == [
+        (0, 128, 0, 512),
+        (128, 128, 0, 512),
+        (256, 128, 0, 512),
+        (384, 128, 0, 512),
+    ]  # all FULL: whole-tile chunks
+    with pytest.raises(ValueError, match="pattern grain=192 must be a multiple of 128"):
+        ld.plan_steps(stlib.block_layout(masks.band(1024, 100), 384, 384), 1024, 192)
 
 
 def test_bf16_probabilities_error_is_within_the_bf16_tolerance():
@@ -109,6 +177,10 @@ def test_bf16_probabilities_error_is_within_the_bf16_tolerance():
         ({"options": {"block_kv_compute": 100}}, "block_kv_compute=100 must be a multiple of 128"),
         ({"options": {"block_kv_register": 12}}, "block_kv_register=12 must be a multiple of 8"),
         ({"options": {"chip": "v9"}}, "chip='v9' must be one of"),
+        (
+            {"options": {"pattern_grain": 100}},
+            "pattern_grain=100 must be None, 0 or a positive multiple of 128",
+        ),
     ],
 )
 def test_bad_blocks_and_options_are_refused_by_name(kwargs, message):
@@ -142,7 +214,7 @@ def test_schedule_counts_match_the_tables():
     setup = Setup(IMPL, mask, length, 2, 128, 2, 128, 256, None, {"block_kv_compute": 128})
     attribution = type("Att", (), {"kernel": "stlib_tile_ld_full_ragged_masked.1"})()
     counts = ld.lane_dense_schedule_counts(setup, attribution)
-    kinds = ld.step_kinds(setup.layout, length)
+    kinds = ld.plan_steps(setup.layout, length).codes
     assert counts.paths["compute_full"] == 2 * int((kinds == StepKind.FULL).sum())
     assert counts.paths["init"] == counts.paths["finalise"] == counts.q_rows == 2 * kinds.shape[1]
     work = ld.lane_dense_work(setup.layout, 2, 128)

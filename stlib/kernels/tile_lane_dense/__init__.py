@@ -1,0 +1,194 @@
+"""``pallas_tile_lane_dense``: the tile-aligned sparse kernel with keys on sublanes.
+
+The same tile skipping as ``pallas_tile`` (a grid (H, q tiles, widest row) over each row's
+non-empty kv tiles, steps past a row's count skipped), laid out the way the public Sparse VideoGen
+TPU design lays it out (``../shared/REFERENCE.md`` section 3): scores k q^T with lane-dense softmax
+statistics, an inner key loop in chunks and register tiles, one pass that writes the output once in
+q's dtype, no LSE, no merge and no padded copies of q, k, v (``kernel``). Each step's region is a
+code in the step table (``steps``): FULL, RAGGED, MASKED, or a pattern of mask-free sub-tiles.
+
+Each computed step costs 4 * pairs * D flops (``StepPlan.pairs``: the whole tile, the real keys of a
+RAGGED tile, the FULL sub-tiles of a pattern) and moves one k and one v block
+(2 * block_kv * D * itemsize bytes) when its kv tile changes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from stlib._intmath import round_up
+from stlib.device import LANES, current_chip, resolve_interpret
+from stlib.kernels import common
+from stlib.kernels.tile_lane_dense.kernel import (
+    KERNEL_PREFIX,
+    NAME,
+    VMEM_SHARE,
+    LaneDenseOptions,
+    check_blocks,
+    lane_dense_attention,
+    vmem_bytes,
+    vmem_limit,
+)
+from stlib.kernels.tile_lane_dense.steps import (
+    CODE_BITS,
+    FIRST_PATTERN,
+    MAX_PATTERNS,
+    Pattern,
+    StepKind,
+    StepPlan,
+    grains,
+    kernel_name,
+    plan_steps,
+    region_name,
+    regions_of,
+)
+from stlib.layout import BlockLayout, block_layout
+from stlib.masks import Mask, full
+from stlib.registry import Implementation, ScheduleCounts, register
+
+__all__ = [
+    "DEFAULT_BLOCKS",
+    "FIRST_PATTERN",
+    "IMPLEMENTATION",
+    "KERNEL_PREFIX",
+    "MAX_PATTERNS",
+    "NAME",
+    "VMEM_SHARE",
+    "LaneDenseOptions",
+    "Pattern",
+    "StepKind",
+    "StepPlan",
+    "check_blocks",
+    "grains",
+    "kernel_name",
+    "lane_dense_attention",
+    "lane_dense_schedule_counts",
+    "lane_dense_work",
+    "plan_steps",
+    "region_name",
+    "resolve_blocks",
+    "vmem_bytes",
+    "vmem_limit",
+]
+
+
+#: Default blocks per chip: v6e's won the static-estimate sweep (``python -m stlib.bench.block_sweep``,
+#: data/tile_block_sweep.jsonl) on dense and band 0.25; v5e and TPU7x take v6e's until their own
+#: sweep records are read (they fit both chips' VMEM limits).
+DEFAULT_BLOCKS: dict[str, common.BlockSizes] = {
+    "v5e": common.BlockSizes(2048, 2048, 512),
+    "v6e": common.BlockSizes(2048, 2048, 512),
+    "tpu7x": common.BlockSizes(2048, 2048, 512),
+}
+
+
+def resolve_blocks(length: int, block_q, block_kv, options: LaneDenseOptions, interpret):
+    """(BlockSizes, options with the chunk resolved): explicit blocks, else this kernel's default for
+    its chip (``options.chip``, the chip at hand, v6e when compiling elsewhere; small tiles in
+    interpret mode); blocks shrunk to short sequences in multiples of 128."""
+    chip = options.chip or current_chip()
+    if chip is None and not resolve_interpret(interpret):
+        chip = "v6e"
+    base = common.default_block_sizes(chip, DEFAULT_BLOCKS)
+    explicit = block_q is not None and block_kv is not None
+    bq, bkv = block_q or base.block_q, block_kv or base.block_kv
+    chunk = options.block_kv_compute
+    if chunk is None and block_kv is None:
+        chunk = base.block_kv_compute
+    if not explicit:
+        bq, bkv = min(bq, round_up(length, LANES)), min(bkv, round_up(length, LANES))
+        if chunk is not None and (chunk > bkv or bkv % chunk):
+            chunk = None
+    return common.BlockSizes(bq, bkv, chunk), dataclasses.replace(options, block_kv_compute=chunk)
+
+
+def _forward(q, k, v, mask: Mask | None, *, scale, block_q, block_kv, options: LaneDenseOptions, interpret):
+    sizes, options = resolve_blocks(q.shape[1], block_q, block_kv, options, interpret)
+    layout = block_layout(mask if mask is not None else full(q.shape[1]), sizes.block_q, sizes.block_kv)
+    return lane_dense_attention(q, k, v, layout, scale=scale, options=options, interpret=interpret)
+
+
+def _plan(layout: BlockLayout, options) -> StepPlan:
+    """The step plan of ``layout`` under ``options`` (a LaneDenseOptions, a dict of its fields, None)."""
+    if not isinstance(options, LaneDenseOptions):
+        options = LaneDenseOptions(**(options or {}))
+    return plan_steps(layout, layout.length, options.pattern_grain)
+
+
+def lane_dense_work(layout: BlockLayout, num_heads: int, head_dim: int, options=None) -> common.KernelWork:
+    """Grid steps, flops and exps of ``lane_dense_attention`` for this layout."""
+    steps = _plan(layout, options)
+    codes = steps.codes
+    mult = num_heads if layout.num_heads == 1 else 1
+    pairs = sum(int((codes == c).sum()) * steps.pairs(c) for c in steps.present) * mult
+    computed = int((codes >= 0).sum()) * mult
+    plain = int((codes == StepKind.FULL).sum()) + sum(
+        int((codes == c).sum()) for c in steps.present if c >= FIRST_PATTERN and not steps.pattern(c).padded
+    )
+    widest = max(int((codes >= 0).sum(axis=2).max()) if codes.size else 0, 1)
+    allowed = layout.allowed_pairs * mult
+    return common.KernelWork(
+        grid_steps=num_heads * codes.shape[1] * widest,
+        computed_tiles=computed,
+        masked_tiles=computed - plain * mult,
+        executed_flops=4.0 * pairs * head_dim,
+        useful_flops=4.0 * allowed * head_dim,
+        exps=float(pairs),
+    )
+
+
+def _compute_regions(kernel: str, n: int) -> list[str]:
+    """One conditional compute region per step code present, in code order (the kernel's name lists
+    them)."""
+    return regions_of(KERNEL_PREFIX, kernel)
+
+
+def lane_dense_schedule_counts(setup, attribution) -> ScheduleCounts:
+    """Executions of each compiled path, grid steps and block fetches, from the step tables."""
+    options = LaneDenseOptions(**setup.options)  # validates the options the kernel was compiled with
+    h, layout = setup.num_heads, setup.layout
+    nq, nk = layout.grid_shape
+    mult = h if layout.num_heads == 1 else 1
+    steps = plan_steps(layout, setup.length, options.pattern_grain)
+    name = kernel_name(KERNEL_PREFIX, steps.present)
+    if name != attribution.kernel.split(".")[0]:
+        raise ValueError(f"{attribution.kernel!r}: the layout's step kinds make kernel {name!r}")
+    entries, _ = steps.tables()
+    tiles = entries >> CODE_BITS
+    paths = {"init": h * nq, "finalise": h * nq}
+    for code in steps.present:
+        paths[region_name(code)] = int((steps.codes == code).sum()) * mult
+    heads = np.arange(h)[:, None, None]
+    kv = heads * nk + np.broadcast_to(tiles, (h,) + tiles.shape[1:])
+    return ScheduleCounts(
+        paths,
+        h * nq * entries.shape[2],
+        h * nq,
+        common.block_changes(kv),
+        setup.block_q,
+        setup.block_kv,
+        setup.itemsize,
+        writes_lse=False,
+    )
+
+
+IMPLEMENTATION = register(
+    Implementation(
+        name=NAME,
+        forward=_forward,
+        description="tile-aligned sparse kernel, keys on sublanes: lane-dense softmax statistics, one pass, "
+        "per-step FULL / RAGGED / MASKED flags, no padded inputs",
+        options_type=LaneDenseOptions,
+        work=lambda layout, num_heads, head_dim, options: lane_dense_work(
+            layout, num_heads, head_dim, options
+        ),
+        kernel_names=(KERNEL_PREFIX,),
+        compute_regions=_compute_regions,
+        schedule_counts=lane_dense_schedule_counts,
+        chips=common.ALL_CHIPS,
+        blocks=DEFAULT_BLOCKS,
+        resolve_blocks=resolve_blocks,
+    )
+)

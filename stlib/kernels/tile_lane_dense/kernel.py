@@ -1,0 +1,452 @@
+"""The ``pallas_tile_lane_dense`` kernel: the pallas_call, its VMEM budget and block checks.
+
+Scores are k q^T, [chunk, block_q]: keys on sublanes, queries on lanes, so the running max and sum
+are [8, block_q] (one value per query along lanes) and their reductions over keys are element-wise
+maxima / sums across vregs, not cross-lane reductions. The kv tile is walked in ``block_kv_compute``
+chunks (one max, one rescale per chunk) and, inside a chunk, in register tiles of
+``block_kv_register`` keys (exp2, then bf16 probabilities into p.v). The accumulator is o^T
+[D, block_q]; it is transposed once per row, when the output is written in q's dtype. One grid, one
+region per step code of ``steps.StepPlan`` (FULL, RAGGED, MASKED, patterns), chosen per step by the
+code in the scalar-prefetched step table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from stlib._checks import check_positive_int
+from stlib._intmath import round_up
+from stlib.device import CHIP_TABLE, LANES, SUBLANES, chip_spec, current_chip, resolve_interpret
+from stlib.kernels import common
+from stlib.kernels.tile_lane_dense.steps import (
+    CODE_BITS,
+    FIRST_PATTERN,
+    StepKind,
+    StepPlan,
+    kernel_name,
+    plan_steps,
+)
+from stlib.layout import BlockLayout
+from stlib.reference import MASK_VALUE
+
+NAME = "pallas_tile_lane_dense"
+KERNEL_PREFIX = "stlib_tile_ld"
+#: Share of a chip's VMEM a call may ask for (the rest: Mosaic's internal scratch, headroom).
+VMEM_SHARE = 0.75
+
+
+@dataclass(frozen=True)
+class LaneDenseOptions:
+    """``exp2``: base-2 exponentials with log2(e) folded into q's scale; ``block_kv_compute``: keys per
+    chunk of the inner loop (None: the chip default with default blocks, else the whole kv tile);
+    ``block_kv_register``: keys per register tile inside a chunk (None: the whole chunk);
+    ``bf16_probs``: probabilities enter p.v in v's dtype when v is bf16 (f32 inputs stay f32);
+    ``pattern_grain``: sub-tile size of pattern steps (None: chosen per layout, 0: no patterns);
+    ``chip``: the chip whose VMEM the blocks must fit and whose limit the call asks for (None: the
+    chip at hand, else the smallest VMEM in the chip table)."""
+
+    exp2: bool = True
+    block_kv_compute: int | None = None
+    block_kv_register: int | None = 256
+    bf16_probs: bool = True
+    pattern_grain: int | None = None
+    chip: str | None = None
+
+    def __post_init__(self):
+        for name in ("exp2", "bf16_probs"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name}={getattr(self, name)!r} must be True or False")
+        if self.block_kv_compute is not None:
+            common.check_chunk(self.block_kv_compute)
+        if self.block_kv_register is not None:
+            check_positive_int("block_kv_register", self.block_kv_register)
+            if self.block_kv_register % SUBLANES:
+                raise ValueError(
+                    f"block_kv_register={self.block_kv_register} must be a multiple of {SUBLANES} "
+                    "(TPU sublane tiling)"
+                )
+        if self.pattern_grain is not None and (
+            not isinstance(self.pattern_grain, int) or self.pattern_grain < 0 or self.pattern_grain % LANES
+        ):
+            raise ValueError(
+                f"pattern_grain={self.pattern_grain!r} must be None, 0 or a positive multiple of {LANES}"
+            )
+        if self.chip is not None:
+            chip_spec(self.chip)  # raises, naming the chips of the table
+
+
+# --------------------------------------------------------------------------------------------
+# blocks and VMEM
+
+
+def vmem_limit(chip: str | None) -> int:
+    """Bytes of VMEM a call may ask for on ``chip`` (None: the smallest in the chip table)."""
+    chips = [chip_spec(chip)] if chip else list(CHIP_TABLE.values())
+    return int(min(c.vmem_bytes for c in chips) * VMEM_SHARE)
+
+
+def vmem_bytes(
+    block_q: int,
+    block_kv: int,
+    chunk: int,
+    register: int,
+    head_dim: int,
+    itemsize: int,
+    table: bool = False,
+    key_validity: bool = False,
+) -> int:
+    """VMEM one call needs (upper estimate): double-buffered q, k, v, o (and mask) blocks, the
+    scratch (m, l [8, block_q] f32, o^T [D, block_q] f32, scaled q), and the temporaries of one chunk
+    (scores [chunk, block_q] f32, probabilities of one register tile, one p.v product); with
+    ``key_validity``, the int32 [block_kv, 1] key column, lane-padded to 128, double-buffered."""
+    blocks = 2 * itemsize * head_dim * (2 * block_q + 2 * block_kv) + (2 * block_q * block_kv if table else 0)
+    blocks += 2 * block_kv * LANES * 4 if key_validity else 0
+    scratch = 2 * SUBLANES * block_q * 4 + head_dim * block_q * 4 + block_q * head_dim * itemsize
+    temps = (
+        chunk * block_q * (4 + (1 if table else 0)) + 3 * register * block_q * 4 + 2 * head_dim * block_q * 4
+    )
+    return blocks + scratch + temps
+
+
+def check_blocks(
+    block_q: int,
+    block_kv: int,
+    chunk: int,
+    register: int | None,
+    head_dim: int,
+    itemsize: int,
+    chip: str | None,
+    table: bool = False,
+    compiled: bool = True,
+    key_validity: bool = False,
+) -> int:
+    """Refuse blocks this kernel cannot tile or that overflow the VMEM limit, naming value and limit;
+    returns the limit. block_q is the lane dimension of the scores here: a multiple of 128 when
+    ``compiled`` for a TPU (interpret mode takes any multiple of 8)."""
+    common.BlockSizes(block_q, block_kv, chunk)  # (8, 128) rule, chunk divides block_kv
+    if compiled and block_q % LANES:
+        raise ValueError(f"{block_q=} must be a multiple of {LANES}: queries lie along lanes in this kernel")
+    if table and block_kv % 32:
+        raise ValueError(f"{block_kv=} must be a multiple of 32 for an int8 mask table")
+    need, limit = (
+        vmem_bytes(block_q, block_kv, chunk, register or chunk, head_dim, itemsize, table, key_validity),
+        vmem_limit(chip),
+    )
+    if need > limit:
+        raise ValueError(
+            f"blocks {block_q}x{block_kv} (chunk {chunk}, register {register}) need about {need:,} "
+            f"bytes of VMEM; the limit on {chip or 'the smallest chip'} is {limit:,}"
+        )
+    return limit
+
+
+# --------------------------------------------------------------------------------------------
+# the kernel
+
+
+def _chunk_update(
+    q,
+    k,
+    v,
+    m_ref,
+    l_ref,
+    acc_ref,
+    *,
+    lanes: slice,
+    score_scale_exp,
+    register: int,
+    p_dtype,
+    allowed=None,
+    v_rows_valid=None,
+):
+    """Fold one chunk of keys into the running softmax of the q lanes ``lanes`` (a static slice of
+    the q tile). q [n, D] (pre-scaled); k, v [C, D]; ``allowed`` bool [C, n] or [C, 1] or None;
+    ``v_rows_valid`` bool [C, 1] (rows past the array end hold stale data: zeroed before p.v) or None.
+    Flops: 2 * C * n * D (k q^T) + 2 * C * n * D (v^T p); exps: C * n + n."""
+    exp = score_scale_exp
+    s = jax.lax.dot_general(k, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)  # [C, n]
+    if allowed is not None:
+        s = jnp.where(allowed, s, MASK_VALUE)
+    if v_rows_valid is not None:
+        v = jnp.where(v_rows_valid, v, jnp.zeros((), v.dtype))
+    m_prev = m_ref[:, lanes]  # [8, n]
+    m_next = jnp.maximum(m_prev, jnp.max(s, axis=0, keepdims=True))  # [8, n]
+    m_row = m_next[:1]  # [1, n]
+    alpha = exp(m_prev[:1] - m_row)  # [1, n]
+    rows = s.shape[0]
+    l_add = None
+    pv = None
+    for r0 in range(0, rows, register):  # register tiles: bounds the live range of p
+        r1 = min(rows, r0 + register)
+        p = exp(s[r0:r1] - m_row)  # [R, n]
+        if allowed is not None:
+            p = jnp.where(allowed[r0:r1], p, 0.0)
+        part = jnp.sum(p, axis=0, keepdims=True)  # [1, n]
+        prod = jax.lax.dot_general(
+            v[r0:r1].astype(p_dtype),
+            p.astype(p_dtype),
+            (((0,), (0,)), ((), ())),
+            preferred_element_type=jnp.float32,
+        )  # [D, n]
+        l_add = part if l_add is None else l_add + part
+        pv = prod if pv is None else pv + prod
+    l_ref[:, lanes] = jnp.broadcast_to(alpha * l_ref[:1, lanes] + l_add, m_prev.shape)
+    m_ref[:, lanes] = m_next
+    acc_ref[:, lanes] = alpha * acc_ref[:, lanes] + pv  # [D, n]
+
+
+def _build_kernel(
+    *,
+    steps: StepPlan,
+    mask_plan: common.MaskPlan,
+    chunk: int,
+    register: int,
+    nq: int,
+    extent: int,
+    shared: bool,
+    softmax: common.SoftmaxOptions,
+    p_dtype,
+    n_tables: int,
+):
+    layout, length, present = steps.layout, steps.length, steps.present
+    bq, bkv = layout.block_q, layout.block_kv
+    tail = length % bkv  # real rows of the last kv block (0: the array ends at a block edge)
+    table = mask_plan.mode == common.MaskPlanMode.TABLE
+    key_column = steps.key_validity
+    all_lanes = slice(0, bq)
+
+    def kernel(*refs):
+        steps_ref, counts_ref = refs[0], refs[1]
+        rest = list(refs[n_tables:])
+        q_ref, k_ref, v_ref = rest[:3]
+        mask_ref = rest.pop(3) if table else None
+        valid_ref = rest.pop(3) if key_column else None
+        o_ref, m_ref, l_ref, acc_ref, qs_ref = rest[3:]
+        h, i, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+        row = i if shared else h * nq + i
+        entry = steps_ref[row * extent + j]
+        step_code, ki = entry & ((1 << CODE_BITS) - 1), entry >> CODE_BITS
+        active = j < counts_ref[row]
+
+        @pl.when(j == 0)
+        def _():
+            m_ref[...] = jnp.full(m_ref.shape, MASK_VALUE, jnp.float32)
+            l_ref[...] = jnp.zeros(l_ref.shape, jnp.float32)
+            acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
+            qs_ref[...] = (q_ref[...].astype(jnp.float32) * softmax.score_scale).astype(
+                qs_ref.dtype
+            )  # [bq, D]
+
+        def update(c0, size, lanes=all_lanes, allowed=None, v_rows_valid=None):
+            _chunk_update(
+                qs_ref[lanes, :],
+                k_ref[pl.ds(c0, size), :],
+                v_ref[pl.ds(c0, size), :],
+                m_ref,
+                l_ref,
+                acc_ref,
+                lanes=lanes,
+                score_scale_exp=softmax.exp,
+                register=register,
+                p_dtype=p_dtype,
+                allowed=allowed,
+                v_rows_valid=v_rows_valid,
+            )
+
+        def region(code):  # the steps of one code: a conditional region of the compiled step
+            return pl.when(active & (step_code == code))
+
+        if StepKind.FULL in present:
+
+            @region(StepKind.FULL)
+            def _():
+                for c0 in range(0, bkv, chunk):
+                    update(c0, chunk)
+
+        if StepKind.RAGGED in present:
+
+            @region(StepKind.RAGGED)
+            def _():
+                for c in range(tail // chunk):
+                    update(c * chunk, chunk)
+                rem = tail % chunk
+                if (
+                    rem
+                ):  # the last chunk sliced to the real rows (rounded up to the sublane tile, then masked)
+                    size = min(chunk, round_up(rem, 2 * SUBLANES))
+                    c0 = tail - rem
+                    if size == rem:
+                        update(c0, size)
+                    else:
+                        key = jax.lax.broadcasted_iota(jnp.int32, (size, bq), 0)
+                        update(
+                            c0,
+                            size,
+                            allowed=key < rem,
+                            v_rows_valid=jax.lax.broadcasted_iota(jnp.int32, (size, 1), 0) < rem,
+                        )
+
+        if StepKind.MASKED in present:
+
+            @region(StepKind.MASKED)
+            def _():
+                for c0 in range(0, bkv, chunk):
+                    keys = ki * bkv + c0 + jax.lax.broadcasted_iota(jnp.int32, (chunk, bq), 0)  # [C, bq]
+                    if table:
+                        allowed = (mask_ref[pl.ds(c0, chunk), :] != 0) & (keys < length)
+                    else:
+                        queries = i * bq + jax.lax.broadcasted_iota(jnp.int32, (chunk, bq), 1)
+                        allowed = mask_plan.mask._allowed(queries, keys, h) & (keys < length)
+                    rows_ok = None
+                    if tail:  # the last kv block runs past the array: its stale rows must not reach p.v
+                        rows_ok = (
+                            ki * bkv + c0 + jax.lax.broadcasted_iota(jnp.int32, (chunk, 1), 0)
+                        ) < length
+                    update(c0, chunk, allowed=allowed, v_rows_valid=rows_ok)
+
+        for code in (c for c in present if c >= FIRST_PATTERN):
+            pattern = steps.pattern(code)
+
+            @region(code)
+            def _(pattern=pattern):
+                for k0, keys, lane0, lanes in pattern.updates(bq, bkv, chunk):
+                    allowed = (valid_ref[pl.ds(k0, keys), :] != 0) if pattern.padded else None  # [C, 1]
+                    update(k0, keys, slice(lane0, lane0 + lanes), allowed=allowed)
+
+        @pl.when(j == extent - 1)
+        def _():
+            m = m_ref[...][:1]  # [1, bq]
+            l = l_ref[...][:1]  # [1, bq]
+            seen = (m != MASK_VALUE) | jnp.isnan(l)  # a key was allowed, or the data is NaN
+            inv = 1.0 / jnp.where(seen, l, 1.0)  # [1, bq]
+            out_t = jnp.where(seen, acc_ref[...] * inv, 0.0)  # [D, bq]
+            o_ref[...] = out_t.T.astype(o_ref.dtype)  # [bq, D]
+
+    return kernel
+
+
+def lane_dense_attention(
+    q,
+    k,
+    v,
+    layout: BlockLayout,
+    *,
+    scale: float,
+    options: LaneDenseOptions = LaneDenseOptions(),
+    interpret: bool | None = None,
+):
+    """q, k, v [H, L, D] -> o [H, L, D] in q's dtype. ``layout`` is the tile layout of the mask for
+    these tokens; its blocks must suit this kernel (``check_blocks``). Raises ValueError for such
+    blocks and for step tables that overflow SMEM."""
+    num_heads, length, head_dim = q.shape
+    bq, bkv = layout.block_q, layout.block_kv
+    chunk = options.block_kv_compute or bkv
+    register = min(options.block_kv_register or chunk, chunk)
+    steps = plan_steps(layout, length, options.pattern_grain)
+    present = steps.present
+    mask_plan = common.plan_mask(layout.mask, layout, steps.codes == StepKind.MASKED)
+    table = mask_plan.mode == common.MaskPlanMode.TABLE
+    chip = options.chip or current_chip()
+    limit = check_blocks(
+        bq,
+        bkv,
+        chunk,
+        register,
+        head_dim,
+        q.dtype.itemsize,
+        chip,
+        table,
+        compiled=not resolve_interpret(interpret),
+        key_validity=steps.key_validity,
+    )
+    if not present:  # nothing to compute: every row sees nothing
+        return jnp.zeros(q.shape, q.dtype)
+    entries, counts = steps.tables()
+    extent = entries.shape[2]
+    tables = [entries.reshape(-1), counts.reshape(-1)]
+    nq = entries.shape[1]
+    shared = entries.shape[0] == 1
+    if table:
+        idx = np.take_along_axis(
+            np.broadcast_to(mask_plan.index, steps.codes.shape), entries >> CODE_BITS, axis=2
+        )
+        idx = np.where(np.arange(extent) < counts[:, :, None], idx, -1)
+        tables.append(common.carried_index(idx).reshape(-1))
+    common.check_prefetch(
+        tables,
+        mask_plan,
+        bq,
+        f"{NAME} ({entries.shape[0]} heads x {nq} x {layout.grid_shape[1]} tiles of {bq}x{bkv})",
+        "use larger tiles or fewer heads per call",
+    )
+    softmax = common.SoftmaxOptions(scale, options.exp2)
+    p_dtype = v.dtype if (options.bf16_probs or v.dtype == jnp.float32) else jnp.float32
+    kernel = _build_kernel(
+        steps=steps,
+        mask_plan=mask_plan,
+        chunk=chunk,
+        register=register,
+        nq=nq,
+        extent=extent,
+        shared=shared,
+        softmax=softmax,
+        p_dtype=p_dtype,
+        n_tables=len(tables),
+    )
+
+    def row_of(h, i):
+        return i if shared else h * nq + i
+
+    def q_map(h, i, j, *_):
+        return (h, i, 0)
+
+    def kv_tile(h, i, j, steps_ref):
+        return steps_ref[row_of(h, i) * extent + j] >> CODE_BITS
+
+    def kv_map(h, i, j, steps_ref, *_):
+        return (h, kv_tile(h, i, j, steps_ref), 0)
+
+    in_specs = [
+        pl.BlockSpec((None, bq, head_dim), q_map),  # q [bq, D]
+        pl.BlockSpec((None, bkv, head_dim), kv_map),  # k [bkv, D]
+        pl.BlockSpec((None, bkv, head_dim), kv_map),  # v [bkv, D]
+    ]
+    operands = [q, k, v]
+    if table:
+        in_specs.append(
+            pl.BlockSpec((None, bkv, bq), lambda h, i, j, *tabs: (tabs[-1][row_of(h, i) * extent + j], 0, 0))
+        )
+        operands.append(jnp.asarray(np.ascontiguousarray(mask_plan.table.transpose(0, 2, 1))))  # [P, bkv, bq]
+    if steps.key_validity:
+        in_specs.append(
+            pl.BlockSpec((bkv, 1), lambda h, i, j, steps_ref, *_: (kv_tile(h, i, j, steps_ref), 0))
+        )
+        operands.append(jnp.asarray(steps.key_valid_column()))  # int32 [nk * bkv, 1]
+    grid_spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=len(tables),
+        grid=(num_heads, nq, extent),
+        in_specs=in_specs,
+        out_specs=pl.BlockSpec((None, bq, head_dim), q_map),  # o [bq, D]
+        scratch_shapes=[
+            pltpu.VMEM((SUBLANES, bq), jnp.float32),  # m: running max, one per query along lanes
+            pltpu.VMEM((SUBLANES, bq), jnp.float32),  # l: running sum
+            pltpu.VMEM((head_dim, bq), jnp.float32),  # o^T: unnormalised output, transposed
+            pltpu.VMEM((bq, head_dim), q.dtype),  # q with the softmax scale folded in
+        ],
+    )
+    return common.run_pallas(
+        kernel,
+        grid_spec=grid_spec,
+        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        interpret=interpret,
+        dimension_semantics=("parallel", "parallel", "arbitrary"),
+        name=kernel_name(KERNEL_PREFIX, present),
+        operands=[*(jnp.asarray(t) for t in tables), *operands],
+        vmem_limit_bytes=limit,
+    )

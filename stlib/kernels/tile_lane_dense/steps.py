@@ -1,0 +1,247 @@
+"""Which grid step of ``pallas_tile_lane_dense`` runs which compiled region, and what each costs.
+
+Every non-empty (q tile, kv tile) of the layout becomes one step with a code:
+
+* ``FULL``: every pair allowed, every key real: no mask work;
+* ``RAGGED``: a FULL tile in the kv block where the array ends (chunks past the end skipped, the
+  last one sliced);
+* ``MASKED``: the mask evaluated per score;
+* a **pattern** (codes from ``FIRST_PATTERN`` on): a tile that is PARTIAL at its own size but, cut
+  into square sub-tiles of ``grain`` tokens, holds only EMPTY and FULL sub-tiles. The region computes
+  just the FULL sub-tiles (each kv sub-tile against the runs of q sub-tiles it meets, a lane slice of
+  the q tile) with no mask, and where the kv tile holds padding slots of a permuted order
+  (``Pattern.padded``), masks those keys by a per-key validity column, never by the mask itself.
+
+The sliding-tile mask in its 3-D tiled order is such a mask: at the grain of its 3-D tile
+(3 x 8 x 16 = 384 tokens) every sub-tile is EMPTY or FULL, so blocks that hold a row of 3-D tiles run
+15 of their 25 sub-tiles, mask-free, instead of evaluating the permuted mask per score.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+
+from stlib.device import LANES
+from stlib.layout import BlockLayout, TileKind, block_layout, row_tables
+from stlib.layout import _valid_tokens as valid_tokens
+
+#: Most distinct patterns one call compiles (each is a region of its own); rarer ones stay MASKED.
+MAX_PATTERNS = 8
+#: Bits of a step-table entry that hold the step's code (the kv tile index sits above them).
+CODE_BITS = 8
+
+
+class StepKind(enum.IntEnum):
+    """The fixed step codes; a compiled step has one region per code present, in code order."""
+
+    FULL = 0  # every pair allowed, every key real: no mask work
+    RAGGED = 1  # FULL tile in the kv block where the array ends: chunks past the end skipped, the last sliced
+    MASKED = 2  # PARTIAL tile that no pattern covers: the mask evaluated per score
+
+
+FIRST_PATTERN = len(StepKind)
+
+
+@dataclass(frozen=True)
+class Pattern:
+    """The FULL sub-tiles of a tile cut into ``grain`` x ``grain`` squares: ``rows[c][r]`` is 1 when
+    kv sub-tile c meets q sub-tile r; ``padded``: the kv tile holds padding slots (masked by key)."""
+
+    grain: int
+    rows: tuple[tuple[int, ...], ...]
+    padded: bool
+
+    @property
+    def sub_tiles(self) -> int:
+        return int(sum(map(sum, self.rows)))
+
+    def updates(self, block_q: int, block_kv: int, chunk: int) -> list[tuple[int, int, int, int]]:
+        """(first key, keys, first query lane, lanes) of each mask-free update the region runs: whole
+        tiles in ``chunk``-key pieces when every sub-tile is FULL, else each kv sub-tile against each
+        run of consecutive q sub-tiles it meets."""
+        if all(all(row) for row in self.rows):
+            return [(c0, chunk, 0, block_q) for c0 in range(0, block_kv, chunk)]
+        g = self.grain
+        piece = chunk if g % chunk == 0 else g
+        out = []
+        for c, row in enumerate(self.rows):
+            for start, stop in _runs(row):
+                out += [(c * g + p, piece, start * g, (stop - start) * g) for p in range(0, g, piece)]
+        return out
+
+
+def _runs(flags) -> list[tuple[int, int]]:
+    """[start, stop) of each run of ones in ``flags``."""
+    runs, start = [], None
+    for i, flag in enumerate((*flags, 0)):
+        if flag and start is None:
+            start = i
+        elif not flag and start is not None:
+            runs.append((start, i))
+            start = None
+    return runs
+
+
+@dataclass(frozen=True, eq=False)
+class StepPlan:
+    """``codes`` int16 [Hl, nq, nk]: -1 for tiles not computed, else the step code; ``patterns``:
+    the pattern of each code from ``FIRST_PATTERN`` on; ``length``: real rows of the arrays."""
+
+    layout: BlockLayout
+    codes: np.ndarray
+    patterns: tuple[Pattern, ...]
+    length: int
+
+    @property
+    def present(self) -> tuple[int, ...]:
+        return tuple(int(c) for c in np.unique(self.codes) if c >= 0)
+
+    @property
+    def key_validity(self) -> bool:
+        """Whether a region reads the per-key validity column (a padded pattern is present)."""
+        return any(self.patterns[c - FIRST_PATTERN].padded for c in self.present if c >= FIRST_PATTERN)
+
+    def pattern(self, code: int) -> Pattern:
+        return self.patterns[code - FIRST_PATTERN]
+
+    def tables(self):
+        """(steps int32 [Hl, nq, W] = kv tile << CODE_BITS | code, counts int32 [Hl, nq]); entries
+        past a row's count repeat its last entry, so skipped steps fetch nothing."""
+        tiles, counts = row_tables(self.codes >= 0)
+        code = np.take_along_axis(np.maximum(self.codes, 0), tiles, axis=2).astype(np.int32)
+        return (tiles << CODE_BITS) | code, counts
+
+    def pairs(self, code: int) -> int:
+        """Score pairs one step of ``code`` computes."""
+        bq, bkv = self.layout.block_q, self.layout.block_kv
+        if code == StepKind.RAGGED:
+            return bq * (self.length % bkv)
+        if code >= FIRST_PATTERN:
+            return self.pattern(code).sub_tiles * self.pattern(code).grain ** 2
+        return bq * bkv
+
+    def key_valid_column(self) -> np.ndarray:
+        """int32 [nk * block_kv, 1]: 1 at real keys, 0 at padding slots and past the array."""
+        nk, bkv = self.layout.grid_shape[1], self.layout.block_kv
+        column = np.zeros(nk * bkv, np.int32)
+        valid = valid_tokens(self.layout.mask)
+        column[: valid.size] = valid
+        return column[:, None]
+
+
+def region_name(code: int) -> str:
+    return (
+        f"compute_{StepKind(code).name.lower()}"
+        if code < FIRST_PATTERN
+        else f"compute_pattern{code - FIRST_PATTERN}"
+    )
+
+
+def _word(code: int) -> str:
+    return StepKind(code).name.lower() if code < FIRST_PATTERN else f"p{code - FIRST_PATTERN}"
+
+
+def kernel_name(prefix: str, present) -> str:
+    return "_".join([prefix, *map(_word, present)]) if present else f"{prefix}_none"
+
+
+def regions_of(prefix: str, kernel: str) -> list[str]:
+    """Region names of a compiled kernel, in order, from its name (``kernel_name``)."""
+    if not kernel.startswith(prefix):
+        raise ValueError(f"{kernel!r} is not a {prefix} kernel")
+    words = [w for w in kernel[len(prefix) :].split(".")[0].split("_") if w]
+    names = {k.name.lower(): region_name(k) for k in StepKind}
+    out = []
+    for word in words:
+        if word in names:
+            out.append(names[word])
+        elif word[:1] == "p" and word[1:].isdigit():
+            out.append(region_name(FIRST_PATTERN + int(word[1:])))
+        elif word != "none":
+            raise ValueError(f"{kernel!r}: {word!r} names no step kind")
+    return out
+
+
+def base_codes(layout: BlockLayout, length: int) -> np.ndarray:
+    """int16 [Hl, nq, nk]: -1 for tiles not computed, else FULL / RAGGED / MASKED (PARTIAL tiles and
+    FULL tiles with padding slots are MASKED)."""
+    bkv = layout.block_kv
+    nk = layout.grid_shape[1]
+    real_rows = np.minimum(bkv, length - np.arange(nk) * bkv)  # array rows of each kv tile
+    slots = (real_rows > layout.kv_valid)[None, None, :]  # padding slots of a permuted order inside
+    codes = np.full(layout.kinds.shape, -1, np.int16)
+    full_ = layout.kinds == TileKind.FULL
+    codes[full_] = StepKind.FULL
+    if length % bkv:
+        codes[:, :, nk - 1][full_[:, :, nk - 1]] = StepKind.RAGGED
+    codes[(layout.kinds == TileKind.PARTIAL) | (full_ & slots)] = StepKind.MASKED
+    return codes
+
+
+def grains(block_q: int, block_kv: int) -> list[int]:
+    """Candidate grains, largest first: multiples of 128 (q sub-tiles are lane slices) dividing both
+    blocks, no finer than an eighth of the smaller block."""
+    g = math.gcd(block_q, block_kv)
+    floor = max(LANES, min(block_q, block_kv) // 8)
+    return [d for d in range(g, floor - 1, -LANES) if d % LANES == 0 and g % d == 0]
+
+
+def _fine_kinds(layout: BlockLayout, grain: int) -> np.ndarray:
+    """TileKind [Hl, nq * bq/grain, nk * bkv/grain] of the layout's mask at ``grain`` (EMPTY past L)."""
+    fine = block_layout(layout.mask, grain, grain).kinds
+    nq, nk = layout.grid_shape
+    out = np.full(
+        (fine.shape[0], nq * layout.block_q // grain, nk * layout.block_kv // grain), TileKind.EMPTY
+    )
+    out[:, : fine.shape[1], : fine.shape[2]] = fine
+    return out
+
+
+def _patterns_at(layout: BlockLayout, codes: np.ndarray, length: int, grain: int) -> dict:
+    """{(h, i, j): Pattern} of the MASKED steps whose kv tile lies inside the array and whose
+    sub-tiles at ``grain`` are all EMPTY or FULL."""
+    bq, bkv = layout.block_q, layout.block_kv
+    rq, rk = bq // grain, bkv // grain
+    fine = _fine_kinds(layout, grain)
+    slots = layout.kv_valid < np.minimum(bkv, length - np.arange(layout.grid_shape[1]) * bkv)
+    found = {}
+    for h, i, j in zip(*np.nonzero(codes == StepKind.MASKED), strict=True):
+        if (j + 1) * bkv > length:
+            continue
+        sub = fine[h, i * rq : (i + 1) * rq, j * rk : (j + 1) * rk]
+        if (sub == TileKind.PARTIAL).any():
+            continue
+        rows = tuple(tuple(int(x) for x in col) for col in (sub == TileKind.FULL).T)
+        found[(h, i, j)] = Pattern(grain, rows, bool(slots[j]))
+    return found
+
+
+def plan_steps(layout: BlockLayout, length: int, grain: int | None = None) -> StepPlan:
+    """The step plan of ``layout`` for arrays of ``length`` rows. ``grain``: the pattern grain
+    (None: the candidate of ``grains`` that covers the most MASKED steps, the larger on a tie; 0: no
+    patterns). Patterns beyond the ``MAX_PATTERNS`` most frequent stay MASKED."""
+    codes = base_codes(layout, length)
+    masked = codes == StepKind.MASKED
+    if not masked.any() or grain == 0:
+        return StepPlan(layout, codes, (), length)
+    if grain is not None and (layout.block_q % grain or layout.block_kv % grain or grain % LANES):
+        raise ValueError(
+            f"pattern grain={grain} must be a multiple of {LANES} dividing block_q={layout.block_q} "
+            f"and block_kv={layout.block_kv}"
+        )
+    best: dict = {}
+    for g in [grain] if grain else grains(layout.block_q, layout.block_kv):
+        found = _patterns_at(layout, codes, length, g)
+        if len(found) > len(best):
+            best = found
+    frequent = [p for p, _ in Counter(best.values()).most_common(MAX_PATTERNS)]
+    index = {p: FIRST_PATTERN + n for n, p in enumerate(frequent)}
+    for (h, i, j), pattern in best.items():
+        if pattern in index:
+            codes[h, i, j] = index[pattern]
+    return StepPlan(layout, codes, tuple(frequent), length)
