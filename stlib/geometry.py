@@ -236,6 +236,15 @@ class _PrefixFormula:
         return xp.where(pos < self.count, pos, xp.where(raster >= 0, raster + self.count, -1))
 
 
+def tile_rows(order: TokenOrder) -> tuple[int, int] | None:
+    """(tokens per 3-D tile, tiles per row along x) of a padded ``tiled_order``; None for any other
+    order. A row of tiles (their product) is the natural block of a kernel in that order."""
+    formula = order.raster_of
+    if not isinstance(formula, _TiledFormula):
+        return None
+    return int(np.prod(formula.tile)), int(formula.counts[2])
+
+
 @dataclass(frozen=True)
 class _TiledFormula:
     """The padded tiled order: tile id and offset, the tile's (possibly ragged) extents, and the

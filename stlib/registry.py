@@ -49,8 +49,8 @@ class Implementation:
     the n conditional compute regions of a compiled step; ``schedule_counts(setup, attribution)``
     -> ``ScheduleCounts`` of one compiled kernel (stlib.analysis). ``chips``: the chips it compiles
     for. ``blocks``: per-chip default blocks where they differ from the chip table's;
-    ``resolve_blocks``: how it turns (length, block_q, block_kv, options, interpret) into the blocks it
-    runs, where that differs from ``common.block_sizes_for`` (the estimator asks it). ``title`` and
+    ``resolve_blocks``: how it turns (mask, length, block_q, block_kv, options, interpret) into the
+    blocks it runs, where that differs from ``common.block_sizes_for`` (the estimator asks it). ``title`` and
     ``variants`` (label -> options) say how the case-study comparisons run it.
     """
 
@@ -65,7 +65,7 @@ class Implementation:
     chips: tuple[str, ...] = ()
     blocks: Mapping[str, object] = field(default_factory=dict)
     resolve_blocks: Callable | None = (
-        None  # (length, block_q, block_kv, options, interpret) -> (BlockSizes, options)
+        None  # (mask, length, block_q, block_kv, options, interpret) -> (BlockSizes, options)
     )
     title: str = ""  # how comparisons name it ("" : its name)
     variants: Mapping[str, Mapping] = field(default_factory=dict)  # labelled options comparisons run

@@ -6,6 +6,7 @@ fails here."""
 from __future__ import annotations
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -119,3 +120,29 @@ def test_per_head_svg_routing_compiles_for_v6e():
         chip="v6e",
     )
     assert_pallas_kernel(compiled, "pallas_tile")
+
+
+@pytest.mark.parametrize("chip", CHIPS)
+def test_lane_dense_sliding_tile_in_rows_of_tiles_compiles(chip):
+    """pallas_tile_lane_dense's own blocks for the 3-D tiled order (a row of five 3x8x16 tiles, 1,920
+    tokens, per block), run as pattern steps: the compiled kernel holds pattern regions, no masked one,
+    and fits VMEM and SMEM on every chip."""
+    from stlib.kernels import tile_lane_dense as ld
+
+    mask = case_mask("sliding_tile")
+    order = stlib.tiled_order(GRID, CASE_STUDY.sta_tile)
+    sizes, _ = ld.resolve_blocks(
+        mask.permute(order), order.length, None, None, ld.LaneDenseOptions(chip=chip), False
+    )
+    assert (sizes.block_q, sizes.block_kv, sizes.block_kv_compute) == (1920, 1920, 384)
+    compiled = compile_for_tpu(
+        lambda q, k, v: stlib.video_attention(
+            q, k, v, GRID, mask, impl=ld.NAME, orders=order, options={"chip": chip}, interpret=False
+        ),
+        SHAPE,
+        SHAPE,
+        SHAPE,
+        chip=chip,
+    )
+    names = set(re.findall(r"stlib_tile_ld_[a-z0-9_]+", compiled.text()))
+    assert names == {"stlib_tile_ld_p0_p1"}  # two patterns (kv tiles with and without padding slots)

@@ -56,9 +56,7 @@ def _source_hash(impl: str) -> str:
     module ``NAME.py`` and / or a package ``NAME/``."""
     root = stlib_dir()
     names = (*SOURCES, implementation_module(impl))
-    paths = {
-        p for name in names for p in (root / f"{name}.py", *root.glob(f"{name}/**/*.py")) if p.is_file()
-    }
+    paths = {p for name in names for p in (root / f"{name}.py", *root.glob(f"{name}/**/*.py")) if p.is_file()}
     digest = hashlib.sha256()
     for path in sorted(paths):
         digest.update(path.relative_to(root).as_posix().encode() + path.read_bytes())

@@ -194,7 +194,12 @@ def setup_for(impl: str, config: KernelConfig, mask) -> Setup:
     implementation = registry.get(impl)
     if implementation.resolve_blocks is not None:  # the kernel's own rule, with its per-chip defaults
         sizes, _ = implementation.resolve_blocks(
-            length, config.block_q, config.block_kv, implementation.options(config.options or None), False
+            mask,
+            length,
+            config.block_q,
+            config.block_kv,
+            implementation.options(config.options or None),
+            False,
         )
     else:
         sizes = block_sizes_for(

@@ -8,36 +8,38 @@ at its own candidates, scored by the static estimate; records appended to
 
 from __future__ import annotations
 
+from stlib.analysis.static import SPLASH_SWEEP
 from stlib.kernels.tile_lane_dense import NAME, vmem_bytes, vmem_limit
 
 #: Mask families of the sweep (estimator mask names) and the block candidates (block_q, block_kv,
-#: block_kv_compute) for each; the sliding tile's blocks hold whole 3x8x16 tiles (384 tokens), up to
-#: a row of five tiles (1,920 tokens).
+#: block_kv_compute) for each. The sliding tile's blocks hold whole 3x8x16 tiles (384 tokens): one tile,
+#: a row of five (1,920 tokens, run as pattern steps at the grain of one tile), or two rows.
 SWEEP_MASKS = {
     "dense": "full",
     "band 0.25": "band (density 0.25)",
     "sliding tile": "sliding tile, 3-D tiled order",
 }
+_SQUARE_BLOCKS = (
+    (512, 1024, 512),
+    (1024, 2048, 512),
+    (2048, 2048, 512),
+    (2048, 2560, 512),
+    (2560, 2560, 512),
+    (2048, 4096, 1024),
+)
 SWEEP_BLOCKS = {
-    "dense": ((512, 1024, 512), (1024, 2048, 512), (1024, 2048, 1024), (2048, 2048, 512), (2048, 4096, 1024)),
-    "band 0.25": (
-        (512, 1024, 512),
-        (1024, 2048, 512),
-        (1024, 2048, 1024),
-        (2048, 2048, 512),
-        (2048, 4096, 1024),
-    ),
-    "sliding tile": ((384, 384, 384), (768, 768, 384), (1920, 1920, 640), (1920, 1920, 384)),
+    "dense": _SQUARE_BLOCKS,
+    "band 0.25": _SQUARE_BLOCKS,
+    "sliding tile": ((384, 384, 384), (1920, 1920, 384), (3840, 1920, 384), (1920, 3840, 384)),
 }
-SWEEP_CHIPS = ("v6e", "v5e")
-SPLASH_SWEEP_BLOCKS = ((512, 1024), (1024, 1024), (1024, 2048), (2048, 2048))
+SWEEP_CHIPS = ("v6e", "v5e", "tpu7x")
 
 
 def sweep(
     chips=SWEEP_CHIPS, families=tuple(SWEEP_MASKS), workers: int = 2, path="data/tile_block_sweep.jsonl"
 ):
     """Static estimates of this kernel at every candidate block of ``SWEEP_BLOCKS`` (and dense Splash
-    at ``SPLASH_SWEEP_BLOCKS``) on ``chips``, appended as records to ``path``; returns the records.
+    at the candidates of its tuned estimate, ``stlib.analysis.static.SPLASH_SWEEP``) on ``chips``, appended as records to ``path``; returns the records.
     Candidates over the chip's VMEM limit are recorded as refused, not compiled."""
     import json
     import subprocess
@@ -52,7 +54,8 @@ def sweep(
         ["git", "rev-parse", "--short", "HEAD"], check=False, capture_output=True, text=True
     ).stdout.strip()
     jobs = [(chip, fam, NAME, blocks) for chip in chips for fam in families for blocks in SWEEP_BLOCKS[fam]]
-    jobs += [(chip, "dense", "splash", (bq, bkv, None)) for chip in chips for bq, bkv in SPLASH_SWEEP_BLOCKS]
+    jobs += [(chip, "dense", "splash", (bq, bkv, None)) for chip in chips for bq, bkv in SPLASH_SWEEP]
+    jobs.sort(key=lambda job: chips.index(job[0]))  # chip by chip: a partial run is whole for its chips
 
     def one(chip, family, impl, blocks):
         bq, bkv, chunk = blocks

@@ -20,6 +20,7 @@ import numpy as np
 
 from stlib._intmath import round_up
 from stlib.device import LANES, current_chip, resolve_interpret
+from stlib.geometry import tile_rows
 from stlib.kernels import common
 from stlib.kernels.tile_lane_dense.kernel import (
     KERNEL_PREFIX,
@@ -45,7 +46,7 @@ from stlib.kernels.tile_lane_dense.steps import (
     regions_of,
 )
 from stlib.layout import BlockLayout, block_layout
-from stlib.masks import Mask, full
+from stlib.masks import Mask, PermutedMask, full
 from stlib.registry import Implementation, ScheduleCounts, register
 
 __all__ = [
@@ -55,6 +56,7 @@ __all__ = [
     "KERNEL_PREFIX",
     "MAX_PATTERNS",
     "NAME",
+    "TILED_ROWS",
     "VMEM_SHARE",
     "LaneDenseOptions",
     "Pattern",
@@ -84,15 +86,35 @@ DEFAULT_BLOCKS: dict[str, common.BlockSizes] = {
 }
 
 
-def resolve_blocks(length: int, block_q, block_kv, options: LaneDenseOptions, interpret):
+#: Rows of 3-D tiles per (q block, kv block) for a mask in a padded 3-D tiled order (a row: the tiles
+#: along x, e.g. 5 x 384 = 1,920 tokens for 3x8x16 tiles of Wan 720p), per chip.
+TILED_ROWS: dict[str, tuple[int, int]] = {"v5e": (1, 1), "v6e": (1, 1), "tpu7x": (1, 1)}
+
+
+def _tiled_blocks(mask: Mask | None, chip: str | None) -> common.BlockSizes | None:
+    """Blocks of whole rows of 3-D tiles (``TILED_ROWS``) for a mask in a padded tiled order, with a
+    chunk of one tile where it is a multiple of 128; None for other masks or rows off the lane tiling."""
+    rows = tile_rows(mask.order) if isinstance(mask, PermutedMask) else None
+    if rows is None or (rows[0] * rows[1]) % LANES:
+        return None
+    volume, per_row = rows
+    rows_q, rows_kv = TILED_ROWS[chip or "v6e"]
+    bkv = rows_kv * volume * per_row
+    return common.BlockSizes(rows_q * volume * per_row, bkv, volume if volume % LANES == 0 else None)
+
+
+def resolve_blocks(mask: Mask | None, length: int, block_q, block_kv, options: LaneDenseOptions, interpret):
     """(BlockSizes, options with the chunk resolved): explicit blocks, else this kernel's default for
     its chip (``options.chip``, the chip at hand, v6e when compiling elsewhere; small tiles in
-    interpret mode); blocks shrunk to short sequences in multiples of 128."""
+    interpret mode), or whole rows of 3-D tiles for a mask in a tiled order (``_tiled_blocks``);
+    blocks shrunk to short sequences in multiples of 128."""
     chip = options.chip or current_chip()
     if chip is None and not resolve_interpret(interpret):
         chip = "v6e"
-    base = common.default_block_sizes(chip, DEFAULT_BLOCKS)
     explicit = block_q is not None and block_kv is not None
+    base = (None if explicit else _tiled_blocks(mask, chip)) or common.default_block_sizes(
+        chip, DEFAULT_BLOCKS
+    )
     bq, bkv = block_q or base.block_q, block_kv or base.block_kv
     chunk = options.block_kv_compute
     if chunk is None and block_kv is None:
@@ -105,7 +127,7 @@ def resolve_blocks(length: int, block_q, block_kv, options: LaneDenseOptions, in
 
 
 def _forward(q, k, v, mask: Mask | None, *, scale, block_q, block_kv, options: LaneDenseOptions, interpret):
-    sizes, options = resolve_blocks(q.shape[1], block_q, block_kv, options, interpret)
+    sizes, options = resolve_blocks(mask, q.shape[1], block_q, block_kv, options, interpret)
     layout = block_layout(mask if mask is not None else full(q.shape[1]), sizes.block_q, sizes.block_kv)
     return lane_dense_attention(q, k, v, layout, scale=scale, options=options, interpret=interpret)
 
