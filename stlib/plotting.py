@@ -688,27 +688,51 @@ def quality_vs_work(records: list[dict], title: str):
     return fig
 
 
-def block_sweep(records: list[dict], title: str, baseline_ms: float | None = None):
-    """Static-estimate time (ms) of each swept (block_q, block_kv, block_kv_compute), one panel per
-    mask family, one colour per chip; ``baseline_ms``: a dashed line (dense Splash at its best blocks)."""
-    families = list(dict.fromkeys(r["family"] for r in records))
-    chips = list(dict.fromkeys(r["chip"] for r in records))
+def block_sweep(records: list[dict], title: str, targets: dict | None = None):
+    """Static-estimate cycles of each swept (block_q, block_kv, block_kv_compute) as a fraction of
+    dense Splash at its best swept blocks on the same chip (clock-free), one panel per mask family,
+    one colour per chip; Splash's own candidates in the last panel. ``targets``: {family: ratio}
+    drawn as a dotted line. Records without an estimate (refused blocks) are left out."""
+    ok = [r for r in records if "cycles" in r]
+    chips = list(dict.fromkeys(r["chip"] for r in ok))
+    base = {
+        chip: min(
+            r["cycles"] for r in ok if r["chip"] == chip and r["impl"] == "splash" and r["family"] == "dense"
+        )
+        for chip in chips
+        if any(r["chip"] == chip and r["impl"] == "splash" for r in ok)
+    }
+    panels = [
+        (f, [r for r in ok if r["family"] == f and r["impl"] != "splash"])
+        for f in dict.fromkeys(r["family"] for r in ok)
+    ]
+    panels = [(f, rows) for f, rows in panels if rows] + [
+        ("dense Splash", [r for r in ok if r["impl"] == "splash"])
+    ]
     colors = _color_of(chips)
-    fig, axes = plt.subplots(1, len(families), figsize=(5 * len(families), 3.8), squeeze=False)
-    for ax, family in zip(axes[0], families):
-        rows = [r for r in records if r["family"] == family and "total_ms" in r]
-        labels = list(dict.fromkeys(f"{r['block_q']}x{r['block_kv']}/{r['block_kv_compute']}" for r in rows))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.0), squeeze=False)
+    for ax, (family, rows) in zip(axes[0], panels):
+
+        def label(r):
+            return f"{r['block_q']}x{r['block_kv']}" + (
+                f"/{r['block_kv_compute']}" if r["block_kv_compute"] else ""
+            )
+
+        labels = list(dict.fromkeys(label(r) for r in rows))
         width = 0.8 / max(len(chips), 1)
         for c, chip in enumerate(chips):
-            by = {
-                f"{r['block_q']}x{r['block_kv']}/{r['block_kv_compute']}": r["total_ms"]
-                for r in rows
-                if r["chip"] == chip
-            }
-            xs = [i + c * width for i, label in enumerate(labels) if label in by]
-            ax.bar(xs, [by[label] for label in labels if label in by], width, color=colors[chip], label=chip)
-        if baseline_ms is not None and family == "dense":
-            ax.axhline(baseline_ms, ls="--", color="0.3", lw=1, label="dense Splash, best blocks (v6e)")
+            by = {label(r): r["cycles"] / base[chip] for r in rows if r["chip"] == chip and chip in base}
+            xs = [i + c * width for i, lab in enumerate(labels) if lab in by]
+            ys = [by[lab] for lab in labels if lab in by]
+            ax.bar(xs, ys, width, color=colors[chip], label=chip)
+            if ys:
+                best = min(ys)
+                ax.annotate(f"{best:.2f}", (xs[ys.index(best)], best), ha="center", va="bottom", fontsize=7)
+        ax.axhline(1.0, ls="--", color="0.3", lw=1)
+        if targets and family in targets:
+            ax.axhline(
+                targets[family], ls=":", color="C3", lw=1.2, label=f"target {targets[family]:.2f} (v6e)"
+            )
         ax.set_xticks(
             [i + width * (len(chips) - 1) / 2 for i in range(len(labels))],
             labels,
@@ -717,8 +741,8 @@ def block_sweep(records: list[dict], title: str, baseline_ms: float | None = Non
             fontsize=8,
         )
         ax.set_title(family)
-        ax.set_ylabel("static estimate (ms), not a measurement")
-        ax.legend(fontsize=8)
+        ax.set_ylabel("cycles / dense Splash at its best blocks")
+        ax.legend(fontsize=7)
     fig.suptitle(title)
     fig.tight_layout()
     return fig

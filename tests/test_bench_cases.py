@@ -36,7 +36,7 @@ def test_cases_name_kernels_patterns_and_lengths(small_cases):
     windows = len(sta_windows(SMALL_CPU.grid, SMALL_CPU.sta_tile)) - 1  # the whole grid is the dense case
     runs = sum(len(impl.comparison_runs()) for impl in registry.tpu_kernels())  # every kernel, every variant
     assert runs >= 6
-    assert counts == {"dense": 3, "band": runs * 2, "sliding tile": 3 * windows}
+    assert counts == {"dense": 3, "band": runs * 2, "sliding tile": 4 * windows}
     labels = [c.label for c in small_cases if c.pattern == "band"]
     assert labels[:runs] == labels[runs:]  # the same kernels at every density
     assert [c.label for c in small_cases if c.pattern == "dense"] == [
@@ -48,12 +48,14 @@ def test_cases_name_kernels_patterns_and_lengths(small_cases):
 
 def test_block_sizes_follow_the_backend_and_the_workload_tile(small_cases):
     tile_tokens = int(np.prod(SMALL_CPU.sta_tile))
+    row = tile_tokens * -(-SMALL_CPU.grid.width // SMALL_CPU.sta_tile[2])  # the tiles along x
     for case in small_cases:
         if case.order is None:
             assert (case.block_q, case.block_kv) == (128, 128)
         else:
             assert case.pattern == "sliding tile"
-            assert (case.block_q, case.block_kv) == (tile_tokens, tile_tokens)
+            blocks = row if case.impl == "pallas_tile_lane_dense" else tile_tokens  # a row of tiles, or one
+            assert (case.block_q, case.block_kv) == (blocks, blocks)
     tpu_cases = case_study_cases(SMALL_CPU, tpu=True, densities=(0.25,))
     assert {(c.block_q, c.block_kv) for c in tpu_cases if c.order is None} == {(512, 1024)}
 

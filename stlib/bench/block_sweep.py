@@ -53,9 +53,10 @@ def sweep(
     rev = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], check=False, capture_output=True, text=True
     ).stdout.strip()
-    jobs = [(chip, fam, NAME, blocks) for chip in chips for fam in families for blocks in SWEEP_BLOCKS[fam]]
-    jobs += [(chip, "dense", "splash", (bq, bkv, None)) for chip in chips for bq, bkv in SPLASH_SWEEP]
-    jobs.sort(key=lambda job: chips.index(job[0]))  # chip by chip: a partial run is whole for its chips
+    jobs = []
+    for chip in chips:  # chip by chip: a partial run is whole for its chips
+        jobs += [(chip, fam, NAME, b) for fam in families for b in SWEEP_BLOCKS[fam]]
+        jobs += [(chip, "dense", "splash", (bq, bkv, None)) for bq, bkv in SPLASH_SWEEP]
 
     def one(chip, family, impl, blocks):
         bq, bkv, chunk = blocks
@@ -115,22 +116,100 @@ def sweep(
     return records
 
 
+#: The issue's v6e targets (clock-free fractions of dense Splash at its best blocks).
+TARGETS = {"dense": 0.70, "band 0.25": 0.22, "sliding tile": 0.16}
+RECORDS = "data/tile_block_sweep.jsonl"
+FIGURE = "figures/tile_block_sweep.png"
+
+
+def read(path=RECORDS) -> list[dict]:
+    """The sweep's records; where a configuration was swept more than once, its latest record."""
+    import json
+    from pathlib import Path
+
+    latest = {}
+    for line in Path(path).read_text().splitlines():
+        r = json.loads(line)
+        latest[(r["chip"], r["family"], r["impl"], r["block_q"], r["block_kv"], r["block_kv_compute"])] = r
+    return list(latest.values())
+
+
 def best_blocks(records) -> dict:
-    """{(chip, family, impl): the record with the smallest total estimate}."""
+    """{(chip, family, impl): the record with the fewest static cycles}."""
     best: dict = {}
     for r in records:
         key = (r["chip"], r["family"], r["impl"])
-        if "total_ms" in r and (key not in best or r["total_ms"] < best[key]["total_ms"]):
+        if "cycles" in r and (key not in best or r["cycles"] < best[key]["cycles"]):
             best[key] = r
     return best
 
 
+def table(records) -> list[dict]:
+    """Per chip and family: this kernel's best blocks, their cycles as a fraction of dense Splash at
+    its best blocks on the same chip, its grid steps, and the target (v6e's)."""
+    best = best_blocks(records)
+    rows = []
+    for (chip, family, impl), r in best.items():
+        splash = best.get((chip, "dense", "splash"))
+        if impl == "splash" or splash is None:
+            continue
+        rows.append(
+            {
+                "chip": chip,
+                "family": family,
+                "blocks": (r["block_q"], r["block_kv"], r["block_kv_compute"]),
+                "ratio": r["cycles"] / splash["cycles"],
+                "total_ms": r["total_ms"],
+                "grid_steps": r["grid_steps"],
+                "splash_blocks": (splash["block_q"], splash["block_kv"]),
+                "splash_ms": splash["total_ms"],
+                "target": TARGETS.get(family),
+            }
+        )
+    return rows
+
+
+def print_table(records) -> None:
+    print(
+        f"{'chip':<6} {'family':<13} {'blocks':<17} {'ratio':>6} {'target':>7} {'ms':>8} {'grid steps':>10}  "
+        "dense Splash (best blocks, ms)"
+    )
+    for row in table(records):
+        bq, bkv, chunk = row["blocks"]
+        met = "" if row["target"] is None else ("met" if row["ratio"] <= row["target"] else "missed")
+        print(
+            f"{row['chip']:<6} {row['family']:<13} {f'{bq}x{bkv}/{chunk}':<17} {row['ratio']:>6.3f} "
+            f"{row['target'] or '':>5} {met:<6} {row['total_ms']:>7.2f} {row['grid_steps']:>10,}  "
+            f"{row['splash_blocks'][0]}x{row['splash_blocks'][1]}, {row['splash_ms']:.2f}"
+        )
+    print("static estimates (not measurements); ms at each chip's calibrated or assumed clock")
+
+
+def draw(records, path=FIGURE):
+    from stlib import plotting
+
+    fig = plotting.block_sweep(
+        records,
+        "pallas_tile_lane_dense block sweep, 10 x 75,600 x 128 bf16 (static estimates, not measurements)",
+        targets=TARGETS,
+    )
+    plotting.save(fig, path)
+    return path
+
+
 def main(argv=None) -> None:
-    """``python -m stlib.bench.block_sweep [chip ...]``: run the block sweep."""
+    """``python -m stlib.bench.block_sweep [run] [chip ...]``: run the block sweep;
+    ``... table``: the best blocks per chip and family against the targets; ``... figure``: draw it."""
     import sys
 
-    argv = sys.argv[1:] if argv is None else argv
-    sweep(chips=tuple(argv) or SWEEP_CHIPS)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = argv.pop(0) if argv and argv[0] in ("run", "table", "figure") else "run"
+    if command == "run":
+        sweep(chips=tuple(argv) or SWEEP_CHIPS)
+    elif command == "table":
+        print_table(read())
+    else:
+        print(draw(read()))
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from stlib import masks, registry
 from stlib._intmath import cdiv
 from stlib.configs import DENSITIES, Workload
 from stlib.geometry import VideoGrid, tiled_order
+from stlib.kernels.tile_lane_dense import tiled_blocks
 from stlib.roofline import work_summary
 
 
@@ -113,6 +114,19 @@ def case_study_cases(workload: Workload, tpu: bool, densities=DENSITIES) -> list
                 grid=grid,
             ),
         ]
+        rows = tiled_blocks(sta.permute(order), "v6e")  # a row of 3-D tiles per block: pattern steps
+        if rows is not None:
+            cases.append(
+                Case(
+                    "pallas_tile_lane_dense",
+                    "sliding tile",
+                    sta.permute(order),
+                    "pallas_tile_lane_dense (rows of 3-D tiles)",
+                    block_q=rows.block_q,
+                    block_kv=rows.block_kv,
+                    order=order,
+                )
+            )
     return cases
 
 

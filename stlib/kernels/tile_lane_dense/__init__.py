@@ -71,6 +71,7 @@ __all__ = [
     "plan_steps",
     "region_name",
     "resolve_blocks",
+    "tiled_blocks",
     "vmem_bytes",
     "vmem_limit",
 ]
@@ -91,7 +92,7 @@ DEFAULT_BLOCKS: dict[str, common.BlockSizes] = {
 TILED_ROWS: dict[str, tuple[int, int]] = {"v5e": (1, 1), "v6e": (1, 1), "tpu7x": (1, 1)}
 
 
-def _tiled_blocks(mask: Mask | None, chip: str | None) -> common.BlockSizes | None:
+def tiled_blocks(mask: Mask | None, chip: str | None) -> common.BlockSizes | None:
     """Blocks of whole rows of 3-D tiles (``TILED_ROWS``) for a mask in a padded tiled order, with a
     chunk of one tile where it is a multiple of 128; None for other masks or rows off the lane tiling."""
     rows = tile_rows(mask.order) if isinstance(mask, PermutedMask) else None
@@ -106,13 +107,13 @@ def _tiled_blocks(mask: Mask | None, chip: str | None) -> common.BlockSizes | No
 def resolve_blocks(mask: Mask | None, length: int, block_q, block_kv, options: LaneDenseOptions, interpret):
     """(BlockSizes, options with the chunk resolved): explicit blocks, else this kernel's default for
     its chip (``options.chip``, the chip at hand, v6e when compiling elsewhere; small tiles in
-    interpret mode), or whole rows of 3-D tiles for a mask in a tiled order (``_tiled_blocks``);
+    interpret mode), or whole rows of 3-D tiles for a mask in a tiled order (``tiled_blocks``);
     blocks shrunk to short sequences in multiples of 128."""
     chip = options.chip or current_chip()
     if chip is None and not resolve_interpret(interpret):
         chip = "v6e"
     explicit = block_q is not None and block_kv is not None
-    base = (None if explicit else _tiled_blocks(mask, chip)) or common.default_block_sizes(
+    base = (None if explicit else tiled_blocks(mask, chip)) or common.default_block_sizes(
         chip, DEFAULT_BLOCKS
     )
     bq, bkv = block_q or base.block_q, block_kv or base.block_kv
