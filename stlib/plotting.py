@@ -746,3 +746,53 @@ def block_sweep(records: list[dict], title: str, targets: dict | None = None):
     fig.suptitle(title)
     fig.tight_layout()
     return fig
+
+
+def step_codes(plan, title: str, head: int = 0):
+    """A lane-dense step plan (``stlib.kernels.tile_lane_dense.StepPlan``): left, the region each
+    (q tile, kv tile) runs (not computed / FULL / RAGGED / MASKED / each pattern); right, the first
+    pattern's sub-tiles (kv sub-tile x q sub-tile, FULL ones computed, the rest skipped)."""
+    from stlib.kernels.tile_lane_dense import StepKind
+
+    codes = np.asarray(plan.codes)[min(head, plan.codes.shape[0] - 1)]
+    names = ["not computed", *(k.name for k in StepKind)] + [
+        f"pattern {n}{' (padded keys)' if p.padded else ''}" for n, p in enumerate(plan.patterns)
+    ]
+    colors = ["#f2f2f2", KIND_COLORS[2], "#8fb3d9", KIND_COLORS[1], *PALETTE[2 : 2 + len(plan.patterns)]]
+    panels = 2 if plan.patterns else 1
+    fig, axes = plt.subplots(
+        1, panels, figsize=(5.2 * panels + 1.5, 4.8), squeeze=False, constrained_layout=True
+    )
+    ax = axes[0][0]
+    ax.imshow(codes + 1, cmap=ListedColormap(colors), vmin=0, vmax=len(colors) - 1, interpolation="nearest")
+    present = [0, *(c + 1 for c in plan.present)]
+    counts = {c: int((codes + 1 == c).sum()) for c in present}
+    ax.legend(
+        handles=[Patch(color=colors[c], label=f"{names[c]} ({counts[c]:,})") for c in present],
+        fontsize=7,
+        loc="upper right",
+        framealpha=0.9,
+    )
+    ax.set(
+        xlabel=f"kv tile ({plan.layout.block_kv} keys)",
+        ylabel=f"q tile ({plan.layout.block_q} queries)",
+        title="region of each step",
+    )
+    ax.grid(False)
+    if plan.patterns:
+        pattern = plan.patterns[0]
+        rows = np.array(pattern.rows)
+        ax = axes[0][1]
+        ax.imshow(rows, cmap=ListedColormap(["#f2f2f2", PALETTE[2]]), vmin=0, vmax=1)
+        for (c, r), on in np.ndenumerate(rows):
+            ax.text(r, c, "run" if on else "skip", ha="center", va="center", fontsize=8)
+        ax.set(
+            xlabel=f"q sub-tile ({pattern.grain} queries: a lane slice)",
+            ylabel=f"kv sub-tile ({pattern.grain} keys)",
+            title=f"pattern 0: {pattern.sub_tiles} of {rows.size} sub-tiles computed, mask-free",
+        )
+        ax.set_xticks(range(rows.shape[1]))
+        ax.set_yticks(range(rows.shape[0]))
+        ax.grid(False)
+    fig.suptitle(title, fontsize=10)
+    return fig
