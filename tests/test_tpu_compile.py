@@ -124,9 +124,9 @@ def test_per_head_svg_routing_compiles_for_v6e():
 
 @pytest.mark.parametrize("chip", CHIPS)
 def test_lane_dense_sliding_tile_in_rows_of_tiles_compiles(chip):
-    """pallas_tile_lane_dense's own blocks for the 3-D tiled order (a row of five 3x8x16 tiles, 1,920
-    tokens, per block), run as pattern steps: the compiled kernel holds pattern regions, no masked one,
-    and fits VMEM and SMEM on every chip."""
+    """pallas_tile_lane_dense's own blocks for the 3-D tiled order (rows of five 3x8x16 tiles, 1,920
+    tokens: two rows of queries against one row of keys), run as pattern steps: the compiled kernel
+    holds pattern regions, no masked one, and fits VMEM and SMEM on every chip."""
     from stlib.kernels import tile_lane_dense as ld
 
     mask = case_mask("sliding_tile")
@@ -134,7 +134,8 @@ def test_lane_dense_sliding_tile_in_rows_of_tiles_compiles(chip):
     sizes, _ = ld.resolve_blocks(
         mask.permute(order), order.length, None, None, ld.LaneDenseOptions(chip=chip), False
     )
-    assert (sizes.block_q, sizes.block_kv, sizes.block_kv_compute) == (1920, 1920, 384)
+    rows_q, rows_kv = ld.TILED_ROWS[chip]
+    assert (sizes.block_q, sizes.block_kv, sizes.block_kv_compute) == (1920 * rows_q, 1920 * rows_kv, 384)
     compiled = compile_for_tpu(
         lambda q, k, v: stlib.video_attention(
             q, k, v, GRID, mask, impl=ld.NAME, orders=order, options={"chip": chip}, interpret=False
@@ -144,5 +145,5 @@ def test_lane_dense_sliding_tile_in_rows_of_tiles_compiles(chip):
         SHAPE,
         chip=chip,
     )
-    names = set(re.findall(r"stlib_tile_ld_[a-z0-9_]+", compiled.text()))
-    assert names == {"stlib_tile_ld_p0_p1"}  # two patterns (kv tiles with and without padding slots)
+    (name,) = set(re.findall(r"stlib_tile_ld_[a-z0-9_]+", compiled.text()))
+    assert re.fullmatch(r"stlib_tile_ld(_p\d)+", name), name  # pattern regions only: no mask evaluated

@@ -27,6 +27,8 @@ _SQUARE_BLOCKS = (
     (2560, 2560, 512),
     (2048, 4096, 1024),
 )
+#: Tokens in one row of the case study's 3x8x16 tiles (five tiles along x): the sliding tile's unit.
+SLIDING_TILE_ROW = 5 * 384
 SWEEP_BLOCKS = {
     "dense": _SQUARE_BLOCKS,
     "band 0.25": _SQUARE_BLOCKS,
@@ -142,6 +144,40 @@ def best_blocks(records) -> dict:
         if "cycles" in r and (key not in best or r["cycles"] < best[key]["cycles"]):
             best[key] = r
     return best
+
+
+#: The families a chip's default blocks must serve together (the sliding tile has its own rule: rows
+#: of 3-D tiles, ``tile_lane_dense.TILED_ROWS``).
+DEFAULT_FAMILIES = ("dense", "band 0.25")
+
+
+def winners(records) -> dict[str, dict]:
+    """Per chip: {"blocks": (block_q, block_kv, block_kv_compute) with the fewest static cycles summed
+    over ``DEFAULT_FAMILIES`` (one default serves both), "tiled_rows": (rows of 3-D tiles per q
+    block, per kv block) of the best sliding-tile candidate}. Chips whose sweep lacks a family are left out."""
+    out = {}
+    for chip in dict.fromkeys(r["chip"] for r in records):
+        mine = [r for r in records if r["chip"] == chip and r["impl"] == NAME and "cycles" in r]
+        totals: dict = {}
+        for r in mine:
+            if r["family"] in DEFAULT_FAMILIES:
+                key = (r["block_q"], r["block_kv"], r["block_kv_compute"])
+                totals.setdefault(key, {})[r["family"]] = r["cycles"]
+        complete = {k: sum(v.values()) for k, v in totals.items() if set(v) == set(DEFAULT_FAMILIES)}
+        row = SLIDING_TILE_ROW
+        tiles = [
+            r
+            for r in mine
+            if r["family"] == "sliding tile" and r["block_q"] % row == 0 and r["block_kv"] % row == 0
+        ]  # blocks of whole rows of tiles (what the default rule can express)
+        if not complete or not tiles:
+            continue
+        best_tile = min(tiles, key=lambda r: r["cycles"])
+        out[chip] = {
+            "blocks": min(complete, key=complete.get),
+            "tiled_rows": (best_tile["block_q"] // row, best_tile["block_kv"] // row),
+        }
+    return out
 
 
 def table(records) -> list[dict]:

@@ -77,19 +77,19 @@ __all__ = [
 ]
 
 
-#: Default blocks per chip: v6e's won the static-estimate sweep (``python -m stlib.bench.block_sweep``,
-#: data/tile_block_sweep.jsonl) on dense and band 0.25; v5e and TPU7x take v6e's until their own
-#: sweep records are read (they fit both chips' VMEM limits).
+#: Default blocks per chip: the candidate with the fewest static cycles on dense and band 0.25
+#: together in the block sweep (``python -m stlib.bench.block_sweep``, records in
+#: data/tile_block_sweep.jsonl, ``block_sweep.winners``); a test holds these to the records.
 DEFAULT_BLOCKS: dict[str, common.BlockSizes] = {
-    "v5e": common.BlockSizes(2048, 2048, 512),
+    "v5e": common.BlockSizes(1024, 2048, 512),
     "v6e": common.BlockSizes(2048, 2048, 512),
-    "tpu7x": common.BlockSizes(2048, 2048, 512),
+    "tpu7x": common.BlockSizes(2048, 2048, 512),  # v6e's: no TPU7x sweep yet (see the sweep's records)
 }
 
-
 #: Rows of 3-D tiles per (q block, kv block) for a mask in a padded 3-D tiled order (a row: the tiles
-#: along x, e.g. 5 x 384 = 1,920 tokens for 3x8x16 tiles of Wan 720p), per chip.
-TILED_ROWS: dict[str, tuple[int, int]] = {"v5e": (1, 1), "v6e": (1, 1), "tpu7x": (1, 1)}
+#: along x, e.g. 5 x 384 = 1,920 tokens for 3x8x16 tiles of Wan 720p), per chip: the sweep's
+#: sliding-tile winner (two rows of queries against one row of keys on v5e and v6e).
+TILED_ROWS: dict[str, tuple[int, int]] = {"v5e": (2, 1), "v6e": (2, 1), "tpu7x": (2, 1)}
 
 
 def tiled_blocks(mask: Mask | None, chip: str | None) -> common.BlockSizes | None:

@@ -1,0 +1,69 @@
+"""stlib.bench.block_sweep: the winners and the table read from sweep records, and the lane-dense
+kernel's per-chip defaults are exactly the committed sweep's winners."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from stlib.bench import block_sweep
+from stlib.kernels import tile_lane_dense as ld
+
+RECORDS = Path(__file__).resolve().parents[1] / block_sweep.RECORDS
+ROW = block_sweep.SLIDING_TILE_ROW
+
+
+def record(chip, family, impl, blocks, cycles):
+    bq, bkv, chunk = blocks
+    return {
+        "chip": chip,
+        "family": family,
+        "impl": impl,
+        "block_q": bq,
+        "block_kv": bkv,
+        "block_kv_compute": chunk,
+        "cycles": cycles,
+        "total_ms": cycles / 1e6,
+        "grid_steps": 1,
+    }
+
+
+def test_one_default_serves_dense_and_band_and_rows_of_tiles_come_from_the_sliding_tile():
+    name = ld.NAME
+    records = [
+        record("v6e", "dense", name, (1024, 2048, 512), 100),
+        record("v6e", "band 0.25", name, (1024, 2048, 512), 40),
+        record("v6e", "dense", name, (2048, 2048, 512), 90),  # best dense alone ...
+        record("v6e", "band 0.25", name, (2048, 2048, 512), 60),  # ... but the worse sum
+        record("v6e", "dense", name, (4096, 4096, 512), 10),  # no band record: not a candidate
+        record("v6e", "sliding tile", name, (384, 384, 384), 5),  # not whole rows: no rule can say it
+        record("v6e", "sliding tile", name, (2 * ROW, ROW, 384), 20),
+        record("v6e", "sliding tile", name, (ROW, ROW, 384), 30),
+        record("v6e", "dense", "splash", (512, 1024, None), 200),
+        record("v6e", "dense", "splash", (1024, 2048, None), 150),
+        {
+            "chip": "v6e",
+            "family": "band 0.25",
+            "impl": name,
+            "block_q": 8192,
+            "block_kv": 8192,
+            "block_kv_compute": 512,
+            "error": "over the VMEM limit",
+        },  # refused: no estimate
+    ]
+    assert block_sweep.winners(records) == {"v6e": {"blocks": (1024, 2048, 512), "tiled_rows": (2, 1)}}
+    rows = {r["family"]: r for r in block_sweep.table(records)}
+    assert rows["dense"]["ratio"] == pytest.approx(10 / 150)  # against Splash at its best blocks
+    assert rows["band 0.25"]["ratio"] == pytest.approx(40 / 150)
+    assert rows["sliding tile"]["blocks"] == (384, 384, 384)
+
+
+@pytest.mark.skipif(not RECORDS.exists(), reason="no committed sweep records")
+def test_defaults_are_the_committed_sweeps_winners():
+    won = block_sweep.winners(block_sweep.read(RECORDS))
+    assert won, "the committed sweep names no winner"
+    for chip, best in won.items():
+        blocks = ld.DEFAULT_BLOCKS[chip]
+        assert (blocks.block_q, blocks.block_kv, blocks.block_kv_compute) == best["blocks"], chip
+        assert ld.TILED_ROWS[chip] == best["tiled_rows"], chip
