@@ -648,9 +648,10 @@ print(f"orders: {sorted({o.name for o in orders})}; non-empty tiles over all hea
 #
 # **Pattern steps.** In the 3-D tiled order the sliding-tile mask is FULL or EMPTY at the grain of
 # one 3-D tile (384 tokens), but one-tile blocks are small for the MXU and pay the per-step overhead
-# 56,700 times. The kernel's own blocks for a tiled order hold a **row of tiles** (5 x 384 = 1,920
-# tokens). Such a block is PARTIAL, yet cut into 384 x 384 sub-tiles it holds only EMPTY and FULL
-# ones: a *pattern*. The pattern's region runs each kv sub-tile against the run of q sub-tiles it
+# 56,700 times. The kernel's own blocks for a tiled order hold whole **rows of tiles** (a row: the
+# 5 tiles along x, 5 x 384 = 1,920 tokens; the block sweep below picked two rows of queries against
+# one row of keys). Such a block is PARTIAL, yet cut into 384 x 384 sub-tiles it holds only EMPTY and
+# FULL ones: a *pattern*. The pattern's region runs each kv sub-tile against the run of q sub-tiles it
 # meets, a static lane slice of the q tile, with no mask at all; only kv blocks with padding slots
 # (the 45 rows make a last tile row of 5 real rows out of 8) mask their padding keys, by a per-key
 # validity column, never by evaluating the mask.
@@ -667,8 +668,8 @@ sta_plan = lane_dense.plan_steps(stlib.block_layout(sta_mask, rows_blocks.block_
 print(f"blocks {rows_blocks.block_q} x {rows_blocks.block_kv}: {len(sta_plan.patterns)} patterns, "
       f"{int((sta_plan.codes >= 0).sum()):,} computed steps per head, "
       f"{int((sta_plan.codes == lane_dense.StepKind.MASKED).sum())} of them masked")
-fig = plotting.step_codes(sta_plan, "Sliding tile 3x8x16, window 3, 3-D tiled order, in blocks of one row of tiles "
-                          f"({rows_blocks.block_q:,} tokens)")
+fig = plotting.step_codes(sta_plan, "Sliding tile 3x8x16, window 3, 3-D tiled order, in blocks of whole rows of "
+                          f"tiles ({rows_blocks.block_q:,} queries x {rows_blocks.block_kv:,} keys)")
 plotting.save(fig, cfg.figure("06_step_codes"))
 
 # %% [markdown]

@@ -35,14 +35,21 @@ SWEEP_BLOCKS = {
     "sliding tile": ((384, 384, 384), (1920, 1920, 384), (3840, 1920, 384), (1920, 3840, 384)),
 }
 SWEEP_CHIPS = ("v6e", "v5e", "tpu7x")
+RECORDS = "data/tile_block_sweep.jsonl"
 
 
 def sweep(
-    chips=SWEEP_CHIPS, families=tuple(SWEEP_MASKS), workers: int = 2, path="data/tile_block_sweep.jsonl"
+    chips=SWEEP_CHIPS,
+    families=tuple(SWEEP_MASKS),
+    workers: int = 2,
+    path=RECORDS,
+    resume: bool = True,
 ):
     """Static estimates of this kernel at every candidate block of ``SWEEP_BLOCKS`` (and dense Splash
-    at the candidates of its tuned estimate, ``stlib.analysis.static.SPLASH_SWEEP``) on ``chips``, appended as records to ``path``; returns the records.
-    Candidates over the chip's VMEM limit are recorded as refused, not compiled."""
+    at the candidates of its tuned estimate, ``stlib.analysis.static.SPLASH_SWEEP``) on ``chips``,
+    appended as records to ``path``; returns the new records. With ``resume``, candidates that
+    already have an estimate in ``path`` are not run again. Candidates that do not compile (VMEM)
+    are recorded with the compiler's reason."""
     import json
     import subprocess
     import time
@@ -59,6 +66,13 @@ def sweep(
     for chip in chips:  # chip by chip: a partial run is whole for its chips
         jobs += [(chip, fam, NAME, b) for fam in families for b in SWEEP_BLOCKS[fam]]
         jobs += [(chip, "dense", "splash", (bq, bkv, None)) for bq, bkv in SPLASH_SWEEP]
+    if resume and Path(path).exists():
+        done = {
+            (r["chip"], r["family"], r["impl"], (r["block_q"], r["block_kv"], r["block_kv_compute"]))
+            for r in read(path)
+            if "cycles" in r
+        }
+        jobs = [job for job in jobs if job not in done]
 
     def one(chip, family, impl, blocks):
         bq, bkv, chunk = blocks
@@ -85,7 +99,8 @@ def sweep(
                 impl, SWEEP_MASKS[family], chip, block_q=bq, block_kv=bkv, options=options
             )
         except (ValueError, RuntimeError) as error:
-            return {**record, "error": str(error)[:300]}
+            lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+            return {**record, "error": " ".join(lines[-3:])[-400:]}  # the compiler's reason comes last
         kernels = est.kernels
         return {
             **record,
@@ -120,7 +135,6 @@ def sweep(
 
 #: The issue's v6e targets (clock-free fractions of dense Splash at its best blocks).
 TARGETS = {"dense": 0.70, "band 0.25": 0.22, "sliding tile": 0.16}
-RECORDS = "data/tile_block_sweep.jsonl"
 FIGURE = "figures/tile_block_sweep.png"
 
 
