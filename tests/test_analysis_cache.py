@@ -13,7 +13,7 @@ def test_implementation_module_is_where_its_forward_lives():
     assert cache.implementation_module("pallas_tile_lane_dense") == "kernels/tile_lane_dense"
 
 
-def test_source_hash_follows_the_kernel_sources(monkeypatch, tmp_path):
+def testsource_hash_follows_the_kernel_sources(monkeypatch, tmp_path):
     root = tmp_path / "stlib"
     for name in (
         "kernels/__init__.py",
@@ -32,13 +32,13 @@ def test_source_hash_follows_the_kernel_sources(monkeypatch, tmp_path):
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text(f"# {name}\n")
     monkeypatch.setattr(cache, "stlib_dir", lambda: root)
-    hashes = [cache._source_hash("pallas_tile")]
-    splash = cache._source_hash("splash")
+    hashes = [cache.source_hash("pallas_tile")]
+    splash = cache.source_hash("splash")
     assert splash != hashes[0]
     for name in ("plotting.py", "analysis/estimate.py", "kernels/splash.py"):  # not pallas_tile's kernel
         (root / name).write_text("# edited\n")
-        assert cache._source_hash("pallas_tile") == hashes[0], name
-    assert cache._source_hash("splash") != splash  # ... but splash's
+        assert cache.source_hash("pallas_tile") == hashes[0], name
+    assert cache.source_hash("splash") != splash  # ... but splash's
     for name in (
         "kernels/tile.py",
         "kernels/common.py",
@@ -50,11 +50,11 @@ def test_source_hash_follows_the_kernel_sources(monkeypatch, tmp_path):
         "device.py",
     ):
         (root / name).write_text("# edited\n")
-        hashes.append(cache._source_hash("pallas_tile"))
+        hashes.append(cache.source_hash("pallas_tile"))
     (root / "masks.py").unlink()  # masks becomes a package
     (root / "masks").mkdir()
     (root / "masks/__init__.py").write_text("# masks\n")
-    hashes.append(cache._source_hash("pallas_tile"))
+    hashes.append(cache.source_hash("pallas_tile"))
     (root / "masks/video.py").write_text("# video masks\n")
-    hashes.append(cache._source_hash("pallas_tile"))
+    hashes.append(cache.source_hash("pallas_tile"))
     assert len(set(hashes)) == len(hashes)

@@ -57,9 +57,9 @@ def test_matches_reference_ragged(length, dtype, mask_name, blocks):
 def test_step_kinds_split_full_ragged_masked():
     length = 1000  # 1000 % 256 = 232 real keys in the last kv block
     layout = stlib.block_layout(masks.band(length, 300), 128, 256)
-    steps = ld.plan_steps(layout, length)
+    steps = ld.plan_steps(layout, length, 0)  # patterns off: the three fixed kinds
     kinds = steps.codes
-    assert set(steps.present) == {StepKind.FULL, StepKind.RAGGED, StepKind.MASKED}  # a band has no pattern
+    assert set(steps.present) == {StepKind.FULL, StepKind.RAGGED, StepKind.MASKED}
     assert (kinds[..., :-1] != StepKind.RAGGED).all()  # only the last kv block is ragged
     assert ((kinds == StepKind.MASKED) == (layout.kinds == 1)).all()  # exact: PARTIAL tiles are masked
     _, counts = steps.tables()
@@ -136,18 +136,48 @@ def test_sliding_tile_rows_of_tiles_run_as_patterns():
         assert max(err(out, ref) for out in outs) <= ATOL[dtype]
 
 
-def test_pattern_updates_cover_each_full_sub_tile_once():
-    pattern = ld.Pattern(128, ((1, 0, 1), (0, 1, 1)), False)
+def test_pattern_updates_cover_each_computed_sub_tile_once():
+    pattern = ld.Pattern(128, ((1, 0, 1), (2, 1, 1)), False)
     updates = pattern.updates(384, 256, 128)
-    assert updates == [(0, 128, 0, 128), (0, 128, 256, 128), (128, 128, 128, 256)]
+    assert updates == [
+        (0, 128, 0, 128, False),
+        (0, 128, 256, 128, False),
+        (128, 128, 128, 256, False),
+        (128, 128, 0, 128, True),  # the PARTIAL sub-tile: masked, alone
+    ]
+    assert (pattern.sub_tiles, pattern.masked_sub_tiles, pattern.cost()) == (5, 1, 6 * 128**2)
     assert ld.Pattern(256, ((1, 1), (1, 1)), True).updates(512, 512, 128) == [
-        (0, 128, 0, 512),
-        (128, 128, 0, 512),
-        (256, 128, 0, 512),
-        (384, 128, 0, 512),
+        (0, 128, 0, 512, False),
+        (128, 128, 0, 512, False),
+        (256, 128, 0, 512, False),
+        (384, 128, 0, 512, False),
     ]  # all FULL: whole-tile chunks
     with pytest.raises(ValueError, match="pattern grain=192 must be a multiple of 128"):
         ld.plan_steps(stlib.block_layout(masks.band(1024, 100), 384, 384), 1024, 192)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+def test_band_edges_run_as_mixed_patterns(dtype):
+    """A band's edge blocks cut into sub-tiles: the EMPTY ones skipped, the FULL ones mask-free, only
+    the PARTIAL diagonal masked; the same output as the reference and as whole MASKED blocks, with
+    fewer pairs computed."""
+    length = 2048
+    mask = masks.per_head([masks.band(length, 300), masks.band(length, 700)])
+    layout = stlib.block_layout(mask, 512, 512)
+    steps = ld.plan_steps(layout, length)
+    assert steps.patterns and any(p.masked_sub_tiles for p in steps.patterns)
+    assert any(p.sub_tiles < (512 // p.grain) ** 2 for p in steps.patterns)  # EMPTY sub-tiles skipped
+    assert (
+        ld.lane_dense_work(layout, 2, 128).executed_flops
+        < ld.lane_dense_work(layout, 2, 128, {"pattern_grain": 0}).executed_flops
+    )
+    q, k, v = stlib.random_qkv((2, length, 128), dtype, seed=9)
+    ref = stlib.attention(q, k, v, mask)
+    for options in ({}, {"pattern_grain": 0}):
+        out = stlib.attention(
+            q, k, v, mask, impl=IMPL, block_q=512, block_kv=512, options=options, interpret=True
+        )
+        assert err(out, ref) <= ATOL[dtype]
 
 
 def test_bf16_probabilities_error_is_within_the_bf16_tolerance():
@@ -211,13 +241,15 @@ def test_schedule_counts_match_the_tables():
 
     length = 1000
     mask = masks.band(length, 300)
-    setup = Setup(IMPL, mask, length, 2, 128, 2, 128, 256, None, {"block_kv_compute": 128})
+    setup = Setup(
+        IMPL, mask, length, 2, 128, 2, 128, 256, None, {"block_kv_compute": 128, "pattern_grain": 0}
+    )
     attribution = type("Att", (), {"kernel": "stlib_tile_ld_full_ragged_masked.1"})()
     counts = ld.lane_dense_schedule_counts(setup, attribution)
-    kinds = ld.plan_steps(setup.layout, length).codes
+    kinds = ld.plan_steps(setup.layout, length, 0).codes
     assert counts.paths["compute_full"] == 2 * int((kinds == StepKind.FULL).sum())
     assert counts.paths["init"] == counts.paths["finalise"] == counts.q_rows == 2 * kinds.shape[1]
-    work = ld.lane_dense_work(setup.layout, 2, 128)
+    work = ld.lane_dense_work(setup.layout, 2, 128, setup.options)
     assert counts.grid_steps == work.grid_steps and not counts.writes_lse
     wrong = type("Att", (), {"kernel": "stlib_tile_ld_full.1"})()
     with pytest.raises(ValueError, match="step kinds make kernel"):

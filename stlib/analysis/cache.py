@@ -50,7 +50,7 @@ def implementation_module(impl: str) -> str:
     return module.removeprefix("stlib.").replace(".", "/")
 
 
-def _source_hash(impl: str) -> str:
+def source_hash(impl: str) -> str:
     """Hash of the sources that shape ``impl``'s compiled kernels (an edit invalidates its cached
     estimates): each of ``SOURCES`` and the implementation's own module in the stlib package, as a
     module ``NAME.py`` and / or a package ``NAME/``."""
@@ -74,7 +74,7 @@ def compiled_attributions(
         "format": FORMAT_VERSION,
         "libtpu": version,
         "jax": importlib.metadata.version("jax"),
-        "source": _source_hash(impl),
+        "source": source_hash(impl),
         "config": dataclasses.asdict(dataclasses.replace(config, mask_file=None)),
         "mask": hashlib.sha256(mask_bytes).hexdigest() if mask_bytes else None,
     }

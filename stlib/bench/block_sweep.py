@@ -57,6 +57,7 @@ def sweep(
     from pathlib import Path
 
     from stlib import analysis
+    from stlib.analysis.cache import source_hash
     from stlib.configs import CASE_STUDY
 
     rev = subprocess.run(
@@ -66,11 +67,12 @@ def sweep(
     for chip in chips:  # chip by chip: a partial run is whole for its chips
         jobs += [(chip, fam, NAME, b) for fam in families for b in SWEEP_BLOCKS[fam]]
         jobs += [(chip, "dense", "splash", (bq, bkv, None)) for bq, bkv in SPLASH_SWEEP]
-    if resume and Path(path).exists():
+    sources = {impl: source_hash(impl) for impl in (NAME, "splash")}
+    if resume and Path(path).exists():  # an estimate of the same kernel source is not run again
         done = {
             (r["chip"], r["family"], r["impl"], (r["block_q"], r["block_kv"], r["block_kv_compute"]))
             for r in read(path)
-            if "cycles" in r
+            if "cycles" in r and r.get("source") == sources[r["impl"]]
         }
         jobs = [job for job in jobs if job not in done]
 
@@ -87,6 +89,7 @@ def sweep(
             "shape": list(CASE_STUDY.qkv_shape),
             "dtype": "bfloat16",
             "git": rev,
+            "source": sources[impl],  # the kernel's sources (stlib.analysis.cache.source_hash)
             "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
         }
         options = None

@@ -147,8 +147,10 @@ def lane_dense_work(layout: BlockLayout, num_heads: int, head_dim: int, options=
     mult = num_heads if layout.num_heads == 1 else 1
     pairs = sum(int((codes == c).sum()) * steps.pairs(c) for c in steps.present) * mult
     computed = int((codes >= 0).sum()) * mult
-    plain = int((codes == StepKind.FULL).sum()) + sum(
-        int((codes == c).sum()) for c in steps.present if c >= FIRST_PATTERN and not steps.pattern(c).padded
+    plain = int((codes == StepKind.FULL).sum()) + sum(  # steps that evaluate no mask and mask no key
+        int((codes == c).sum())
+        for c in steps.present
+        if c >= FIRST_PATTERN and not steps.pattern(c).padded and not steps.pattern(c).masked_sub_tiles
     )
     widest = max(int((codes >= 0).sum(axis=2).max()) if codes.size else 0, 1)
     allowed = layout.allowed_pairs * mult

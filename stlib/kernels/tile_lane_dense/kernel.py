@@ -315,8 +315,13 @@ def _build_kernel(
 
             @region(code)
             def _(pattern=pattern):
-                for k0, keys, lane0, lanes in pattern.updates(bq, bkv, chunk):
+                for k0, keys, lane0, lanes, masked in pattern.updates(bq, bkv, chunk):
                     allowed = (valid_ref[pl.ds(k0, keys), :] != 0) if pattern.padded else None  # [C, 1]
+                    if masked:  # a PARTIAL sub-tile: the mask on this sub-tile only
+                        queries = i * bq + lane0 + jax.lax.broadcasted_iota(jnp.int32, (keys, lanes), 1)
+                        key_ids = ki * bkv + k0 + jax.lax.broadcasted_iota(jnp.int32, (keys, lanes), 0)
+                        sub = layout.mask._allowed(queries, key_ids, h)
+                        allowed = sub if allowed is None else sub & allowed
                     update(k0, keys, slice(lane0, lane0 + lanes), allowed=allowed)
 
         @pl.when(j == extent - 1)

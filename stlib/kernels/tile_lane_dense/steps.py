@@ -47,10 +47,15 @@ class StepKind(enum.IntEnum):
 FIRST_PATTERN = len(StepKind)
 
 
+#: A sub-tile of a pattern: not computed, computed mask-free, or computed with the mask evaluated.
+SKIP, RUN, MASK = 0, 1, 2
+
+
 @dataclass(frozen=True)
 class Pattern:
-    """The FULL sub-tiles of a tile cut into ``grain`` x ``grain`` squares: ``rows[c][r]`` is 1 when
-    kv sub-tile c meets q sub-tile r; ``padded``: the kv tile holds padding slots (masked by key)."""
+    """A tile cut into ``grain`` x ``grain`` sub-tiles: ``rows[c][r]`` says how kv sub-tile c meets q
+    sub-tile r (``SKIP``: EMPTY; ``RUN``: FULL, no mask; ``MASK``: PARTIAL, the mask evaluated on
+    that sub-tile only); ``padded``: the kv tile holds padding slots (masked by key)."""
 
     grain: int
     rows: tuple[tuple[int, ...], ...]
@@ -58,20 +63,34 @@ class Pattern:
 
     @property
     def sub_tiles(self) -> int:
-        return int(sum(map(sum, self.rows)))
+        """Sub-tiles computed (RUN or MASK)."""
+        return sum(v != SKIP for row in self.rows for v in row)
 
-    def updates(self, block_q: int, block_kv: int, chunk: int) -> list[tuple[int, int, int, int]]:
-        """(first key, keys, first query lane, lanes) of each mask-free update the region runs: whole
-        tiles in ``chunk``-key pieces when every sub-tile is FULL, else each kv sub-tile against each
-        run of consecutive q sub-tiles it meets."""
-        if all(all(row) for row in self.rows):
-            return [(c0, chunk, 0, block_q) for c0 in range(0, block_kv, chunk)]
+    @property
+    def masked_sub_tiles(self) -> int:
+        return sum(v == MASK for row in self.rows for v in row)
+
+    def cost(self) -> int:
+        """Score pairs computed, a masked pair counted twice (the measured ratio of the MASKED and
+        FULL regions' bundles per pair in the v6e schedule, about 2)."""
+        return (self.sub_tiles + self.masked_sub_tiles) * self.grain**2
+
+    def updates(self, block_q: int, block_kv: int, chunk: int) -> list[tuple[int, int, int, int, bool]]:
+        """(first key, keys, first query lane, lanes, masked) of each update the region runs: whole
+        tiles in ``chunk``-key pieces when every sub-tile is RUN, else each kv sub-tile against each
+        run of consecutive q sub-tiles of the same kind."""
+        if all(v == RUN for row in self.rows for v in row):
+            return [(c0, chunk, 0, block_q, False) for c0 in range(0, block_kv, chunk)]
         g = self.grain
         piece = chunk if g % chunk == 0 else g
         out = []
         for c, row in enumerate(self.rows):
-            for start, stop in _runs(row):
-                out += [(c * g + p, piece, start * g, (stop - start) * g) for p in range(0, g, piece)]
+            for kind in (RUN, MASK):
+                for start, stop in _runs([v == kind for v in row]):
+                    out += [
+                        (c * g + p, piece, start * g, (stop - start) * g, kind == MASK)
+                        for p in range(0, g, piece)
+                    ]
         return out
 
 
@@ -203,28 +222,33 @@ def _fine_kinds(layout: BlockLayout, grain: int) -> np.ndarray:
 
 
 def _patterns_at(layout: BlockLayout, codes: np.ndarray, length: int, grain: int) -> dict:
-    """{(h, i, j): Pattern} of the MASKED steps whose kv tile lies inside the array and whose
-    sub-tiles at ``grain`` are all EMPTY or FULL."""
+    """{(h, i, j): Pattern} of the MASKED steps whose kv tile lies inside the array and that are
+    cheaper as a pattern at ``grain`` (``Pattern.cost``) than masked whole: sub-tiles EMPTY or FULL,
+    and, where the kernel can evaluate the mask from indices (a traceable mask), PARTIAL."""
     bq, bkv = layout.block_q, layout.block_kv
     rq, rk = bq // grain, bkv // grain
     fine = _fine_kinds(layout, grain)
     slots = layout.kv_valid < np.minimum(bkv, length - np.arange(layout.grid_shape[1]) * bkv)
+    traceable = layout.mask.traceable
+    masked_cost = 2 * bq * bkv
     found = {}
     for h, i, j in zip(*np.nonzero(codes == StepKind.MASKED), strict=True):
         if (j + 1) * bkv > length:
             continue
         sub = fine[h, i * rq : (i + 1) * rq, j * rk : (j + 1) * rk]
-        if (sub == TileKind.PARTIAL).any():
+        if not traceable and (sub == TileKind.PARTIAL).any():
             continue
-        rows = tuple(tuple(int(x) for x in col) for col in (sub == TileKind.FULL).T)
-        found[(h, i, j)] = Pattern(grain, rows, bool(slots[j]))
+        kind = np.select([sub == TileKind.FULL, sub == TileKind.PARTIAL], [RUN, MASK], SKIP)
+        pattern = Pattern(grain, tuple(tuple(int(x) for x in col) for col in kind.T), bool(slots[j]))
+        if pattern.cost() < masked_cost:
+            found[(h, i, j)] = pattern
     return found
 
 
 def plan_steps(layout: BlockLayout, length: int, grain: int | None = None) -> StepPlan:
     """The step plan of ``layout`` for arrays of ``length`` rows. ``grain``: the pattern grain
-    (None: the candidate of ``grains`` that covers the most MASKED steps, the larger on a tie; 0: no
-    patterns). Patterns beyond the ``MAX_PATTERNS`` most frequent stay MASKED."""
+    (None: the candidate of ``grains`` whose patterns cost least, ``Pattern.cost``, the larger on a
+    tie; 0: no patterns). Patterns beyond the ``MAX_PATTERNS`` most frequent stay MASKED."""
     codes = base_codes(layout, length)
     masked = codes == StepKind.MASKED
     if not masked.any() or grain == 0:
@@ -234,11 +258,15 @@ def plan_steps(layout: BlockLayout, length: int, grain: int | None = None) -> St
             f"pattern grain={grain} must be a multiple of {LANES} dividing block_q={layout.block_q} "
             f"and block_kv={layout.block_kv}"
         )
-    best: dict = {}
+    masked_cost = 2 * layout.block_q * layout.block_kv
+    best, best_cost = {}, int(masked.sum()) * masked_cost
     for g in [grain] if grain else grains(layout.block_q, layout.block_kv):
         found = _patterns_at(layout, codes, length, g)
-        if len(found) > len(best):
-            best = found
+        frequent = {p for p, _ in Counter(found.values()).most_common(MAX_PATTERNS)}
+        cost = sum(p.cost() if p in frequent else masked_cost for p in found.values())
+        cost += (int(masked.sum()) - len(found)) * masked_cost
+        if cost < best_cost:
+            best, best_cost = found, cost
     frequent = [p for p, _ in Counter(best.values()).most_common(MAX_PATTERNS)]
     index = {p: FIRST_PATTERN + n for n, p in enumerate(frequent)}
     for (h, i, j), pattern in best.items():
