@@ -644,7 +644,8 @@ print(f"orders: {sorted({o.name for o in orders})}; non-empty tiles over all hea
 #   ends, its last chunk sliced statically, so 75,600 tokens need no padded copy; MASKED: the mask
 #   per score) is a code in the scalar-prefetched step table. No LSE, no merge, the output written
 #   once, in q's dtype;
-# * large blocks (2,048 x 2,048 won the block sweep below), with `vmem_limit_bytes` from the chip table.
+# * large blocks (2,560 x 2,560 won the block sweep below on v6e, 1,024 x 2,048 on v5e), with
+#   `vmem_limit_bytes` from the chip table.
 #
 # **Pattern steps.** In the 3-D tiled order the sliding-tile mask is FULL or EMPTY at the grain of
 # one 3-D tile (384 tokens), but one-tile blocks are small for the MXU and pay the per-step overhead
@@ -654,7 +655,10 @@ print(f"orders: {sorted({o.name for o in orders})}; non-empty tiles over all hea
 # FULL ones: a *pattern*. The pattern's region runs each kv sub-tile against the run of q sub-tiles it
 # meets, a static lane slice of the q tile, with no mask at all; only kv blocks with padding slots
 # (the 45 rows make a last tile row of 5 real rows out of 8) mask their padding keys, by a per-key
-# validity column, never by evaluating the mask.
+# validity column, never by evaluating the mask. The same idea serves a band: a tile on the band's
+# edge skips its sub-tiles outside the band, runs those inside mask-free and evaluates the mask only
+# on the sub-tiles the edge crosses (a *mixed* pattern; on v6e the 0.25 band's static cycles drop
+# from 42.3 M to 35.8 M).
 
 # %%
 from stlib.bench import block_sweep

@@ -82,7 +82,7 @@ __all__ = [
 #: data/tile_block_sweep.jsonl, ``block_sweep.winners``); a test holds these to the records.
 DEFAULT_BLOCKS: dict[str, common.BlockSizes] = {
     "v5e": common.BlockSizes(1024, 2048, 512),
-    "v6e": common.BlockSizes(2048, 2048, 512),
+    "v6e": common.BlockSizes(2560, 2560, 512),
     "tpu7x": common.BlockSizes(2048, 2048, 512),  # v6e's: no TPU7x sweep yet (see the sweep's records)
 }
 

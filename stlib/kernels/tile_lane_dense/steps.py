@@ -6,15 +6,18 @@ Every non-empty (q tile, kv tile) of the layout becomes one step with a code:
 * ``RAGGED``: a FULL tile in the kv block where the array ends (chunks past the end skipped, the
   last one sliced);
 * ``MASKED``: the mask evaluated per score;
-* a **pattern** (codes from ``FIRST_PATTERN`` on): a tile that is PARTIAL at its own size but, cut
-  into square sub-tiles of ``grain`` tokens, holds only EMPTY and FULL sub-tiles. The region computes
-  just the FULL sub-tiles (each kv sub-tile against the runs of q sub-tiles it meets, a lane slice of
-  the q tile) with no mask, and where the kv tile holds padding slots of a permuted order
-  (``Pattern.padded``), masks those keys by a per-key validity column, never by the mask itself.
+* a **pattern** (codes from ``FIRST_PATTERN`` on): a PARTIAL tile cut into square sub-tiles of
+  ``grain`` tokens, each EMPTY (skipped), FULL (computed mask-free) or, for a mask the kernel can
+  evaluate from indices, PARTIAL (the mask evaluated on that sub-tile only). The region runs each kv
+  sub-tile against each run of q sub-tiles of one kind (a lane slice of the q tile); where the kv tile
+  holds padding slots of a permuted order (``Pattern.padded``) it masks those keys by a per-key
+  validity column, never by the mask itself. A tile becomes a pattern where that is cheaper than
+  masking it whole (``Pattern.cost``: a masked pair counts twice, as the v6e schedule shows).
 
-The sliding-tile mask in its 3-D tiled order is such a mask: at the grain of its 3-D tile
-(3 x 8 x 16 = 384 tokens) every sub-tile is EMPTY or FULL, so blocks that hold a row of 3-D tiles run
-15 of their 25 sub-tiles, mask-free, instead of evaluating the permuted mask per score.
+The sliding-tile mask in its 3-D tiled order: at the grain of its 3-D tile (3 x 8 x 16 = 384
+tokens) every sub-tile is EMPTY or FULL, so blocks that hold a row of 3-D tiles run 15 of their 25
+sub-tiles, mask-free, instead of evaluating the permuted mask per score. A band: the tiles on its
+edges skip the sub-tiles outside it and mask only the sub-tiles on its diagonal.
 """
 
 from __future__ import annotations
