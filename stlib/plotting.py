@@ -581,47 +581,88 @@ def estimate_speedups(rows: list[dict], title: str):
     return fig
 
 
+def _tokens(length: int) -> str:
+    return f"{length // 1024}K" if length % 1024 == 0 else f"{length:,}"
+
+
 def estimate_vs_published(rows: list[dict], title: str):
-    """Static estimates (y) against published times (x), log-log, one marker per chip: calibration
-    points filled stars, held-out points circles; the diagonal is a perfect prediction and the band
-    +-25%. ``rows``: records of ``stlib.analysis.published.table`` (rows without ``estimate_ms`` are
-    left out)."""
-    rows = [r for r in rows if r.get("estimate_ms")]
-    fig, ax = plt.subplots(figsize=(6.4, 5.2))
-    chips = sorted({r["chip"] for r in rows})
+    """Static estimates against published kernel times. Left: estimate (y) vs published (x),
+    log-log, the diagonal a perfect prediction and the band +-25%; right: the estimate's error in
+    percent vs the published time, each held-out point labelled with its token count. Colour: chip;
+    marker: calibration point (star), held out with a kv head per q head (circle) or with shared kv
+    heads (square). ``rows``: records of ``stlib.analysis.published.table`` or ``load_predictions``;
+    rows without ``estimate_ms`` are counted in the title, not drawn."""
+    from stlib.device import CHIPS
+
+    shown = [r for r in rows if r.get("estimate_ms")]
+    fig, (ax, ax_err) = plt.subplots(1, 2, figsize=(12.5, 5.4), constrained_layout=True)
+    chips = [c for c in CHIPS if any(r["chip"] == c for r in shown)]
     colors = dict(zip(chips, sns.color_palette("colorblind", len(chips))))
-    for r in rows:
-        ax.scatter(
-            r["published_ms"],
-            r["estimate_ms"],
-            s=140 if r["calibration"] else 50,
-            color=colors[r["chip"]],
-            marker="*" if r["calibration"] else "o",
-            edgecolor="black",
-            linewidth=0.6,
-            zorder=3,
-        )
-    values = [v for r in rows for v in (r["published_ms"], r["estimate_ms"])] or [1.0, 10.0]
-    lo, hi = min(values) / 1.5, max(values) * 1.5
+
+    def marker(r: dict) -> str:
+        if r["calibration"]:
+            return "*"
+        return "s" if r.get("num_kv_heads", r["num_heads"]) < r["num_heads"] else "o"
+
+    for r in shown:
+        style = {
+            "s": 170 if r["calibration"] else 46,
+            "color": colors[r["chip"]],
+            "marker": marker(r),
+            "edgecolor": "black",
+            "linewidth": 0.6,
+            "zorder": 3,
+        }
+        ax.scatter(r["published_ms"], r["estimate_ms"], **style)
+        ax_err.scatter(r["published_ms"], r["error_pct"], **style)
+        if not r["calibration"]:  # shared-kv points labelled below, the others above
+            below = marker(r) == "s"
+            ax_err.annotate(
+                _tokens(r["length"]),
+                (r["published_ms"], r["error_pct"]),
+                xytext=(5, -10 if below else 4),
+                textcoords="offset points",
+                fontsize=7,
+                color="0.25",
+            )
+    values = [v for r in shown for v in (r["published_ms"], r["estimate_ms"])] or [1.0, 10.0]
+    lo, hi = min(values) / 1.6, max(values) * 1.6
     ax.plot([lo, hi], [lo, hi], color="0.3", linewidth=1)
-    ax.fill_between([lo, hi], [lo * 0.75, hi * 0.75], [lo * 1.25, hi * 1.25], color="0.85", zorder=0)
+    ax.fill_between([lo, hi], [lo * 0.75, hi * 0.75], [lo * 1.25, hi * 1.25], color="0.88", zorder=0)
     ax.set(
         xscale="log",
         yscale="log",
         xlim=(lo, hi),
         ylim=(lo, hi),
-        xlabel="published (ms)",
+        xlabel="published kernel time (ms)",
         ylabel="static estimate (ms, not a measurement)",
-        title=title,
+        title="estimate vs published (log-log)",
+    )
+    errors = [r["error_pct"] for r in shown] or [0.0]
+    span = max(30.0, max(abs(e) for e in errors) * 1.25)
+    ax_err.axhline(0, color="0.3", linewidth=1)
+    ax_err.axhspan(-25, 25, color="0.88", zorder=0)
+    ax_err.set(
+        xscale="log",
+        xlim=(lo, hi),
+        ylim=(-span, span),
+        xlabel="published kernel time (ms)",
+        ylabel="error of the estimate (%)",
+        title="error: (estimate / published - 1), labels: tokens",
     )
     handles = [Patch(color=colors[c], label=c) for c in chips]
     handles += [
-        plt.Line2D([], [], marker="*", linestyle="", color="0.4", markersize=11, label="calibration point"),
-        plt.Line2D([], [], marker="o", linestyle="", color="0.4", label="held out"),
-        Patch(color="0.85", label="within 25%"),
+        plt.Line2D([], [], marker="*", linestyle="", color="0.4", markersize=12, label="calibration point"),
+        plt.Line2D([], [], marker="o", linestyle="", color="0.4", label="held out, q heads = kv heads"),
+        plt.Line2D([], [], marker="s", linestyle="", color="0.4", label="held out, shared kv heads"),
+        Patch(color="0.88", label="within 25%"),
     ]
     ax.legend(handles=handles, loc="upper left", fontsize=8)
-    fig.tight_layout()
+    held, missing = sum(1 for r in shown if not r["calibration"]), len(rows) - len(shown)
+    fig.suptitle(
+        f"{title}\n{len(shown) - held} calibration points, {held} held out; {missing} published "
+        f"row{'' if missing == 1 else 's'} without an estimate (not drawn)"
+    )
     return fig
 
 
@@ -702,6 +743,8 @@ def block_sweep(records: list[dict], title: str, targets: dict | None = None):
         for chip in chips
         if any(r["chip"] == chip and r["impl"] == "splash" for r in ok)
     }
+    chips = [chip for chip in chips if chip in base]  # a ratio needs the chip's Splash records
+    ok = [r for r in ok if r["chip"] in base]
     panels = [
         (f, [r for r in ok if r["family"] == f and r["impl"] != "splash"])
         for f in dict.fromkeys(r["family"] for r in ok)

@@ -135,8 +135,8 @@ def test_parser_fails_loudly_on_unknown_format():
 
 
 # --------------------------------------------------------------------------------------------
-# the TPU7x form of the same program: a branch's region ends within six bundles behind it, or one
-# empty delay bundle is followed by the conditional region's "Start region" (REFERENCE.md section 6)
+# the TPU7x form of the same program: six delay bundles behind a branch, the sixth closing its region,
+# or a shorter shadow whose trailing empty delay slots are written as one empty bundle
 
 
 def _program_tpu7x() -> list[tuple[str, str, str]]:
@@ -227,3 +227,141 @@ def test_parser_refuses_unknown_forms():
     # the TPU7x program read as a v6e dump: its branches do not end a region four bundles later
     with pytest.raises(S.ScheduleFormatError, match="delay slots"):
         S.parse_schedule(_dump(_program_tpu7x()), _analysis(53))
+    # two empty bundles behind a branch, either of which could end its shortened shadow: no guess
+    program = _program_tpu7x()
+    program[15] = ("", "", "")
+    with pytest.raises(S.ScheduleFormatError, match=r"branch at 0xc: .*one reading"):
+        S.parse_schedule(_dump(program), _analysis(53), form="tpu7x")
+
+
+# --------------------------------------------------------------------------------------------
+# real TPU7x schedules (libtpu 0.0.42.1, final_bundles of Splash's forward kernel) with shortened
+# shadows: the delay converter writes a trailing run of empty delay slots as one empty bundle (its
+# pre-delay utilization dump has six slots behind every branch). Lines verbatim except where marked;
+# "..." elides bundles, and the excerpt is renumbered from 0 (``_excerpt``) to parse on its own.
+
+# Splash MHA, 32 x 32 heads, head dim 256, causal, 8,192 tokens, blocks 512 / 1024, on tpu7x: a
+# forward branch with two bundles of its region's ops moved up behind it (predicated on !%p18022_p0),
+# then the empty bundle that ends the shadow; the grid loop's back-branch with one empty bundle.
+_TPU7X_MHA_8K = """\
+  0x26 LB: > { %31935 = sst [smem:[#allocation28_spill]] %s17706_s1 } /* Start region 145 */
+  0xc9   : > { %506 = sbr.rel (%p18022_p0) target = $region36  ;;  %s18236_s27 = sand.u32 (!%p18022_p0), 1, %s17734_s24 /* smod.u32 w/div 2 */ }
+  0xca   : > { %s13786_s13 = sshll.u32 (!%p18022_p0), %s18236_s27, 9  ;;  %s509_s28 = scalar_lea.sflag (!%p18022_p0), [#allocation6], %s18236_s27 }
+  0xcb   : > { %s18240_s8 = scalar_lea.vmem (!%p18022_p0), [#allocation5], %s13786_s13  ;;  %p31998_p11 = scmp.ne.s32.totalorder (!%p18022_p0), %s31970_s5, 0 }
+  0xcc   :  {}
+  0xcd   : > { %17681 = dma.done.wait (%p31998_p11), %s509_s28, 8192 /* pipeline-emitter-dma-wait */ }
+  0xce   : > { %17683 = vsyncadd (%p31998_p11), %s509_s28, 4294959104  ;;  %s31999_s3 = sld [smem:[#allocation47_spill]]  ;;  %s517_s16 = sand.u32 1, %s17923_s12 /* smod.u32 w/div 2 */ }
+  0xcf   : > { %s519_s15 = sand.u32 1, %s17722_s21 /* smod.u32 w/div 2 */  ;;  %s518_s1 = scalar_lea.sflag [#allocation9], %s517_s16 }
+...
+ 0xab3   : > { %17699 = vsyncadd (%p35669_p8), [#allocation13], 4294942720 } /* End region 35 */
+ 0xab4 PF: > { %s35670_s19 = sld [smem:[#allocation42_spill]]  ;;  %s35671_s9 = sld [smem:[#allocation33_spill]] } /* Start/End empty region 36 */
+ 0xab5   : > { %s35672_s25 = sld [smem:[#allocation50_spill]] }
+...
+ 0xabb   : > { %p30367_p6 = scmp.ge.s32.totalorder %s41_s11, 4098 /* loop exit test */  ;;  %s35676_s18 = sld [smem:[#allocation30_spill]] }
+ 0xac2   : > { %s35689_s10 = sld [smem:[#allocation45_spill]]  ;;  %40 = sbr.rel (!%p30367_p6) target = $region145 } /* End region 3 */
+ 0xac3   :  {}
+ 0xac4   :  { %13590 = vsyncpa [#allocation6], 1 }
+ 0xac5   :  { %13592 = vsyncpa [#allocation6 + $0x1], 1 }
+ 0xac6   :  { %13593 = vsyncpa [#allocation9], 1 }
+ 0xac7   :  { %13595 = vsyncpa [#allocation9 + $0x1], 1 }
+ 0xac8   :  { %13596 = vsyncpa [#allocation7], 1 }
+"""
+
+# Splash GQA, 4 q heads sharing 2 kv heads, head dims 192 / 128, causal, 4,096 tokens, blocks 512 / 1024,
+# on tpu7x (the configuration of test_analysis_estimate's TPU7x compile): the forward branch's delay
+# slots are an empty one, a predicate-check op, an empty one, the check's last op (its region 33 was
+# opened at 0x1c) and two empty ones, written as the one empty bundle 0x36.
+_TPU7X_GQA_4K = """\
+  0x1c LB: > { %29588 = sst [smem:[#allocation16_spill]] %s16374_s1 } /* Start region 117 :: Start region 33 :: Start region 34 */
+  0x31   : > { %p354_p8 = scmp.eq.s32.totalorder %s353_s16, 0  ;;  %565 = sbr.rel (%p562_p7) target = $region36 }
+  0x32   :  {}
+  0x33   : > { %s16571_s0 = scalar_select /*predicate=*/%p354_p8, /*on_true=*/%s16382_s19, /*on_false=*/%s356_s17 /* copy for cssa */ }
+  0x34   :  {}
+  0x35   : > { %29603 = sst [smem:[#allocation28_spill]] %s16571_s0 } /* End region 33 */
+  0x36   :  {}
+  0x37   : > { %s28350_s27 = sand.u32 1, %s16378_s18 /* smod.u32 w/div 2 */  ;;  %s16575_s28 = sshll.u32 %s16390_s21, 6 } /* Start region 35 :: Start region 37 :: Start region 38 :: Start region 39 */
+...
+ 0x850   : > { %16367 = vsyncadd (%p16542_p12), [#allocation8], 4294950912 } /* End region 35 */
+ 0x851 PF: > { %s32494_s8 = sld [smem:[#allocation22_spill]]  ;;  %s32495_s20 = sld [smem:[#allocation16_spill]] } /* Start/End empty region 36 */
+...
+ 0x857   : > { %p32_p2 = scmp.ge.s32.totalorder %s35_s26, 130 /* loop exit test */  ;;  %s32498_s18 = sld [smem:[#allocation18_spill]] }
+ 0x85b   : > { %s32505_s25 = sld [smem:[#allocation27_spill]]  ;;  %34 = sbr.rel (!%p32_p2) target = $region117 } /* End region 3 */
+ 0x85c   :  {}
+ 0x85d   :  {}
+ 0x85e   :  {}
+ 0x85f   :  {}
+ 0x860   :  {}
+ 0x861   :  {} /* End region 4 :: End region 116 */
+ 0x862   :  { %12775 = vsyncpa [#allocation6], 1 }
+"""
+# (the loops' first bundles, 0x26 and 0x1c, are cut to their first op and their region marks: the rest
+# is 2,000 characters of phi copies.)
+
+
+def _excerpt(text: str) -> tuple[str, dict[int, int]]:
+    """The excerpt as a dump the parser reads on its own: the key, then its bundles renumbered from 0
+    (elisions dropped); and each original address's new one."""
+    lines, new = [*S._KEY, ""], {}
+    for line in text.splitlines():
+        if line == "...":
+            continue
+        address, rest = line.split(maxsplit=1)
+        new[int(address, 16)] = len(new)
+        lines.append(f"{len(new) - 1:#x} {rest}")
+    return "\n".join(lines) + "\n", new
+
+
+def test_tpu7x_reader_reads_shortened_shadows_of_real_schedules():
+    text, new = _excerpt(_TPU7X_MHA_8K)
+    (loop,) = S.parse_schedule(text, form="tpu7x").roots
+    # the back-branch's shadow is the one empty bundle 0xac3: the kernel's epilogue follows
+    assert (loop.kind, loop.first, loop.last, loop.trip) == ("loop", new[0x26], new[0xAC3], 4098)
+    (cond,) = loop.children
+    # the branch at 0xc9 skips 0xcd..0xab3: 0xca and 0xcb (its region's ops, predicated) and the
+    # empty 0xcc run on both paths
+    assert (cond.kind, cond.branch, cond.first, cond.last, cond.predicate) == (
+        "cond",
+        new[0xC9],
+        new[0xCD],
+        new[0xAB3],
+        "%p18022_p0",
+    )
+    text, new = _excerpt(_TPU7X_GQA_4K)
+    (loop,) = S.parse_schedule(text, form="tpu7x").roots
+    # the back-branch's six delay slots written out, the sixth closing its region 4
+    assert (loop.first, loop.last, loop.trip) == (new[0x1C], new[0x861], 130)
+    (cond,) = loop.children
+    # the branch at 0x31 runs 0x32..0x36 on both paths (the check ends in 0x35) and skips 0x37..0x850
+    assert (cond.branch, cond.first, cond.last, cond.predicate) == (
+        new[0x31],
+        new[0x37],
+        new[0x850],
+        "%p562_p7",
+    )
+
+
+def test_tpu7x_reader_refuses_a_shadow_it_cannot_end():
+    for old, replacement in (
+        # the forward branch's empty bundle filled: no empty bundle ends a shortened shadow
+        ("  0xcc   :  {}", "  0xcc   : > { %s519_s15 = sand.u32 1, %s17722_s21 }"),
+        # the back-branch's empty bundle filled
+        (" 0xac3   :  {}", " 0xac3   :  { %13589 = vsyncpa [#allocation5], 1 }"),
+    ):
+        text, new = _excerpt(_TPU7X_MHA_8K.replace(old, replacement))
+        branch = new[0xC9] if "0xcc" in old else new[0xAC2]
+        with pytest.raises(S.ScheduleFormatError, match=f"branch at {branch:#x}: .*TPU7x forms"):
+            S.parse_schedule(text, form="tpu7x")
+
+
+def test_attribution_reads_operands_without_a_memory_space():
+    # real entry-bundle ops of Splash (32 x 32 heads, head dim 256, causal, 1,024 tokens, blocks 1024 / 1024,
+    # tpu7x): its one-element scalar-prefetch tables are passed in registers, "<no memory space>"
+    entry = (
+        "%s57831_s0 = inlined_call_operand.<no memory space> [shape: s8[1,1,1], index: 0, kind: input, "
+        "shape index: {}] /* operand 0 */  ;;  %s57834_s3 = inlined_call_operand.hbm [shape: bf16[32,1024,256], "
+        "index: 3, kind: input, shape index: {}]"
+    )
+    assert A._OPERAND.findall(entry) == [
+        ("<no memory space>", "s8", "1,1,1", "0", "input"),
+        ("hbm", "bf16", "32,1024,256", "3", "input"),
+    ]

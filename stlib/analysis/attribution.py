@@ -11,7 +11,11 @@ from dataclasses import dataclass
 from stlib.analysis.schedule import Schedule, ScheduleFormatError, _flat_cost
 
 _BOUNDS = re.compile(r"iteration_bounds: \(([\d, ]+)\)")
-_OPERAND = re.compile(r"inlined_call_operand\.(\w+) \[shape: (\w+)\[([\d,]*)\], index: (\d+), kind: (\w+)")
+# an operand's memory space: "hbm", "vmem", ..., or "<no memory space>" (a one-element scalar-prefetch
+# table passed in a register)
+_OPERAND = re.compile(
+    r"inlined_call_operand\.(\w+|<no memory space>) \[shape: (\w+)\[([\d,]*)\], index: (\d+), kind: (\w+)"
+)
 
 
 @dataclass(frozen=True)

@@ -77,29 +77,11 @@ def _print_table(rows, chip: str) -> None:
 
 def _published(use_cache: bool = True) -> None:
     from stlib import plotting
-    from stlib.analysis.published import RECORDS, table
+    from stlib.analysis.published import RECORDS, format_table, table
 
     rows = table(use_cache)
     RECORDS.write_text(json.dumps({"libtpu": libtpu_version(), "rows": rows}, indent=1) + "\n")
-    print(
-        f"STATIC ESTIMATES vs published (libtpu {libtpu_version()}); * = calibration point, others held out"
-    )
-    print(
-        f"{'':2}{'chip':<6} {'mask':<7} {'heads':>6} {'D':>4} {'L':>7} {'published':>10} {'estimate':>9} "
-        f"{'error':>7}  blocks  source"
-    )
-    for r in rows:
-        heads = f"{r['num_heads']}:{r['num_kv_heads']}"
-        est = (
-            f"{r['estimate_ms']:>9.2f} {r['error_pct']:>+6.1f}%  {r['estimate_blocks']['block_q']}/"
-            f"{r['estimate_blocks']['block_kv']}"
-            if "estimate_ms" in r
-            else f"  {r['estimate_error'][:60]}"
-        )
-        print(
-            f"{'*' if r['calibration'] else ' ':2}{r['chip']:<6} {r['mask']:<7} {heads:>6} {r['head_dim']:>4} "
-            f"{r['length']:>7,} {r['published_ms']:>10.2f} {est}  {r['source_title'][:40]}"
-        )
+    print(format_table(rows, libtpu_version()))
     fig = plotting.estimate_vs_published(rows, "Static estimate vs published TPU kernel times")
     print(
         f"wrote {RECORDS} and {plotting.save(fig, RECORDS.parents[1] / 'figures' / 'estimate_published.png')}"

@@ -1,9 +1,14 @@
 """Predicted vs published: every public measurement in ``data/published_measurements.json`` next to
-its static estimate, the calibration points (one per chip) marked, the rest held out."""
+its static estimate, the calibration points (one per chip) marked, the rest held out.
+
+``table`` compiles (``python -m stlib.estimate published`` writes its rows to
+``data/estimate_published.json``); ``load_predictions``, ``load_calibration`` and ``format_table``
+only read the committed records, so a notebook shows them without a compiler."""
 
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 from stlib.analysis.static import static_estimate
@@ -11,11 +16,61 @@ from stlib.analysis.static import static_estimate
 DATA = Path(__file__).resolve().parents[2] / "data"
 MEASUREMENTS = DATA / "published_measurements.json"
 RECORDS = DATA / "estimate_published.json"
+#: The calibration table as ``python -m stlib.estimate calibrate`` printed it (per chip, the implied
+#: clock for each block choice).
+CALIBRATION_RECORD = DATA / "estimate_calibration.txt"
 
 
 def load(path: Path = MEASUREMENTS) -> list[dict]:
     """The published measurements (rows of ``path``)."""
     return json.loads(Path(path).read_text())["measurements"]
+
+
+def load_predictions(path: Path = RECORDS) -> list[dict]:
+    """The rows of the last ``python -m stlib.estimate published`` run: each published measurement
+    with its estimate (``estimate_ms``, ``error_pct``, ``estimate_blocks``, ...) or the reason there
+    is none (``estimate_error``). Raises FileNotFoundError when the record is missing."""
+    return json.loads(Path(path).read_text())["rows"]
+
+
+def load_calibration(path: Path = CALIBRATION_RECORD) -> str:
+    """The committed calibration table (text). Raises FileNotFoundError when it is missing."""
+    return Path(path).read_text()
+
+
+def _heads(row: dict) -> str:
+    return f"{row['num_heads']}:{row['num_kv_heads']}"
+
+
+def format_table(rows: list[dict], libtpu: str | None = None) -> str:
+    """Predicted vs published as text, one line per row (``*``: calibration point), then the held-out
+    rows' median and largest absolute error; ``rows`` as ``table`` or ``load_predictions`` give them."""
+    version = f" (libtpu {libtpu})" if libtpu else ""
+    lines = [
+        f"STATIC ESTIMATES vs published{version}; * = calibration point, others held out",
+        (
+            f"{'':2}{'chip':<6} {'mask':<7} {'heads':>6} {'D':>4} {'L':>7} {'published':>10} "
+            f"{'estimate':>9} {'error':>7}  blocks     source"
+        ),
+    ]
+    for r in rows:
+        if "estimate_ms" in r:
+            blocks = f"{r['estimate_blocks']['block_q']}/{r['estimate_blocks']['block_kv']}"
+            est = f"{r['estimate_ms']:>9.3f} {r['error_pct']:>+6.1f}%  {blocks:<9}"
+        else:
+            est = f"  no estimate: {r['estimate_error'][:70]}"
+        lines.append(
+            f"{'*' if r['calibration'] else ' ':2}{r['chip']:<6} {r['mask']:<7} {_heads(r):>6} "
+            f"{r['head_dim']:>4} {r['length']:>7,} {r['published_ms']:>10.3f} {est}  {r['source_title'][:40]}"
+        )
+    held = [abs(r["error_pct"]) for r in rows if not r["calibration"] and "estimate_ms" in r]
+    refused = sum(1 for r in rows if "estimate_ms" not in r)
+    if held:
+        lines.append(
+            f"held out: {len(held)} estimated, |error| median {statistics.median(held):.1f}%, "
+            f"largest {max(held):.1f}%; {refused} without an estimate"
+        )
+    return "\n".join(lines)
 
 
 def predict(row: dict, use_cache: bool = True) -> dict:

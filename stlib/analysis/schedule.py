@@ -8,9 +8,16 @@ trip count. How long the shadow is and how it is marked differs per chip (``BRAN
 from the chip table's ``schedule_form``):
 
 * ``"delay4"`` (v5e, v6e): four delay bundles, the fourth carrying an ``End region``;
-* ``"tpu7x"``: the branch's region closes with an ``End region`` within the next six bundles (the
-  shadow ends at the last one), or, where the scheduler moved the first bundles of the conditional
-  region up behind the branch, one empty bundle and then the region's ``Start region``.
+* ``"tpu7x"``: six delay slots. Written out, they are the six bundles behind the branch, the sixth
+  carrying the ``End region`` of the branch's region. But libtpu's delay converter writes a trailing
+  run of empty delay slots as one empty bundle (its ``pre-delay`` and ``final`` per-bundle
+  utilization dumps show the six empty slots of a lone branch become one), so a shorter shadow ends
+  in an empty bundle: the first one behind the last bundle that must lie in the shadow, i.e. one
+  that closes a region open at the branch (its predicate check, a loop's header), or, behind a forward
+  branch, one holding only conditional-region ops the scheduler moved up and predicated on the
+  branch's negated predicate. A second empty bundle that could end it as well raises. The folded
+  bundle counts as one, like every stall the converter folds (a kernel's pre-delay dump lists 7-13%
+  more bundles than its final one, on v6e too): the calibrated clock absorbs them.
 
 The dump is an internal format of the pinned libtpu (``PINNED_LIBTPU``): anything this parser does
 not know, a form included, raises ``ScheduleFormatError``.
@@ -24,7 +31,7 @@ from dataclasses import dataclass, field
 PINNED_LIBTPU = "0.0.42.1"
 #: Bundles issued after a branch before it takes effect (libtpu 0.0.42.1, v5e and v6e).
 DELAY_SLOTS = 4
-#: The most bundles a TPU7x branch's region runs on behind it (libtpu 0.0.42.1).
+#: Delay slots of a TPU7x branch (libtpu 0.0.42.1); a trailing run of empty ones is one empty bundle.
 TPU7X_SHADOW = 6
 
 
@@ -45,6 +52,7 @@ _KEY = (
 _BUNDLE = re.compile(r"^\s*(0x[0-9a-f]+|0)\s+(?:([A-Z]{2}):|:)\s*(>*)\s*\{")
 _REGION = re.compile(r"(Start/End empty region|Start region|End region) (\d+)")
 _BRANCH = re.compile(r"sbr\.rel \((!?)(%p\w+)\) target = \$region(\d+)")
+_GUARD = re.compile(r"[^(;]*?\((!?%p\w+)[,)]")  # an op's predicate: the first (%p..) after its opcode
 _EXIT = re.compile(r"(%p\w+) = scmp\.ge\.s32\.totalorder %s\w+, (\d+) /\* loop exit test \*/")
 _CONTROL = ("sbr", "sjmp", "scall", "sret", "br.", "jmp", "call", "ret")
 _OP = re.compile(r"%[\w.]+ = ([a-z_][\w.\-]*)")
@@ -148,7 +156,7 @@ def parse_bundles(text: str) -> list[Bundle]:
     return [Bundle(a, m, t) for a, m, t in bundles]
 
 
-def _shadow_delay4(bundles: list[Bundle], a: int) -> int:
+def _shadow_delay4(bundles: list[Bundle], a: int, target: int, starts: dict[int, int]) -> int:
     if a + DELAY_SLOTS >= len(bundles) or "End region" not in bundles[a + DELAY_SLOTS].text:
         raise ScheduleFormatError(f"branch at {a:#x}: no region ends {DELAY_SLOTS} delay slots later")
     return DELAY_SLOTS
@@ -158,21 +166,61 @@ def _is_empty(bundle: Bundle) -> bool:
     return not _OP.search(bundle.code)
 
 
-def _shadow_tpu7x(bundles: list[Bundle], a: int) -> int:
-    if a + 2 < len(bundles) and _is_empty(bundles[a + 1]) and "Start region" in bundles[a + 2].text:
-        return 1  # the conditional region starts right behind one empty delay bundle
-    ends = [
-        k for k in range(1, TPU7X_SHADOW + 1) if a + k < len(bundles) and "End region" in bundles[a + k].text
-    ]
-    if ends:
-        return ends[-1]
-    raise ScheduleFormatError(
-        f"branch at {a:#x}: neither a region end within {TPU7X_SHADOW} bundles nor one "
-        "empty delay bundle followed by 'Start region' (the TPU7x forms)"
-    )
+def _predicates(bundle: Bundle) -> list[str | None]:
+    """The predicate of each op of ``bundle`` ("%p3", "!%p3"), None for an unpredicated op."""
+    out = []
+    for part in bundle.code.split(";;"):
+        op = _OP.search(part)
+        if op:
+            guard = _GUARD.match(part[op.end() :])
+            out.append(guard[1] if guard else None)
+    return out
 
 
-#: Per dump form: the bundles behind a branch at address a that run on both of its paths.
+def _closes_open_region(bundles: list[Bundle], a: int, k: int, starts: dict[int, int]) -> bool:
+    """Whether bundle k closes a region that was open at bundle a (started at or before it;
+    ``starts``: each region's first bundle)."""
+    ends = {int(r) for what, r in _REGION.findall(bundles[k].text) if what == "End region"}
+    return any(starts.get(r, a + 1) <= a for r in ends)
+
+
+def _shadow_tpu7x(bundles: list[Bundle], a: int, target: int, starts: dict[int, int]) -> int:
+    backward = target <= a
+    # the shadow runs on both paths: a forward branch's shadow ends before its target
+    last = min(a + TPU7X_SHADOW, len(bundles) - 1, len(bundles) if backward else target - 1)
+    if last == a + TPU7X_SHADOW and "End region" in bundles[last].text:
+        return TPU7X_SHADOW  # the six delay slots written out
+    negated, predicate, _ = _BRANCH.findall(bundles[a].code)[0]
+    moved_up = predicate if negated else "!" + predicate  # the guard of region ops moved behind it
+
+    def in_shadow(k: int) -> bool:  # bundle k provably runs on both paths
+        if k != target - 1 and _closes_open_region(bundles, a, k, starts):
+            return True  # it ends a region open at the branch (its check, a loop header): not skipped
+        guards = _predicates(bundles[k])
+        return not backward and bool(guards) and all(g == moved_up for g in guards)
+
+    evidence = [k for k in range(a + 1, last + 1) if in_shadow(k)]
+    after = evidence[-1] if evidence else a
+    folds = [k for k in range(after + 1, min(last, a + TPU7X_SHADOW - 1) + 1) if _is_empty(bundles[k])]
+    if not folds:
+        raise ScheduleFormatError(
+            f"branch at {a:#x}: neither {TPU7X_SHADOW} delay bundles closing a region nor a shorter "
+            "shadow ending in one empty bundle (the TPU7x forms)"
+        )
+    if len(folds) > 1:
+        raise ScheduleFormatError(
+            f"branch at {a:#x}: empty bundles at {[hex(k) for k in folds]} could each end its shadow "
+            "(the TPU7x forms allow one reading)"
+        )
+    if any("End region" in bundles[k].text and k not in evidence for k in range(a + 1, folds[0] + 1)):
+        raise ScheduleFormatError(
+            f"branch at {a:#x}: a region opened behind it closes in its shadow (not a TPU7x form)"
+        )
+    return folds[0] - a
+
+
+#: Per dump form: the bundles behind a branch at address a (to the region starting at target) that
+#: run on both of its paths.
 BRANCH_FORMS = {"delay4": _shadow_delay4, "tpu7x": _shadow_tpu7x}
 
 
@@ -215,7 +263,7 @@ def parse_schedule(text: str, analysis: str | None = None, form: str = "delay4")
         if int(region) not in starts:
             raise ScheduleFormatError(f"branch at {b.address:#x} targets region {region}, which never starts")
         target, a = starts[int(region)], b.address
-        delay = shadow(bundles, a)
+        delay = shadow(bundles, a, target, starts)
         if target <= a:
             nodes.append(_loop(bundles, target, a, negated, predicate, delay))
         else:

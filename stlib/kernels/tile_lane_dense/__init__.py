@@ -83,12 +83,15 @@ __all__ = [
 DEFAULT_BLOCKS: dict[str, common.BlockSizes] = {
     "v5e": common.BlockSizes(1024, 2048, 512),
     "v6e": common.BlockSizes(2560, 2560, 512),
-    "tpu7x": common.BlockSizes(2048, 2048, 512),  # v6e's: no TPU7x sweep yet (see the sweep's records)
+    # TPU7x: the best on dense and band together of the candidates its partial sweep ran on both
+    # (512x1024, 1024x2048, 2048x2048; the larger ones and Splash still to run)
+    "tpu7x": common.BlockSizes(2048, 2048, 512),
 }
 
 #: Rows of 3-D tiles per (q block, kv block) for a mask in a padded 3-D tiled order (a row: the tiles
 #: along x, e.g. 5 x 384 = 1,920 tokens for 3x8x16 tiles of Wan 720p), per chip: the sweep's
-#: sliding-tile winner (two rows of queries against one row of keys on v5e and v6e).
+#: sliding-tile winner (two rows of queries against one row of keys on v5e and v6e; TPU7x takes
+#: theirs, its sliding-tile candidates not yet swept).
 TILED_ROWS: dict[str, tuple[int, int]] = {"v5e": (2, 1), "v6e": (2, 1), "tpu7x": (2, 1)}
 
 
