@@ -411,6 +411,12 @@ plotting.save(fig, cfg.figure("07_estimate_published"))
 # estimate are listed with the reason (a schedule the reader does not know, a kernel that does not
 # compile): an estimate is never a silent guess.
 #
+# Mind what the held-out set covers: every held-out point is a TPU7x one (tokamax's Splash in the
+# flywheel-tpu benchmark, causal, head dim 256, its blocks tuned per cell by its authors, measured
+# with libtpu 0.0.44 while the estimate compiles with 0.0.42.1). No public v6e or v5e Splash time
+# was found beyond the calibration point, so on those chips, the one this notebook's table is about
+# included, the estimate rests on one published point and has not been judged at all.
+#
 # ## Takeaway
 #
 # The case study's 2.40x over dense Splash is the product of all the previous notebooks: skip

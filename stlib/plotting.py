@@ -615,13 +615,15 @@ def estimate_vs_published(rows: list[dict], title: str):
         }
         ax.scatter(r["published_ms"], r["estimate_ms"], **style)
         ax_err.scatter(r["published_ms"], r["error_pct"], **style)
-        if not r["calibration"]:  # shared-kv points labelled below, the others above
-            below = marker(r) == "s"
+        if not r["calibration"]:  # shared-kv points labelled on the right, the others on the left
+            right = marker(r) == "s"
             ax_err.annotate(
                 _tokens(r["length"]),
                 (r["published_ms"], r["error_pct"]),
-                xytext=(5, -10 if below else 4),
+                xytext=(6 if right else -6, 0),
                 textcoords="offset points",
+                ha="left" if right else "right",
+                va="center",
                 fontsize=7,
                 color="0.25",
             )
@@ -659,10 +661,10 @@ def estimate_vs_published(rows: list[dict], title: str):
     ]
     ax.legend(handles=handles, loc="upper left", fontsize=8)
     held, missing = sum(1 for r in shown if not r["calibration"]), len(rows) - len(shown)
-    fig.suptitle(
-        f"{title}\n{len(shown) - held} calibration points, {held} held out; {missing} published "
-        f"row{'' if missing == 1 else 's'} without an estimate (not drawn)"
-    )
+    counts = f"{len(shown) - held} calibration points, {held} held out"
+    if missing:
+        counts += f"; {missing} published row{'' if missing == 1 else 's'} without an estimate (not drawn)"
+    fig.suptitle(f"{title}\n{counts}")
     return fig
 
 

@@ -27,8 +27,8 @@ from stlib.analysis.schedule import ScheduleFormatError, parse_schedule
 from stlib.device import chip_spec
 
 #: Bumped when the attribution format or rules change (invalidates the cache). 2: operand layouts,
-#: laid-out glue bytes, per-chip branch forms.
-FORMAT_VERSION = 2
+#: laid-out glue bytes, per-chip branch forms. 3: TPU7x shadows with the folded empty delay bundle.
+FORMAT_VERSION = 3
 #: The stlib modules (or packages) whose sources shape every compiled kernel; each implementation's
 #: own module (``stlib/kernels/NAME.py``, where its forward lives) is added to these, so editing one
 #: kernel invalidates that kernel's estimates and no other's.
