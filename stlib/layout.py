@@ -94,7 +94,7 @@ class BlockLayout:
     def kv_valid_is_prefix(self) -> bool:
         """True when the real keys of every kv tile come first (padding only at tile ends), so
         ``iota < kv_valid[tile]`` masks the padding."""
-        valid = _valid_tokens(self.mask)
+        valid = valid_tokens(self.mask)
         nk = self.grid_shape[1]
         padded = np.zeros(nk * self.block_kv, bool)
         padded[: valid.size] = valid
@@ -343,7 +343,7 @@ def block_layout(mask: Mask, block_q: int, block_kv: int) -> BlockLayout:
         if key not in cache:
             cache[key] = _tile_counts(*key, mask.length, block_q, block_kv)
         counts.append(cache[key])
-    valid = _valid_tokens(mask)
+    valid = valid_tokens(mask)
     valid_per_q = _valid_per_tile(mask, block_q).astype(np.int64)
     valid_per_k = _valid_per_tile(mask, block_kv).astype(np.int64)
     return BlockLayout(
@@ -364,14 +364,14 @@ def _unwrap(mask: Mask) -> tuple[Mask, TokenOrder | None]:
     return mask, None
 
 
-def _valid_tokens(mask: Mask) -> np.ndarray:
+def valid_tokens(mask: Mask) -> np.ndarray:
     """bool [L]: False at padding slots of permuted views inside the mask."""
     valid = mask.token_validity()
     return np.ones(mask.length, bool) if valid is None else valid
 
 
 def _valid_per_tile(mask: Mask, block: int) -> np.ndarray:
-    return np.add.reduceat(_valid_tokens(mask), np.arange(0, mask.length, block)).astype(np.int32)
+    return np.add.reduceat(valid_tokens(mask), np.arange(0, mask.length, block)).astype(np.int32)
 
 
 def _tile_counts(

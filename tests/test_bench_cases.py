@@ -12,7 +12,7 @@ from stlib import registry
 from stlib.bench.cases import case_function, case_inputs, case_study_cases, sta_windows
 from stlib.configs import DENSITIES, SMALL_CPU
 from stlib.geometry import VideoGrid
-from stlib.kernels.tile_lane_dense import TILED_ROWS
+from stlib.kernels.tile_lane_dense import TILED_ROWS, LaneDenseOptions, resolve_blocks
 
 IMPLS = {impl.name for impl in registry.tpu_kernels()}  # the comparisons run every registered TPU kernel
 PATTERNS = {"dense", "band", "sliding tile"}
@@ -58,7 +58,15 @@ def test_block_sizes_follow_the_backend_and_the_workload_tile(small_cases):
             if case.impl == "pallas_tile_lane_dense":  # whole rows of tiles (TILED_ROWS), a tile per chunk
                 rows_q, rows_kv = TILED_ROWS["v6e"]
                 assert (case.block_q, case.block_kv) == (rows_q * row, rows_kv * row)
-                assert case.options == {"block_kv_compute": tile_tokens}
+                sizes, _ = resolve_blocks(
+                    case.mask,
+                    case.mask.length,
+                    case.block_q,
+                    case.block_kv,
+                    LaneDenseOptions(chip="v6e"),
+                    False,
+                )
+                assert sizes.block_kv_compute == tile_tokens  # one tile per chunk
             else:
                 assert (case.block_q, case.block_kv) == (tile_tokens, tile_tokens)
     tpu_cases = case_study_cases(SMALL_CPU, tpu=True, densities=(0.25,))

@@ -124,7 +124,6 @@ def case_study_cases(workload: Workload, tpu: bool, densities=DENSITIES) -> list
                     "pallas_tile_lane_dense (rows of 3-D tiles)",
                     block_q=rows.block_q,
                     block_kv=rows.block_kv,
-                    options={"block_kv_compute": rows.block_kv_compute} if rows.block_kv_compute else {},
                     order=order,
                 )
             )

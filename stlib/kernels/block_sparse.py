@@ -20,7 +20,7 @@ from jax.experimental.pallas import tpu as pltpu
 from stlib.kernels import common
 from stlib.layout import BlockLayout, TileKind, block_layout
 from stlib.masks import Mask, full
-from stlib.registry import Implementation, ScheduleCounts, register
+from stlib.registry import Implementation, register
 
 SKIP, MASKED, MASK_FREE = 0, 1, 2
 
@@ -185,26 +185,13 @@ def block_sparse_schedule_counts(setup, attribution):
     """Executions of each compiled path: the full grid is stepped; the step table says which steps
     run the mask-free or the masked update; a kv tile is fetched where the table's index changes."""
     h, layout = setup.num_heads, setup.layout
-    nq, nk = layout.grid_shape
     mult = h if layout.num_heads == 1 else 1
     table = step_table(layout)
     counts = {
-        "init": h * nq,
-        "finalise": h * nq,
         "compute_full": int(np.sum((table & 3) == MASK_FREE)) * mult,
         "compute_masked": int(np.sum((table & 3) == MASKED)) * mult,
     }
-    kv = np.arange(h)[:, None, None] * nk + np.broadcast_to(table >> 2, (h, nq, nk))
-    return ScheduleCounts(
-        counts,
-        h * nq * nk,
-        h * nq,
-        common.block_changes(kv),
-        setup.block_q,
-        setup.block_kv,
-        setup.itemsize,
-        writes_lse=False,
-    )
+    return common.row_grid_counts(setup, table >> 2, counts)
 
 
 IMPLEMENTATION = register(

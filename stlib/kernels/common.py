@@ -359,6 +359,30 @@ def block_changes(indices) -> int:
     return 0 if seq.size == 0 else 1 + int(np.count_nonzero(seq[1:] != seq[:-1]))
 
 
+def row_grid_counts(
+    setup, tiles, paths: dict[str, int], *, out_itemsize: int | None = None, writes_lse=False
+):
+    """``ScheduleCounts`` of a kernel whose grid is (head, q row, step): ``tiles`` int [Hl, nq, W],
+    the kv tile each step fetches (Hl = 1: one table for every head); ``paths``: executions of the
+    compute paths (each row's "init" and "finalise" are added here). A kv block is fetched wherever
+    the (head, tile) index changes in grid order; each row fetches its q block once."""
+    from stlib.registry import ScheduleCounts
+
+    h = setup.num_heads
+    nq, nk = setup.layout.grid_shape
+    tiles = np.broadcast_to(tiles, (h, *np.shape(tiles)[1:]))
+    return ScheduleCounts(
+        {"init": h * nq, "finalise": h * nq, **paths},
+        h * nq * tiles.shape[2],
+        h * nq,
+        block_changes(np.arange(h)[:, None, None] * nk + tiles),
+        setup.block_q,
+        setup.block_kv,
+        out_itemsize or setup.itemsize,
+        writes_lse=writes_lse,
+    )
+
+
 def pad_sequence(x, multiple: int):
     """Pad axis 1 of [H, L, D] with zeros up to a multiple of ``multiple``."""
     length = x.shape[1]

@@ -15,7 +15,7 @@ from jax.experimental import pallas as pl
 
 from stlib.kernels import common
 from stlib.masks import DENSE_LIMIT, Mask, full
-from stlib.registry import Implementation, ScheduleCounts, register
+from stlib.registry import Implementation, register
 
 
 def dense_attention(
@@ -123,19 +123,8 @@ def _forward(q, k, v, mask, *, scale, block_q, block_kv, options: common.FlashOp
 def dense_schedule_counts(setup, attribution):
     """Executions of each compiled path: every row initialises and finalises once; the compute
     sits unconditionally in the step; a kv tile is fetched at every step."""
-    h, (nq, nk) = setup.num_heads, setup.layout.grid_shape
-    kv = np.broadcast_to(np.arange(h)[:, None, None] * nk + np.arange(nk), (h, nq, nk))
-    rows = {"init": h * nq, "finalise": h * nq}
-    return ScheduleCounts(
-        rows,
-        h * nq * nk,
-        h * nq,
-        common.block_changes(kv),
-        setup.block_q,
-        setup.block_kv,
-        setup.itemsize,
-        writes_lse=False,
-    )
+    nq, nk = setup.layout.grid_shape
+    return common.row_grid_counts(setup, np.broadcast_to(np.arange(nk), (1, nq, nk)), {})
 
 
 IMPLEMENTATION = register(

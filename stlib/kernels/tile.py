@@ -425,7 +425,6 @@ def tile_schedule_counts(setup, attribution) -> ScheduleCounts:
     h, layout = setup.num_heads, setup.layout
     nq, nk = layout.grid_shape
     mult = h if layout.num_heads == 1 else 1
-    heads = np.arange(h)[:, None, None]
     passes = split_passes(layout, options.boundary)
     kind = _pass_of(attribution.kernel)
     selected = next(p for p in passes if p.name == kind).selected
@@ -433,18 +432,8 @@ def tile_schedule_counts(setup, attribution) -> ScheduleCounts:
     name = "compute_full" if kind == PassKind.FULL else "compute_masked"
     if options.form == GridForm.ROWS:
         tiles, row_counts = row_tables(selected)
-        kv = heads * nk + np.broadcast_to(tiles, (h,) + tiles.shape[1:])
-        counts = {"init": h * nq, "finalise": h * nq, name: int(row_counts.sum()) * mult}
-        return ScheduleCounts(
-            counts,
-            h * nq * tiles.shape[2],
-            h * nq,
-            common.block_changes(kv),
-            setup.block_q,
-            setup.block_kv,
-            out_item,
-            writes_lse=True,
-        )
+        paths = {name: int(row_counts.sum()) * mult}
+        return common.row_grid_counts(setup, tiles, paths, out_itemsize=out_item, writes_lse=True)
     flat = flat_steps(selected)
     groups = np.arange(mult)[:, None]
     kv = (groups + flat["step_head"]) * nk + flat["step_kv"]

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
-
 from stlib._intmath import round_up
 from stlib.device import LANES, current_chip, resolve_interpret
 from stlib.geometry import tile_rows
@@ -110,19 +108,22 @@ def tiled_blocks(mask: Mask | None, chip: str | None) -> common.BlockSizes | Non
 def resolve_blocks(mask: Mask | None, length: int, block_q, block_kv, options: LaneDenseOptions, interpret):
     """(BlockSizes, options with the chunk resolved): explicit blocks, else this kernel's default for
     its chip (``options.chip``, the chip at hand, v6e when compiling elsewhere; small tiles in
-    interpret mode), or whole rows of 3-D tiles for a mask in a tiled order (``tiled_blocks``);
-    blocks shrunk to short sequences in multiples of 128."""
+    interpret mode), or whole rows of 3-D tiles for a mask in a tiled order (``tiled_blocks``,
+    whose chunk of one tile explicit blocks of that order take too); blocks shrunk to short sequences
+    in multiples of 128."""
     chip = options.chip or current_chip()
     if chip is None and not resolve_interpret(interpret):
         chip = "v6e"
     explicit = block_q is not None and block_kv is not None
-    base = (None if explicit else tiled_blocks(mask, chip)) or common.default_block_sizes(
-        chip, DEFAULT_BLOCKS
-    )
+    tiled = tiled_blocks(mask, chip)
+    base = (None if explicit else tiled) or common.default_block_sizes(chip, DEFAULT_BLOCKS)
     bq, bkv = block_q or base.block_q, block_kv or base.block_kv
     chunk = options.block_kv_compute
     if chunk is None and block_kv is None:
         chunk = base.block_kv_compute
+    tile_chunk = tiled.block_kv_compute if tiled else None
+    if chunk is None and tile_chunk and bkv % tile_chunk == 0:
+        chunk = tile_chunk  # a tiled order's explicit blocks: one 3-D tile per chunk, as its defaults
     if not explicit:
         bq, bkv = min(bq, round_up(length, LANES)), min(bkv, round_up(length, LANES))
         if chunk is not None and (chunk > bkv or bkv % chunk):
@@ -177,29 +178,14 @@ def lane_dense_schedule_counts(setup, attribution) -> ScheduleCounts:
     """Executions of each compiled path, grid steps and block fetches, from the step tables."""
     options = LaneDenseOptions(**setup.options)  # validates the options the kernel was compiled with
     h, layout = setup.num_heads, setup.layout
-    nq, nk = layout.grid_shape
     mult = h if layout.num_heads == 1 else 1
     steps = plan_steps(layout, setup.length, options.pattern_grain)
     name = kernel_name(KERNEL_PREFIX, steps.present)
     if name != attribution.kernel.split(".")[0]:
         raise ValueError(f"{attribution.kernel!r}: the layout's step kinds make kernel {name!r}")
     entries, _ = steps.tables()
-    tiles = entries >> CODE_BITS
-    paths = {"init": h * nq, "finalise": h * nq}
-    for code in steps.present:
-        paths[region_name(code)] = int((steps.codes == code).sum()) * mult
-    heads = np.arange(h)[:, None, None]
-    kv = heads * nk + np.broadcast_to(tiles, (h,) + tiles.shape[1:])
-    return ScheduleCounts(
-        paths,
-        h * nq * entries.shape[2],
-        h * nq,
-        common.block_changes(kv),
-        setup.block_q,
-        setup.block_kv,
-        setup.itemsize,
-        writes_lse=False,
-    )
+    paths = {region_name(code): int((steps.codes == code).sum()) * mult for code in steps.present}
+    return common.row_grid_counts(setup, entries >> CODE_BITS, paths)
 
 
 IMPLEMENTATION = register(

@@ -23,6 +23,7 @@ edges skip the sub-tiles outside it and mask only the sub-tiles on its diagonal.
 from __future__ import annotations
 
 import enum
+import functools
 import math
 from collections import Counter
 from dataclasses import dataclass
@@ -30,8 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from stlib.device import LANES
-from stlib.layout import BlockLayout, TileKind, block_layout, row_tables
-from stlib.layout import _valid_tokens as valid_tokens
+from stlib.layout import BlockLayout, TileKind, block_layout, row_tables, valid_tokens
 
 #: Most distinct patterns one call compiles (each is a region of its own); rarer ones stay MASKED.
 MAX_PATTERNS = 8
@@ -118,6 +118,9 @@ class StepPlan:
     codes: np.ndarray
     patterns: tuple[Pattern, ...]
     length: int
+
+    def __post_init__(self):
+        self.codes.flags.writeable = False  # plans are shared (``plan_steps`` caches them)
 
     @property
     def present(self) -> tuple[int, ...]:
@@ -248,6 +251,8 @@ def _patterns_at(layout: BlockLayout, codes: np.ndarray, length: int, grain: int
     return found
 
 
+@functools.lru_cache(maxsize=8)  # a layout (compared by identity) is planned once for its call,
+# its work model and its schedule counts: the fine layouts behind the grain choice take seconds
 def plan_steps(layout: BlockLayout, length: int, grain: int | None = None) -> StepPlan:
     """The step plan of ``layout`` for arrays of ``length`` rows. ``grain``: the pattern grain
     (None: the candidate of ``grains`` whose patterns cost least, ``Pattern.cost``, the larger on a
