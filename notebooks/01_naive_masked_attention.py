@@ -129,7 +129,9 @@ else:
 q, k, v = stlib.random_qkv((H, L, D), dtype, seed=1)
 series = {f"{dense_impl}: every score, then the mask": [], f"{skip_impl}: skips empty tiles": []}
 work = []
-for density in bench.progress((0.1, 0.25, 0.5, 1.0), "density"):  # prints the time so far and left
+densities = (0.1, 0.25, 0.5, 1.0)
+tracker = bench.Progress(len(densities), "density")  # a progress bar (tqdm) with its estimate of the time left
+for density in densities:
     mask = masks.full(L) if density == 1.0 else masks.band(L, masks.band_width_for_density(L, density))
     layout = stlib.block_layout(mask, block["block_q"], block["block_kv"])
     for impl, name in zip((dense_impl, skip_impl), series):
@@ -137,8 +139,8 @@ for density in bench.progress((0.1, 0.25, 0.5, 1.0), "density"):  # prints the t
         timing = bench.time_function(fn, q, k, v, trials=3)
         series[name].append((layout.density, timing.median_ms))
     work.append((layout.density, layout.occupancy))
-    print(f"density {layout.density:.3f}: " + ", ".join(f"{n.split(':')[0]} {pts[-1][1]:8.1f} ms" for n, pts in series.items())
-          + f"  | tiles computed by the skipping kernel: {layout.occupancy:.0%}")
+    tracker.step(f"density {layout.density:.3f}: " + ", ".join(f"{n.split(':')[0]} {pts[-1][1]:8.1f} ms" for n, pts in series.items())
+                 + f"  | tiles computed by the skipping kernel: {layout.occupancy:.0%}")
 
 fig = plotting.timing_lines(series, f"Masked dense vs tile-skipping, {H} heads x {L:,} tokens x {D}\n"
                             f"measured on {jax.devices()[0].device_kind} ({jax.default_backend()})",

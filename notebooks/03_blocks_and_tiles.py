@@ -143,7 +143,8 @@ q, k, v = stlib.random_qkv((2, L, 64), jnp.float32, seed=0)
 trials = 5
 rows = {}
 cases = [("FULL tiles", full_tiles), ("the same tiles, PARTIAL (half the keys)", half_tiles)]
-for name, array in bench.progress(cases, "timing"):  # prints the time so far and an estimate of the time left
+tracker = bench.Progress(len(cases), "timing")  # a progress bar (tqdm) with its estimate of the time left
+for name, array in cases:
     m = masks.from_array(array)
     lay = stlib.block_layout(m, block, block)
     timing = bench.time_function(functools.partial(stlib.attention, mask=m, impl="xla", block_q=block, block_kv=block),
@@ -151,8 +152,8 @@ for name, array in bench.progress(cases, "timing"):  # prints the time so far an
     rows[name] = {"allowed pairs (useful work)": lay.density * L * L,
                   "tiles computed": int((lay.kinds > 0).sum()),
                   f"measured time (median of {trials})": timing.median_ms}
-    print(f"{name:<42} density {lay.density:.3f}  tiles computed {int((lay.kinds > 0).sum())}  "
-          f"kinds {lay.kind_counts()}  median {timing.median_ms:.1f} ms (min {timing.min_ms:.1f}, max {timing.max_ms:.1f})")
+    tracker.step(f"{name:<42} density {lay.density:.3f}  tiles computed {int((lay.kinds > 0).sum())}  "
+                 f"kinds {lay.kind_counts()}  median {timing.median_ms:.1f} ms (min {timing.min_ms:.1f}, max {timing.max_ms:.1f})")
 half, full = (rows[name][f"measured time (median of {trials})"] for name in rows)
 print(f"half the pairs cost {half / full:.2f}x the time on {jax.devices()[0].device_kind}")
 fig = plotting.relative_bars(rows, "FULL tiles", f"Half the pairs, the same tiles: a PARTIAL tile costs a FULL one\n"

@@ -457,7 +457,7 @@ runs = [  # (label, impl, mask here, mask at the case-study shape)
 environment = bench.environment()
 trials = 9  # interpret-mode times on a shared CPU scatter by tens of percent: the median of 9, min-max whiskers
 records, work_records = [], []
-tracker = bench.Progress(len(runs), "run")  # each line ends with the time so far and an estimate of the time left
+tracker = bench.Progress(len(runs), "run")  # a progress bar (tqdm) with its estimate of the time left
 for label, impl, mask, case_mask in runs:
     options = None if impl == "splash" else {"exp2": False}  # like for like: natural exp everywhere, as in Splash
     fn = bench.compile_function(functools.partial(stlib.attention, mask=mask, impl=impl, options=options,

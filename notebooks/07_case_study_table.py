@@ -104,8 +104,8 @@ TOL = tolerance(workload.dtype)
 # a token order get permuted inputs, as in the benchmark, and are compared in that order; the
 # "+ reordering" case runs `video_attention` on raster inputs, permutation and restore included).
 # Each case is compiled once (`stlib.bench.compile_case`): the benchmark below times the executable
-# checked here instead of compiling it again. Every line ends with the time so far and an estimate
-# of the time left.
+# checked here instead of compiling it again. A progress bar (tqdm) counts the cases and estimates
+# the time left; every case writes its line.
 
 # %%
 q, k, v = stlib.random_qkv(workload.qkv_shape, workload.dtype, seed=0)

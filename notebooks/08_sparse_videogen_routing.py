@@ -223,7 +223,7 @@ for anchor in ("reordered", "frame0"):
 # routed), density, anchor and boundary policy. Each record gives the relative L2 error of the
 # output against dense attention and the recall (the share of dense attention probability the mask
 # keeps), both measured on the synthetic inputs at 9 x 12 x 16, and the executed flops relative to
-# dense of the same plans, there and at the case-study shape. `stlib.routing.quality_sweep` writes
+# dense of the same plans, there and at the case-study shape. `stlib.bench.svg_quality` writes
 # them (about a minute and a half on a CPU). Here we redraw the figure from the records and recompute
 # one record to check it. At 1,728 tokens the width rounds up to a multiple of 128, so densities
 # 0.15 and 0.25 give the same band (w = 256) and the same error. At the case-study shape they cost
@@ -243,7 +243,7 @@ plotting.save(fig, cfg.figures / "08_quality_vs_work.png")
 plt.show()
 
 # %%
-from stlib.routing import quality_sweep
+from stlib.bench.svg_quality import quality_sweep
 
 check = next(r for r in records if (r["pattern"], r["density"], r["anchor"], r["boundary"]) ==
              ("routed", 0.15, "reordered", "balanced"))
@@ -263,7 +263,8 @@ print(f"PASSED  the recorded routed plan at density 0.15 reproduces (rel L2 {aga
 
 # %%
 from stlib.bench.records import time_function
-from stlib.routing import plan_work, route_scores, sample_rows
+from stlib.bench.svg_quality import plan_work
+from stlib.routing import route_scores, sample_rows
 
 rows = sample_rows(grid.num_tokens, 64)
 allowed = jnp.asarray(np.stack([exact_mask(grid, kind, plan.width).allowed(rows[:, None], keys) for kind in

@@ -1,7 +1,10 @@
 """stlib: sparse spatio-temporal attention for video diffusion transformers on TPUs."""
 
+from stlib import _versions
+
+_versions.check_jax(_versions.installed_jax())  # before any jax import: an older jax is one sentence
+
 from stlib import kernels, masks  # importing kernels registers pallas_dense, _block_sparse, _tile, splash
-from stlib.analysis.static import static_estimate  # the static TPU estimate, read from libtpu's dump
 from stlib.api import IMPLEMENTATIONS, attention, random_qkv, register, video_attention
 from stlib.configs import CASE_STUDY, SMALL_CPU, WAN_480P, Workload
 from stlib.geometry import (
@@ -39,3 +42,12 @@ __all__ = [
     "token_major_order",
     "video_attention",
 ]
+
+
+def __getattr__(name: str):
+    """``stlib.static_estimate`` loads the estimator (``stlib.analysis``) on first use only."""
+    if name == "static_estimate":
+        from stlib.analysis.static import static_estimate
+
+        return static_estimate
+    raise AttributeError(f"module 'stlib' has no attribute {name!r}")

@@ -135,7 +135,7 @@ def video_attention(
     output is restored to raster order: equal to ``attention(..., impl="reference")`` on the
     raster-order mask. ``orders`` overrides the choice (one TokenOrder, or one per head).
     ``plan`` (a ``stlib.routing.SvgPlan``, instead of mask and orders) runs that plan: its orders
-    and tile layout, nothing rebuilt (``stlib.routing.run_plan``). Raises ValueError if the grid
+    and tile layout, nothing rebuilt (``plan.run``). Raises ValueError if the grid
     does not match L."""
     from stlib.reorder import choose_orders
 
@@ -145,13 +145,13 @@ def video_attention(
     grid.check_length(q.shape[1])
     check_mask(mask, q.shape[0], q.shape[1])
     if plan is not None:
-        from stlib.routing import run_plan
-
+        if not callable(getattr(plan, "run", None)) or not hasattr(plan, "grid"):
+            raise TypeError(f"plan must be a stlib.routing.SvgPlan, got {type(plan).__name__}")
         if mask is not None or orders is not None:
             raise ValueError("give either plan or mask / orders, not both")
         if plan.grid != grid:
             raise ValueError(f"the plan is for grid {plan.grid.shape}, not {grid.shape}")
-        return run_plan(q, k, v, plan, impl=impl, **kwargs)
+        return plan.run(q, k, v, impl=impl, **kwargs)
     if mask is None:
         return attention(q, k, v, None, impl=impl, **kwargs)
     if orders is None:

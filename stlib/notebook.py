@@ -21,7 +21,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from stlib import paths
+
 SIZES = ("small", "full", "auto")
 
 #: Off a TPU, libtpu (loaded for deviceless compilation) looks for the TPU VM's accelerator type and
@@ -93,9 +94,10 @@ class NotebookConfig:
 
 
 def home() -> Path:
-    """Where figures/ and data/ go: the repository when stlib runs from a clone (editable install or
-    sys.path), else the working directory (stlib pip-installed, as in Colab)."""
-    return REPO if (REPO / "pyproject.toml").is_file() else Path.cwd()
+    """Where figures/ and data/ go (``stlib.paths.home``, read at each call): ``STLIB_HOME`` if set,
+    else the repository when stlib runs from a clone (editable install or sys.path), else the working
+    directory (stlib pip-installed, as in Colab)."""
+    return paths.home()
 
 
 def resolve_size(size: str | None = None) -> str:
@@ -163,8 +165,8 @@ def setup(size: str | None = None) -> NotebookConfig:
         interpret=not on_tpu(),
         block_q=512 if size == "full" else 128,
         block_kv=1024 if size == "full" else 128,
-        figures=home() / "figures",
-        data=home() / "data",
+        figures=paths.figures_dir(),
+        data=paths.data_dir(),
     )
     refuse = size == "full" and config.interpret
     _interpret_step_limit = INTERPRET_STEP_LIMIT if refuse else None

@@ -1,11 +1,15 @@
 """The implementation registry: every attention implementation is one ``Implementation`` object,
 registered once, that owns what the rest of the library needs to know about it.
 
-``stlib.attention(..., impl=name, options=...)`` runs ``forward``; the roofline and benchmarks ask
-``work`` what it computes; the static estimator asks ``compute_regions`` how to name the compiled
-schedule's conditional regions and ``schedule_counts`` how often each runs; compile tests iterate
-over ``tpu_kernels()``. Adding a kernel is its own file plus one registration (its import in
-``stlib/kernels/__init__.py``): nothing else names it.
+``stlib.attention(..., impl=name, options=...)`` runs ``forward``; ``config`` resolves the blocks
+and options of a call once (the forward, the estimator and the sweeps all ask it); ``supports``
+says what the implementation accepts (shared kv heads, its own v head dim, a mask, a chip); the
+roofline and benchmarks ask ``work`` what it computes; the static estimator asks
+``compute_regions`` how to name the compiled schedule's conditional regions and
+``schedule_counts`` how often each runs; sweeps take ``tuned_candidates``; a routed plan runs
+through ``plan_runner``; compile tests iterate over ``tpu_kernels()``; ``baseline()`` is the dense
+kernel every comparison is a ratio to. Adding a kernel is its own file plus one registration (its
+import in ``stlib/kernels/__init__.py``): nothing else names it.
 """
 
 from __future__ import annotations
@@ -38,6 +42,32 @@ class ScheduleCounts:
 
 
 @dataclass(frozen=True)
+class Config:
+    """The blocks and options one call of an implementation runs with, resolved once: ``block_q``
+    rows x ``block_kv`` keys per grid step in chunks of ``block_kv_compute`` keys (None: the whole
+    tile; all None for an implementation without blocks) and ``options`` (its ``options_type``)."""
+
+    block_q: int | None
+    block_kv: int | None
+    block_kv_compute: int | None
+    options: object
+
+    def blocks(self) -> dict:
+        return {"block_q": self.block_q, "block_kv": self.block_kv, "block_kv_compute": self.block_kv_compute}
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an implementation accepts beyond [H, L, D] self-attention with a stlib mask:
+    ``shared_kv_heads``: k / v with fewer heads than q (GQA, MQA); ``head_dim_v``: v with its own
+    head dim; ``mask_support(mask) -> str | None``: why a mask is refused (None: accepted)."""
+
+    shared_kv_heads: bool = False
+    head_dim_v: bool = False
+    mask_support: Callable | None = None
+
+
+@dataclass(frozen=True)
 class Implementation:
     """One attention implementation.
 
@@ -48,10 +78,17 @@ class Implementation:
     a compiled program (empty: not a Pallas implementation). ``compute_regions(kernel, n)`` names
     the n conditional compute regions of a compiled step; ``schedule_counts(setup, attribution)``
     -> ``ScheduleCounts`` of one compiled kernel (stlib.analysis). ``chips``: the chips it compiles
-    for. ``blocks``: per-chip default blocks where they differ from the chip table's;
-    ``resolve_blocks``: how it turns (mask, length, block_q, block_kv, options, interpret) into the
-    blocks it runs, where that differs from ``common.block_sizes_for`` (the estimator asks it). ``title`` and
-    ``variants`` (label -> options) say how the case-study comparisons run it.
+    for. ``resolve(mask, length, block_q, block_kv, options, interpret)`` -> (blocks with
+    ``block_q``, ``block_kv``, ``block_kv_compute``; options with the chunk resolved): the one rule
+    by which it picks its blocks (None: it has none). ``capabilities``: see ``Capabilities``.
+    ``tuned_candidates``: the (block_q, block_kv) a tuned static estimate sweeps;
+    ``sweep_candidates``: {mask family: (block_q, block_kv, block_kv_compute)} of a block sweep. ``plan_runner(q,
+    k, v, plan, *, scale, options, interpret)`` runs a routed ``stlib.routing.SvgPlan`` with the
+    plan's own tile layout (None: the plan's masks go through ``forward``). ``backward``: room for
+    the training path (None: not differentiable through a kernel of its own). ``baseline``: the
+    dense kernel comparisons divide by (one per registry). ``probe_regions``: its two compute
+    regions are told apart by a probe compiled with no masked tile. ``title`` and ``variants``
+    (label -> options) say how the case-study comparisons run it.
     """
 
     name: str
@@ -63,10 +100,16 @@ class Implementation:
     compute_regions: Callable | None = None
     schedule_counts: Callable | None = None
     chips: tuple[str, ...] = ()
-    blocks: Mapping[str, object] = field(default_factory=dict)
-    resolve_blocks: Callable | None = (
-        None  # (mask, length, block_q, block_kv, options, interpret) -> (BlockSizes, options)
+    resolve: Callable | None = (
+        None  # (mask, length, block_q, block_kv, options, interpret) -> (blocks, options)
     )
+    capabilities: Capabilities = field(default_factory=Capabilities)
+    tuned_candidates: tuple[tuple[int, int], ...] = ()
+    sweep_candidates: Mapping[str, tuple] = field(default_factory=dict)  # family -> (bq, bkv, chunk)
+    plan_runner: Callable | None = None
+    backward: Callable | None = None
+    baseline: bool = False
+    probe_regions: bool = False
     title: str = ""  # how comparisons name it ("" : its name)
     variants: Mapping[str, Mapping] = field(default_factory=dict)  # labelled options comparisons run
 
@@ -102,6 +145,44 @@ class Implementation:
             )
         return dataclasses.replace(options, **overrides) if overrides else options
 
+    def config(
+        self, mask, length: int, block_q=None, block_kv=None, options=None, *, interpret=None
+    ) -> Config:
+        """The ``Config`` a call on ``length`` tokens with ``mask`` runs with: ``options`` validated
+        (see ``options``), blocks by the implementation's own rule (``resolve``; compiled for a TPU
+        when ``interpret`` is False). Raises TypeError / ValueError for bad options or blocks."""
+        options = self.options(options)
+        if self.resolve is None:
+            return Config(None, None, None, options)
+        sizes, options = self.resolve(mask, length, block_q, block_kv, options, interpret)
+        return Config(sizes.block_q, sizes.block_kv, sizes.block_kv_compute, options)
+
+    def unsupported(
+        self, *, mask=None, shared_kv_heads: bool = False, head_dim_v: bool = False, chip: str | None = None
+    ) -> str | None:
+        """Why this implementation cannot run a call (None: it can): k / v heads shared by several q
+        heads, a v head dim of its own, a mask it has no form for, a chip it does not compile for."""
+        caps = self.capabilities
+        if shared_kv_heads and not caps.shared_kv_heads:
+            return f"impl={self.name!r} takes as many k / v heads as q heads"
+        if head_dim_v and not caps.head_dim_v:
+            return f"impl={self.name!r} takes v with the head dim of q and k"
+        if chip is not None and self.is_pallas and chip not in self.chips:
+            return f"impl={self.name!r} does not compile for chip={chip!r} (its chips: {self.chips})"
+        if mask is not None and caps.mask_support is not None:
+            return caps.mask_support(mask)
+        return None
+
+    def supports(self, **call) -> bool:
+        """Whether this implementation can run a call (the keywords of ``unsupported``)."""
+        return self.unsupported(**call) is None
+
+    def check_supports(self, **call) -> None:
+        """Raise ValueError, saying why, unless this implementation can run the call."""
+        reason = self.unsupported(**call)
+        if reason is not None:
+            raise ValueError(reason)
+
     def owns_kernel(self, kernel: str) -> bool:
         """Whether a compiled Pallas kernel of this name belongs to this implementation."""
         return any(kernel.startswith(prefix) for prefix in self.kernel_names)
@@ -117,6 +198,10 @@ def register(implementation: Implementation) -> Implementation:
         raise TypeError(f"register takes an Implementation, got {type(implementation).__name__}")
     if implementation.name in IMPLEMENTATIONS:
         raise ValueError(f"impl={implementation.name!r} is already registered")
+    if implementation.baseline and any(impl.baseline for impl in IMPLEMENTATIONS.values()):
+        raise ValueError(
+            f"impl={implementation.name!r}: a baseline is already registered ({baseline().name!r})"
+        )
     IMPLEMENTATIONS[implementation.name] = implementation
     return implementation
 
@@ -126,6 +211,15 @@ def get(name: str) -> Implementation:
     if name not in IMPLEMENTATIONS:
         raise ValueError(f"impl={name!r} is unknown; choose one of {sorted(IMPLEMENTATIONS)}")
     return IMPLEMENTATIONS[name]
+
+
+def baseline() -> Implementation:
+    """The dense kernel every comparison is a ratio to (JAX's Splash attention). Raises LookupError
+    when none is registered."""
+    found = [impl for impl in IMPLEMENTATIONS.values() if impl.baseline]
+    if not found:
+        raise LookupError("no baseline implementation is registered (import stlib.kernels)")
+    return found[0]
 
 
 def tpu_kernels() -> list[Implementation]:
@@ -140,9 +234,12 @@ def owner_of_kernel(kernel: str) -> Implementation | None:
 
 __all__ = [
     "IMPLEMENTATIONS",
+    "Capabilities",
+    "Config",
     "Implementation",
     "NoOptions",
     "ScheduleCounts",
+    "baseline",
     "get",
     "owner_of_kernel",
     "register",

@@ -6,7 +6,8 @@
 
 The committed .ipynb files are executed in memory and never rewritten (they stay output-free); each
 executed copy, outputs included (also of a notebook that failed), is written to notebooks/executed/
-(git-ignored), with an HTML rendering beside it where nbconvert is installed. On a host without a TPU
+(git-ignored) of stlib's home (``stlib.paths.home()``: the clone, or ``STLIB_HOME``; figures/ and
+data/ go there too), with an HTML rendering beside it where nbconvert is installed. On a host without a TPU
 the kernels and their subprocesses get ``stlib.notebook.QUIET_LIBTPU_ENV``, so libtpu's initialisation
 chatter stays out of this log (its errors still print). Ends with a table: notebook, status,
 seconds, figures written. Exits 1 if any notebook failed.
@@ -21,17 +22,23 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from stlib import paths
+
+REPO = paths.REPO
+#: The committed notebooks (read from the clone; what they write goes to ``stlib.paths.home()``).
 NOTEBOOKS = REPO / "notebooks"
-FIGURES = REPO / "figures"
-EXECUTED = NOTEBOOKS / "executed"
+
+
+def executed_dir() -> Path:
+    """Where the executed notebooks go: ``notebooks/executed/`` under ``stlib.paths.home()``."""
+    return paths.home() / "notebooks" / "executed"
 
 
 def notebook_paths(only=None) -> list[Path]:
-    paths = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+    found = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
     if only:
-        paths = [p for p in paths if p.name[:2] in set(only)]
-    return paths
+        found = [p for p in found if p.name[:2] in set(only)]
+    return found
 
 
 def execute(path: Path, timeout: int = 1800, out_dir: Path | None = None) -> None:
@@ -77,7 +84,8 @@ def write_executed(notebook, target: Path) -> None:
 
 
 def _figure_times() -> dict[Path, float]:
-    return {p: p.stat().st_mtime for p in FIGURES.glob("*.png")} if FIGURES.exists() else {}
+    figures = paths.figures_dir()
+    return {p: p.stat().st_mtime for p in figures.glob("*.png")} if figures.exists() else {}
 
 
 def _shown(path: Path) -> str:
@@ -105,33 +113,30 @@ def main(argv=None) -> int:
     quiet_libtpu(os.environ)  # inherited by every notebook kernel and its subprocesses
     # kernels and their compile subprocesses may overlap with other users of libtpu's lockfile
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-    paths = notebook_paths(args.only)
-    if not paths:
+    chosen = notebook_paths(args.only)
+    if not chosen:
         print(f"no notebooks found in {NOTEBOOKS}", file=sys.stderr)
         return 1
     from stlib.bench.progress import Progress
 
+    executed = executed_dir()
     rows = []
-    tracker = Progress(len(paths), "notebooks")  # the time left: the mean time per notebook so far
-    for n, path in enumerate(paths, 1):
-        print(f"[{n}/{len(paths)}] running {path.name} ...", flush=True)
+    tracker = Progress(len(chosen), "notebooks")  # in a log, each notebook's line has the time left
+    for n, path in enumerate(chosen, 1):
+        tracker.write(f"[{n}/{len(chosen)}] running {path.name} ...")
         before = _figure_times()
         start = time.perf_counter()
         try:
-            execute(path, out_dir=EXECUTED)
+            execute(path, out_dir=executed)
             status = "ok"
         except Exception as error:  # noqa: BLE001 - report every notebook, then fail at the end
             status = "FAILED"
             message = re.sub(r"\x1b\[[0-9;]*m", "", str(error)).strip().splitlines()
-            print(f"    {type(error).__name__}: {message[-1] if message else ''}", flush=True)
+            tracker.write(f"    {type(error).__name__}: {message[-1] if message else ''}")
         seconds = time.perf_counter() - start
         written = sorted(p.name for p, t in _figure_times().items() if before.get(p) != t)
         rows.append((path.name, status, seconds, written))
-        tracker.step(show=False)
-        print(
-            f"    {status} in {seconds:.1f} s, figures: {', '.join(written) or '-'}  ({tracker.times()})",
-            flush=True,
-        )
+        tracker.step(f"{status} in {seconds:.1f} s, figures: {', '.join(written) or '-'}")
     width = max(len(r[0]) for r in rows)
     print(f"\n{'notebook':<{width}}  {'status':<7}{'seconds':>9}  figures written")
     for name, status, seconds, written in rows:
@@ -139,7 +144,7 @@ def main(argv=None) -> int:
     failed = [r for r in rows if r[1] != "ok"]
     print(
         f"\n{len(rows) - len(failed)} of {len(rows)} notebooks ran; total {sum(r[2] for r in rows):.0f} s; "
-        f"executed notebooks (with their outputs) in {_shown(EXECUTED)}/"
+        f"executed notebooks (with their outputs) in {_shown(executed)}/"
     )
     return 1 if failed else 0
 

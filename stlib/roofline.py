@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from stlib.device import CHIPS, chip_spec
-from stlib.kernels.common import KernelWork
+from stlib.kernels.accounting import KernelWork
 from stlib.layout import BlockLayout
 
 

@@ -6,6 +6,8 @@ rounded up to 128, plus an anchor; the tile layout of those reordered masks; and
 kernel runs (FULL tiles mask-free, tiles whose keys end in padding apart, PARTIAL tiles masked or,
 with balanced rounding, rounded in or out). ``route`` picks each head's kind from a sample of query
 rows and returns the same plan. ``run_plan`` (``stlib.video_attention(..., plan=plan)``) runs it.
+The plan's own masks live in ``stlib.masks.svg``; ``stlib.bench.svg_quality`` measures what a plan
+loses against dense attention.
 
 Anchors: ``REORDERED`` (the public design) is the first H*W keys of the head's *reordered*
 sequence: frame 0 for a spatial head, the first H*W / T spatial locations in every frame for a
@@ -17,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import hashlib
 import math
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -27,7 +28,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from stlib._checks import check_fraction
-from stlib._intmath import floordiv
 from stlib.geometry import (
     TokenOrder,
     VideoGrid,
@@ -37,10 +37,19 @@ from stlib.geometry import (
     token_major_order,
 )
 from stlib.kernels import common
-from stlib.kernels.tile import BoundaryPolicy, Pass, PassKind, TileOptions, split_passes, tile_attention
+from stlib.kernels.tile import NAME as TILE_KERNEL
+from stlib.kernels.tile import BoundaryPolicy, Pass, PassKind, TileOptions, split_passes
 from stlib.layout import BlockLayout, block_layout
-from stlib.masks import Mask, band_width_for_density, per_head, spatial_band, temporal_band
-from stlib.masks.video import FirstFrameMask, _SpatialRangeMask
+from stlib.masks import (
+    FirstFrameMask,
+    KeptTilesMask,
+    Mask,
+    TokenMajorPrefixMask,
+    band_width_for_density,
+    per_head,
+    spatial_band,
+    temporal_band,
+)
 from stlib.synthetic import HeadKind, head_kinds
 
 
@@ -58,50 +67,6 @@ def _enum(name: str, value, kind: type[enum.Enum]):
         return kind(value)
     except ValueError:
         raise ValueError(f"{name}={value!r} must be one of {[k.value for k in kind]}") from None
-
-
-class TokenMajorPrefixMask(_SpatialRangeMask):
-    """Keys whose token-major position s * T + t is below H*W (the reordered anchor of a temporal
-    head), in raster terms: in frame t, the spatial indices s < ceil((H*W - t) / T)."""
-
-    def _spatial_range(self, tq, sq, tk, xp):
-        frames = self.grid.frames
-        hi = floordiv(self.grid.tokens_per_frame - tk + frames - 1, frames)
-        return 0 * sq + 0 * tk, hi + 0 * sq
-
-    def __repr__(self):
-        return f"token_major_prefix({self.grid.shape})"
-
-
-class KeptTilesMask(Mask):
-    """Keys whose (q tile, kv tile) is flagged in ``keep`` (bool [nq, nk]) for ``block_q`` x
-    ``block_kv`` tiles of a length-``length`` sequence: what a tile kernel with rounded boundary
-    tiles computes, in the kernel's own token order."""
-
-    def __init__(self, keep: np.ndarray, block_q: int, block_kv: int, length: int):
-        keep = np.asarray(keep, bool).view()
-        keep.flags.writeable = False
-        self.keep, self.block_q, self.block_kv, self.length = keep, int(block_q), int(block_kv), int(length)
-
-    @cached_property
-    def _digest(self) -> bytes:
-        return hashlib.blake2b(np.packbits(self.keep).tobytes(), digest_size=16).digest()
-
-    def _key(self):
-        return (self.length, self.block_q, self.block_kv, self.keep.shape, self._digest)
-
-    def _allowed(self, q, k, head):
-        return self.keep[np.asarray(q) // self.block_q, np.asarray(k) // self.block_kv]
-
-    def _intervals(self, rows, head):
-        nk = self.keep.shape[1]
-        starts = np.arange(nk, dtype=np.int64)[None, :] * self.block_kv
-        ends = np.minimum(starts + self.block_kv, self.length)
-        kept = self.keep[rows // self.block_q]  # [n, nk]
-        return np.broadcast_to(starts, kept.shape), np.where(kept, ends, starts)
-
-    def __repr__(self):
-        return f"kept_tiles(L={self.length}, {self.block_q}x{self.block_kv}, {int(self.keep.sum())} tiles)"
 
 
 def order_of(grid: VideoGrid, kind: HeadKind) -> TokenOrder:
@@ -266,6 +231,40 @@ class SvgPlan:
             num_tokens=self.layout.num_tokens,
         )
 
+    def in_order(self, q, k, v, kernel):
+        """``kernel(q, k, v)`` on the tokens in each head's plan order (one shared order applied
+        once), the output restored to raster order: how a plan runner runs a tile kernel."""
+        orders = list(self.orders)
+        if len(set(orders)) == 1:
+            orders = orders[:1]
+        return restore_orders(kernel(*(apply_orders(x, orders) for x in (q, k, v))), orders)
+
+    def run(self, q, k, v, *, impl: str = TILE_KERNEL, scale=None, options=None, interpret=None, **kwargs):
+        """Attention of raster-order q, k, v [H, L, D] under this plan; returns raster order. An
+        implementation with a ``plan_runner`` (the tile kernels) reorders per head, runs the plan's
+        own layout and restores; any other runs ``self.mask`` through ``stlib.attention``. Raises
+        ValueError when q's heads or length, or explicit blocks, do not match the plan."""
+        from stlib.api import attention, check_qkv
+        from stlib.registry import get
+
+        check_qkv(q, k, v)
+        self.grid.check_length(q.shape[1])
+        if q.shape[0] != self.num_heads:
+            raise ValueError(f"the plan has {self.num_heads} heads but q has {q.shape[0]}")
+        runner = get(impl).plan_runner
+        if runner is None:
+            return attention(
+                q, k, v, self.mask, impl=impl, scale=scale, options=options, interpret=interpret, **kwargs
+            )
+        for name in ("block_q", "block_kv"):
+            if kwargs.get(name) not in (None, getattr(self, name)):
+                raise ValueError(f"{name}={kwargs[name]} differs from the plan's {getattr(self, name)}")
+        unknown = set(kwargs) - {"block_q", "block_kv"}
+        if unknown:
+            raise TypeError(f"run_plan got unexpected arguments {sorted(unknown)}")
+        scale = 1.0 / math.sqrt(q.shape[2]) if scale is None else float(scale)
+        return runner(q, k, v, self, scale=scale, options=options, interpret=interpret)
+
     def summary(self) -> dict:
         """Plain numbers for records: kinds, width, per-head tile and pair counts."""
         return {
@@ -420,261 +419,34 @@ def route(
 # running a plan
 
 
-def _run_tile(q, k, v, plan: SvgPlan, *, scale, options, interpret):
-    """pallas_tile on the plan's layout: reorder per head, run, restore."""
-    from stlib.registry import get
-
-    opts = get("pallas_tile").options(options)
-    # the plan fixes the boundary policy; an explicit, different one is an error
-    explicit = (
-        options.get("boundary")
-        if isinstance(options, dict)
-        else (None if options is None or opts.boundary == TileOptions().boundary else opts.boundary)
-    )
-    if explicit is not None and BoundaryPolicy(explicit) != plan.boundary:
-        raise ValueError(f"options boundary={explicit!r} differs from the plan's {plan.boundary.value!r}")
-    opts = dataclasses.replace(opts, boundary=plan.boundary)
-    return _in_plan_order(
-        q,
-        k,
-        v,
-        plan,
-        lambda *qkv: tile_attention(*qkv, plan.layout, scale=scale, options=opts, interpret=interpret),
-    )
-
-
-def _in_plan_order(q, k, v, plan: SvgPlan, kernel):
-    """``kernel(q, k, v)`` on the tokens in each head's plan order (one shared order applied once),
-    the output restored to raster order."""
-    orders = list(plan.orders)
-    if len(set(orders)) == 1:
-        orders = orders[:1]
-    return restore_orders(kernel(*(apply_orders(x, orders) for x in (q, k, v))), orders)
-
-
-def _run_lane_dense(q, k, v, plan: SvgPlan, *, scale, options, interpret):
-    """pallas_tile_lane_dense on the plan's kernel layout (rounded tiles as FULL tiles)."""
-    from stlib.kernels.tile_lane_dense import lane_dense_attention
-    from stlib.registry import get
-
-    opts = get("pallas_tile_lane_dense").options(options)
-    return _in_plan_order(
-        q,
-        k,
-        v,
-        plan,
-        lambda *qkv: lane_dense_attention(
-            *qkv, plan.kernel_layout, scale=scale, options=opts, interpret=interpret
-        ),
-    )
-
-
-#: How each implementation runs a plan: a tile kernel reads the plan's layout and orders directly
-#: (``plan.layout`` with its boundary policy, or ``plan.kernel_layout``, the rounded tiles as FULL
-#: tiles); a new tile kernel adds its entry here. Others run ``plan.mask`` in raster order.
-PLAN_RUNNERS = {"pallas_tile": _run_tile, "pallas_tile_lane_dense": _run_lane_dense}
-
-
 def run_plan(
     q,
     k,
     v,
     plan: SvgPlan,
     *,
-    impl: str = "pallas_tile",
+    impl: str = TILE_KERNEL,
     scale: float | None = None,
     options=None,
     interpret: bool | None = None,
     **kwargs,
 ):
-    """Attention of raster-order q, k, v [H, L, D] under ``plan``; returns raster order. A tile
-    kernel (``PLAN_RUNNERS``) reorders per head, runs the plan's layout and restores; any other
-    ``impl`` runs ``plan.mask`` through ``stlib.attention``. Raises ValueError when q's heads or
-    length do not match the plan."""
-    from stlib.api import attention, check_qkv
-
+    """Attention of raster-order q, k, v [H, L, D] under ``plan``; returns raster order: the same as
+    ``plan.run(q, k, v, impl=impl, ...)``. Raises TypeError for anything but an SvgPlan."""
     if not isinstance(plan, SvgPlan):
         raise TypeError(f"plan must be a stlib.routing.SvgPlan, got {type(plan).__name__}")
-    check_qkv(q, k, v)
-    plan.grid.check_length(q.shape[1])
-    if q.shape[0] != plan.num_heads:
-        raise ValueError(f"the plan has {plan.num_heads} heads but q has {q.shape[0]}")
-    runner = PLAN_RUNNERS.get(impl)
-    if runner is None:
-        return attention(
-            q, k, v, plan.mask, impl=impl, scale=scale, options=options, interpret=interpret, **kwargs
-        )
-    for name in ("block_q", "block_kv"):
-        if kwargs.get(name) not in (None, getattr(plan, name)):
-            raise ValueError(f"{name}={kwargs[name]} differs from the plan's {getattr(plan, name)}")
-    unknown = set(kwargs) - {"block_q", "block_kv"}
-    if unknown:
-        raise TypeError(f"run_plan got unexpected arguments {sorted(unknown)}")
-    scale = 1.0 / math.sqrt(q.shape[2]) if scale is None else float(scale)
-    return runner(q, k, v, plan, scale=scale, options=options, interpret=interpret)
-
-
-# --------------------------------------------------------------------------------------------
-# quality: what a plan loses against dense attention
-
-
-def attention_quality(q, k, v, plan: SvgPlan, *, scale: float | None = None) -> dict[str, np.ndarray]:
-    """Per head (arrays [H]): ``rel_l2`` = ||o - o_dense|| / ||o_dense|| of the plan's output (its
-    rounded mask, reference attention) and ``recall`` = mean over queries of the dense attention
-    probability the mask keeps. Materialises [H, L, L]: small L only (``DENSE_LIMIT``)."""
-    from stlib.api import attention
-
-    scale = 1.0 / math.sqrt(q.shape[2]) if scale is None else float(scale)
-    dense = attention(q, k, v, None, scale=scale)
-    sparse = attention(q, k, v, plan.mask, scale=scale)
-    probs = jax.nn.softmax(
-        jnp.einsum(
-            "hqd,hkd->hqk", q.astype(jnp.float32), k.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST
-        )
-        * scale,
-        axis=-1,
-    )
-    kept = jnp.sum(jnp.where(jnp.asarray(plan.mask.to_dense()), probs, 0.0), axis=-1)  # [H, L]
-    diff = jnp.linalg.norm((sparse - dense).astype(jnp.float32), axis=(1, 2))
-    return {
-        "rel_l2": np.asarray(diff / jnp.linalg.norm(dense.astype(jnp.float32), axis=(1, 2))),
-        "recall": np.asarray(jnp.mean(kept, axis=-1)),
-    }
-
-
-def plan_work(plan: SvgPlan, head_dim: int) -> dict:
-    """Executed flops of ``pallas_tile`` on the plan relative to dense attention (4 L^2 D H), the
-    allowed-pair density, and every chip's roofline bound (``stlib.roofline.work_summary``)."""
-    from stlib.roofline import work_summary
-
-    summary = work_summary("pallas_tile", plan.layout, plan.num_heads, head_dim, options=plan.options)
-    dense_flops = 4.0 * plan.grid.num_tokens**2 * head_dim * plan.num_heads
-    return {
-        "executed_vs_dense": summary["executed_flops"] / dense_flops,
-        "useful_vs_dense": summary["useful_flops"] / dense_flops,
-        "computed_tiles": summary["computed_tiles"],
-        "masked_tiles_work": summary["masked_tiles"],
-        "roofline_v6e_ms": summary["roofline_v6e_ms"],
-    }
-
-
-PATTERNS = ("spatial", "temporal", "routed")
-
-
-def quality_sweep(
-    grid: VideoGrid,
-    kinds,
-    head_dim: int,
-    densities,
-    *,
-    seed: int = 0,
-    anchors=(Anchor.REORDERED, Anchor.FRAME0),
-    boundaries=tuple(BoundaryPolicy),
-    block_q: int = 128,
-    block_kv: int = 128,
-    full_grid: VideoGrid | None = None,
-    full_blocks: tuple[int, int] = (3328, 2816),
-    full_heads: int = 10,
-):
-    """Records (dicts) of quality and work for every pattern ("spatial": every head a spatial band,
-    "temporal": every head a temporal band, "routed": ``route``'s choice), density, anchor and
-    boundary policy, on the synthetic inputs ``video_qkv(grid, kinds, head_dim, seed=seed)``: the
-    mean and per-kind rel_l2 / recall, routing recovery, the work at ``grid`` and, with
-    ``full_grid``, the work of the same plan at that grid with ``full_blocks`` tiles."""
-    from stlib.synthetic import video_qkv
-
-    kinds = head_kinds(kinds)
-    q, k, v = video_qkv(grid, kinds, head_dim, seed=seed)
-    planted = np.array([kind == HeadKind.SPATIAL for kind in kinds])
-    for density in densities:
-        for anchor in anchors:
-            routed = route(q, k, grid, density, seed=seed, anchor=anchor, block_q=block_q, block_kv=block_kv)
-            for boundary in boundaries:
-                for pattern in PATTERNS:
-                    chosen = routed.kinds if pattern == "routed" else (HeadKind(pattern),) * len(kinds)
-                    plan = svg_plan(
-                        grid,
-                        chosen,
-                        density,
-                        block_q=block_q,
-                        block_kv=block_kv,
-                        anchor=anchor,
-                        boundary=boundary,
-                    )
-                    quality = attention_quality(q, k, v, plan)
-                    record = {
-                        "grid": list(grid.shape),
-                        "heads": len(kinds),
-                        "head_dim": head_dim,
-                        "seed": seed,
-                        "planted": [str(x) for x in kinds],
-                        "pattern": pattern,
-                        "kinds": [str(x) for x in chosen],
-                        "density": density,
-                        "anchor": str(Anchor(anchor)),
-                        "boundary": str(BoundaryPolicy(boundary)),
-                        "block_q": block_q,
-                        "block_kv": block_kv,
-                        "width": plan.width,
-                        "rel_l2": float(np.sqrt(np.mean(quality["rel_l2"] ** 2))),
-                        "rel_l2_spatial_heads": float(np.mean(quality["rel_l2"][planted]))
-                        if planted.any()
-                        else None,
-                        "rel_l2_temporal_heads": float(np.mean(quality["rel_l2"][~planted]))
-                        if (~planted).any()
-                        else None,
-                        "recall": float(np.mean(quality["recall"])),
-                        "recall_spatial_heads": float(np.mean(quality["recall"][planted]))
-                        if planted.any()
-                        else None,
-                        "recall_temporal_heads": float(np.mean(quality["recall"][~planted]))
-                        if (~planted).any()
-                        else None,
-                        "routing_recovery": float(np.mean(np.array(routed.kinds) == np.array(kinds))),
-                        "pair_ratio": float(plan.pairs.sum() / plan.exact_pairs.sum()),
-                        **plan_work(plan, head_dim),
-                    }
-                    if full_grid is not None:
-                        share = np.mean([kind == HeadKind.SPATIAL for kind in chosen])
-                        n_spatial = round(share * full_heads)
-                        full = svg_plan(
-                            full_grid,
-                            [HeadKind.SPATIAL] * n_spatial + [HeadKind.TEMPORAL] * (full_heads - n_spatial),
-                            density,
-                            block_q=full_blocks[0],
-                            block_kv=full_blocks[1],
-                            anchor=anchor,
-                            boundary=boundary,
-                        )
-                        record.update(
-                            {f"full_{key}": value for key, value in plan_work(full, head_dim).items()}
-                        )
-                        record.update(
-                            {
-                                "full_grid": list(full_grid.shape),
-                                "full_blocks": list(full_blocks),
-                                "full_main_tiles": full.main_tiles.tolist(),
-                                "full_tail_tiles": full.tail_tiles.tolist(),
-                                "full_masked_tiles": full.masked_tiles.tolist(),
-                            }
-                        )
-                    yield record
+    return plan.run(q, k, v, impl=impl, scale=scale, options=options, interpret=interpret, **kwargs)
 
 
 __all__ = [
-    "PATTERNS",
-    "PLAN_RUNNERS",
     "Anchor",
     "KeptTilesMask",
     "RoutingReport",
     "SvgPlan",
     "TokenMajorPrefixMask",
-    "attention_quality",
     "exact_mask",
     "inverse_order",
     "order_of",
-    "plan_work",
-    "quality_sweep",
     "route",
     "route_scores",
     "run_plan",

@@ -9,6 +9,7 @@ import pytest
 
 from stlib.bench import block_sweep
 from stlib.kernels import tile_lane_dense as ld
+from stlib.kernels import tuned
 
 RECORDS = Path(__file__).resolve().parents[1] / block_sweep.RECORDS
 ROW = block_sweep.SLIDING_TILE_ROW
@@ -59,11 +60,32 @@ def test_one_default_serves_dense_and_band_and_rows_of_tiles_come_from_the_slidi
     assert rows["sliding tile"]["blocks"] == (384, 384, 384)
 
 
+def test_a_partial_sweep_names_what_it_ran():
+    name = ld.NAME
+    records = [
+        record("tpu7x", "dense", name, (2048, 2048, 512), 100),
+        record("tpu7x", "band 0.25", name, (2048, 2048, 512), 40),
+        record("v5e", "sliding tile", name, (ROW, ROW, 384), 30),
+        record("v5e", "dense", name, (2048, 2048, 512), 100),  # no band record: no default blocks
+    ]
+    assert block_sweep.winners(records) == {
+        "tpu7x": {"blocks": (2048, 2048, 512)},
+        "v5e": {"tiled_rows": (1, 1)},
+    }
+
+
 @pytest.mark.skipif(not RECORDS.exists(), reason="no committed sweep records")
-def test_defaults_are_the_committed_sweeps_winners():
+def test_package_data_holds_the_committed_sweeps_winners_and_the_kernel_runs_them():
     won = block_sweep.winners(block_sweep.read(RECORDS))
     assert won, "the committed sweep names no winner"
+    package = tuned.load(ld.NAME)
+    assert package["chips"] == {c: {k: list(v) for k, v in w.items()} for c, w in won.items()}
+    assert {"date", "git_rev", "jax", "libtpu"} <= set(package)
     for chip, best in won.items():
-        blocks = ld.DEFAULT_BLOCKS[chip]
-        assert (blocks.block_q, blocks.block_kv, blocks.block_kv_compute) == best["blocks"], chip
-        assert ld.TILED_ROWS[chip] == best["tiled_rows"], chip
+        if "blocks" in best:
+            blocks = ld.DEFAULT_BLOCKS[chip]
+            assert (blocks.block_q, blocks.block_kv, blocks.block_kv_compute) == best["blocks"], chip
+            sizes, _ = ld.resolve_blocks(None, 75_600, None, None, ld.LaneDenseOptions(chip=chip), False)
+            assert (sizes.block_q, sizes.block_kv) == best["blocks"][:2], chip
+        if "tiled_rows" in best:
+            assert ld.TILED_ROWS[chip] == best["tiled_rows"], chip

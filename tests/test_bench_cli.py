@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import pytest
+from conftest import run
 
 from stlib.bench.cli import main
 from stlib.configs import PUBLISHED
@@ -25,7 +25,5 @@ def test_unknown_command_is_refused():
 
 
 def test_module_entry_point():
-    proc = subprocess.run(
-        [sys.executable, "-m", "stlib.bench", "--help"], capture_output=True, text=True, check=True
-    )
+    proc = run([sys.executable, "-m", "stlib.bench", "--help"])
     assert "case-study" in proc.stdout and "cpu-scaling" in proc.stdout

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from stlib import paths
 from stlib.bench.figures import _near_density, draw_figures
-from stlib.bench.records import DATA_DIR
+
+#: The committed records (the repository's data/, not the test session's STLIB_HOME).
+DATA_DIR = paths.REPO / "data"
 
 
 def test_near_density_keeps_dense_and_the_band_near_it():

@@ -1,12 +1,15 @@
-"""stlib.bench.records: the environment of a run, JSON-lines records and timing."""
+"""stlib.bench.records: the provenance and environment of a run, JSON-lines records and timing."""
 
 from __future__ import annotations
 
+import datetime
 import json
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
+from stlib import paths
 from stlib.bench import records
 from stlib.bench.records import (
     RUN_ID,
@@ -15,6 +18,7 @@ from stlib.bench.records import (
     Timing,
     compile_function,
     environment,
+    provenance,
     read_records,
     time_function,
 )
@@ -22,9 +26,42 @@ from stlib.bench.records import (
 ENVIRONMENT_FIELDS = {"backend", "device_kind", "jax", "jaxlib", "libtpu", "git_rev"}
 
 
-def test_data_dir_is_the_repository_data_folder():
-    assert records.DATA_DIR.name == "data"
-    assert (records.DATA_DIR.parent / "stlib" / "bench" / "records.py").is_file()
+#: The record files in the repository's data/ (what the notebooks and benchmarks committed).
+COMMITTED = sorted((paths.REPO / "data").glob("*.jsonl"))
+
+
+def test_writers_default_to_the_home_read_at_each_call(tmp_path, monkeypatch):
+    """The benchmarks write under ``stlib.paths.data_dir()`` as it is when they run (STLIB_HOME set
+    after import counts), never a folder frozen at import."""
+    from stlib.bench import figures, runs
+
+    monkeypatch.setenv("STLIB_HOME", str(tmp_path / "home"))
+    assert paths.data_dir() == tmp_path / "home" / "data"
+    assert runs.write_published_reference() == tmp_path / "home" / "data" / "case_study_reference.json"
+    assert figures.draw_figures() == []  # no records there yet: nothing drawn, nothing written elsewhere
+    assert not hasattr(records, "DATA_DIR")
+
+
+def test_provenance_names_date_revision_and_versions():
+    fields = provenance()
+    assert tuple(fields) == records.PROVENANCE_FIELDS
+    assert fields["jax"] and fields["git_rev"] and "libtpu" in fields
+    assert datetime.datetime.fromisoformat(fields["date"]).tzinfo is not None  # UTC, to the second
+
+
+def test_older_provenance_names_are_read_under_the_current_ones(tmp_path):
+    path = tmp_path / "sweep.jsonl"
+    path.write_text(json.dumps({"git": "2dcd8da", "time": "2026-11-30T19:55:21", "chip": "v6e"}) + "\n")
+    (record,) = read_records(path)
+    assert (record["git_rev"], record["date"], record["git"]) == ("2dcd8da", "2026-11-30T19:55:21", "2dcd8da")
+
+
+@pytest.mark.parametrize("path", COMMITTED, ids=[p.name for p in COMMITTED])
+def test_committed_records_name_their_date_and_revision(path):
+    """Every committed record says when and from which revision it was made (under the current names
+    or the older ones ``read_records`` maps)."""
+    for n, record in enumerate(read_records(path)):
+        assert record.get("date") and record.get("git_rev"), f"{path.name} line {n + 1}"
 
 
 def test_environment_names_backend_versions_and_revision():
@@ -44,7 +81,13 @@ def test_recorder_writes_one_json_line_per_record_with_the_environment(tmp_path)
     assert len(lines) == 2
     first = json.loads(lines[0])
     assert first == json.loads(json.dumps(written, default=records._jsonable))
-    assert ENVIRONMENT_FIELDS | {"run", "date", "label", "count", "ms", "array"} == set(first)
+    assert ENVIRONMENT_FIELDS | set(records.PROVENANCE_FIELDS) | {
+        "run",
+        "label",
+        "count",
+        "ms",
+        "array",
+    } == set(first)
     assert first["run"] == RUN_ID
     assert (first["count"], first["ms"], first["array"]) == (3, 1.5, [0, 1])
     assert isinstance(json.loads(lines[1])["when"], str)  # anything else is written as its str()

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import _brute as bf
 import numpy as np
 import pytest
+from conftest import run
 
 import stlib
 from stlib import TileKind, VideoGrid, block_layout, masks, tiled_order, token_major_order
@@ -202,9 +202,7 @@ def test_multi_head_array_mask_three_or_more_heads():
     mask.head(h); a freed view's id was reused, so heads >= 2 got an earlier head's counts. Whether
     an id is reused depends on the allocator's state, so the check runs in a fresh interpreter,
     where the old code failed reproducibly (in-process it passed or failed with earlier tests)."""
-    out = subprocess.run(
-        [sys.executable, "-c", HEAD_CACHE_SCRIPT], capture_output=True, text=True, check=True
-    )
+    out = run([sys.executable, "-c", HEAD_CACHE_SCRIPT])
     assert out.stdout.strip().splitlines()[-1] == "WRONG_HEADS []"
 
 

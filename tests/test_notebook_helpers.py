@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import jax.numpy as jnp
 import pytest
 
 import stlib
-from stlib import masks, notebook
+from stlib import masks, notebook, paths
 from stlib.kernels.xla import REFERENCE_LIMIT
 
 
@@ -16,6 +19,24 @@ def test_setup_small_and_bad_size(monkeypatch):
     assert cfg.workload == stlib.SMALL_CPU and cfg.interpret and cfg.figure("00_x").name == "00_x.png"
     with pytest.raises(ValueError, match="size="):
         notebook.setup("medium")
+
+
+def test_the_test_session_writes_under_its_own_home():
+    """conftest's STLIB_HOME: a temporary folder outside the checkout, holding the committed records."""
+    home = Path(os.environ["STLIB_HOME"])
+    assert not home.is_relative_to(paths.REPO) and notebook.home() == home
+    cfg = notebook.setup("small")
+    assert (cfg.data, cfg.figures) == (home / "data", home / "figures")
+    committed = {p.name for p in (paths.REPO / "data").iterdir()}
+    assert committed <= {p.name for p in cfg.data.iterdir()}
+
+
+def test_home_is_read_when_asked(tmp_path, monkeypatch):
+    monkeypatch.setenv("STLIB_HOME", str(tmp_path))
+    assert (
+        notebook.home() == tmp_path
+        and notebook.setup("small").figure("00_x") == tmp_path / "figures" / "00_x.png"
+    )
 
 
 def test_max_error_small_length_uses_every_row():

@@ -7,20 +7,21 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
 import sys
 import textwrap
 import tomllib
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import jupytext
 import pytest
+from conftest import run
 
 import stlib
 import stlib.kernels  # registers the Pallas kernels
 from stlib import configs, notebook
-from stlib.reproduce import EXECUTED, NOTEBOOKS, REPO
+from stlib.reproduce import NOTEBOOKS, REPO
 
 TWINS = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.py"))
 #: libtpu's initialisation chatter on a host without a TPU (see stlib.notebook.QUIET_LIBTPU_ENV)
@@ -85,14 +86,29 @@ nbformat.write(nb, sys.argv[1])
 """
 
 
+def site_dirs() -> list[str]:
+    """This interpreter's site-packages folders (a venv's own, the base ones it sees, the user's)."""
+    import site
+
+    found = [*site.getsitepackages(), *([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])]
+    found += [p for p in sys.path if Path(p).name in ("site-packages", "dist-packages")]
+    return [p for p in dict.fromkeys(found) if Path(p).is_dir()]
+
+
 def run_alone(tmp_path, source: str):
-    """Copy notebook 00 into an empty folder and run it with a fresh venv's python (system packages
-    visible, stlib hidden), STLIB_SOURCE=``source``; return the text of each code cell's outputs."""
+    """Copy notebook 00 into an empty folder and run it with a fresh venv's python, STLIB_SOURCE=
+    ``source``; return the text of each code cell's outputs. The venv sees this interpreter's packages
+    (a .pth file adds its site-packages, so this works inside a venv too, where ``--system-site-packages``
+    would see the base interpreter's instead) but not stlib: a sitecustomize hides the checkout."""
     import nbformat
 
     venv = tmp_path / "venv"
-    subprocess.run(
-        [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True
+    run([sys.executable, "-m", "venv", "--without-pip", str(venv)])
+    venv_python = venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+    venv_site = run([str(venv_python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"])
+    dirs = site_dirs()
+    (Path(venv_site.stdout.strip()) / "outer_site.pth").write_text(
+        f"import site; list(map(site.addsitedir, {dirs!r}))\n"
     )
     shim, work = tmp_path / "shim", tmp_path / "work"
     shim.mkdir(), work.mkdir()
@@ -100,21 +116,15 @@ def run_alone(tmp_path, source: str):
     (tmp_path / "run.py").write_text(RUN_NOTEBOOK)
     target = work / "00_problem_and_hardware.ipynb"
     shutil.copy(NOTEBOOKS / target.name, target)
-    env = {
-        **os.environ,
-        "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}",
+    env = {k: v for k, v in os.environ.items() if k not in ("STLIB_HOME", "PYTHONHOME")}  # a new user's
+    env |= {
+        "PATH": f"{venv_python.parent}{os.pathsep}{os.environ['PATH']}",
+        "VIRTUAL_ENV": str(venv),
         "PYTHONPATH": str(shim),
         "STLIB_SOURCE": source,
         "STLIB_SIZE": "small",
     }
-    subprocess.run(
-        [str(venv / "bin" / "python"), str(tmp_path / "run.py"), str(target)],
-        cwd=work,
-        env=env,
-        check=True,
-        timeout=300,
-        capture_output=True,
-    )
+    run([str(venv_python), str(tmp_path / "run.py"), str(target)], cwd=work, env=env, timeout=900)
     outputs = []
     for cell in nbformat.read(target, as_version=4).cells:
         if cell.cell_type == "code":
@@ -221,21 +231,13 @@ def test_quiet_libtpu_only_fills_in_and_never_on_a_tpu(monkeypatch):
     assert notebook.quiet_libtpu({}) == {}
 
 
-def test_reproduce_log_has_no_libtpu_chatter():
-    """Run the main job on notebook 00 without the quieting variables set: every line of its log is
-    its own progress or its table, and the executed notebook is kept."""
-    env = {k: v for k, v in os.environ.items() if k not in notebook.QUIET_LIBTPU_ENV}
-    proc = subprocess.run(
-        [sys.executable, "-m", "stlib.reproduce", "--only", "00", "--size", "small"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    log = proc.stdout + proc.stderr
-    assert proc.returncode == 0, log
+def test_reproduce_log_has_no_libtpu_chatter(notebook_run):
+    """The main job on notebook 00 without the quieting variables set (conftest's ``notebook_run``,
+    shared with test_notebooks): every line of its log is its own progress or its table, and the
+    executed notebook is kept."""
+    result = notebook_run("00")
+    log = result.log
+    assert result.returncode == 0, result.failure()
     noise = [line for line in log.splitlines() if LIBTPU_NOISE.search(line)]
     assert not noise, "\n".join(noise)
     unexpected = [
@@ -243,9 +245,12 @@ def test_reproduce_log_has_no_libtpu_chatter():
         for line in log.splitlines()
         if line.strip()
         and not re.match(
-            r"\[\d+/\d+\] running|    ok in|notebook |\d\d_\w+\.ipynb |\d+ of \d+ notebooks ran", line
+            r"\[\d+/\d+\] running|\[notebooks \d+/\d+\] ok in|notebooks: +100%|notebook |\d\d_\w+\.ipynb "
+            r"|\d+ of \d+ notebooks ran",
+            line,
         )
     ]
     assert not unexpected, textwrap.indent("\n".join(unexpected), "  ")
     assert "1 of 1 notebooks ran" in log and "notebooks/executed/" in log
-    assert (EXECUTED / "00_problem_and_hardware.ipynb").is_file()
+    assert result.executed.is_file() and result.executed.name == "00_problem_and_hardware.ipynb"
+    assert result.executed.parent == Path(os.environ["STLIB_HOME"]) / "notebooks" / "executed"

@@ -1,5 +1,6 @@
 """Every notebook: committed without outputs, its .py twin in sync, and it runs end to end at the
-small configuration (Pallas interpret mode on CPU)."""
+small configuration (Pallas interpret mode on CPU), run by the main job (``python -m
+stlib.reproduce``) once per test run (conftest's ``notebook_run``)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import jupytext
 import nbformat
 import pytest
 
-from stlib.reproduce import NOTEBOOKS, execute, notebook_paths
+from stlib.reproduce import NOTEBOOKS, notebook_paths
 
 PATHS = notebook_paths()
 
@@ -35,9 +36,12 @@ def test_py_twin_in_sync(path):
 
 
 @pytest.mark.parametrize("path", PATHS, ids=[p.stem for p in PATHS])
-def test_runs_at_small_configuration(path, monkeypatch):
-    monkeypatch.setenv("STLIB_SIZE", "small")
-    execute(path)
+def test_runs_at_small_configuration(path, notebook_run):
+    result = notebook_run(path.name[:2])
+    assert result.returncode == 0 and f"{path.name}  ok" in result.log, result.failure()
+    executed = nbformat.read(result.executed, as_version=4)
+    code = [c for c in executed.cells if c.cell_type == "code" and c.source.strip()]
+    assert code and all(c.execution_count for c in code), f"{path.name}: not every code cell ran"
 
 
 def test_notebooks_folder():

@@ -40,3 +40,36 @@ def test_work_bars_step_lines_and_legend_outside(tmp_path):
     records = [{"label": "a", "density": d, "median_ms": 1 / d} for d in (0.2, 0.5)]
     fig = plotting.speedup_vs_density(records, 1.0, "t", legend_outside=True)
     assert plotting.save(fig, tmp_path / "s.png").stat().st_size > 0
+
+
+def test_block_sweep_draws_the_sweeps_figure_rows(tmp_path):
+    from stlib.bench import block_sweep
+
+    name, base = block_sweep.NAME, block_sweep.BASELINE
+
+    def record(chip, family, impl, blocks, cycles=None):
+        bq, bkv, chunk = blocks
+        r = {"chip": chip, "family": family, "impl": impl, "block_q": bq, "block_kv": bkv}
+        return {**r, "block_kv_compute": chunk, **({} if cycles is None else {"cycles": cycles})}
+
+    records = [
+        record("v6e", "dense", name, (512, 1024, 512), 80),
+        record("v6e", "band 0.25", name, (512, 1024, 512), 30),
+        record("v6e", "band 0.25", name, (8192, 8192, 512)),  # refused: no estimate, left out
+        record("v6e", "dense", base, (512, 1024, None), 120),
+        record("v6e", "dense", base, (1024, 2048, None), 100),
+        record("v5e", "dense", name, (512, 1024, 512), 50),  # no baseline on v5e: no ratio
+    ]
+    rows = block_sweep.figure_rows(records, block_sweep.TARGETS)
+    assert rows["chips"] == ["v6e"] and list(rows["panels"]) == ["dense", "band 0.25", "dense Splash"]
+    assert rows["panels"]["band 0.25"] == [{"chip": "v6e", "blocks": "512x1024/512", "ratio": 0.3}]
+    assert [r["blocks"] for r in rows["panels"]["dense Splash"]] == ["512x1024", "1024x2048"]
+    assert rows["targets"]["dense"] == (0.70, "target 0.70 (v6e)") and "sliding tile" not in rows["targets"]
+    fig = plotting.block_sweep(title="t", **rows)
+    assert len(fig.axes) == 3
+    assert plotting.save(fig, tmp_path / "b.png").stat().st_size > 0
+
+
+def test_every_exported_figure_is_reachable_and_no_folder_is_fixed_at_import():
+    assert all(callable(getattr(plotting, n)) for n in plotting.__all__ if n.islower())
+    assert not hasattr(plotting, "FIGURES_DIR")  # stlib.paths.figures_dir() says where figures go

@@ -289,3 +289,72 @@ def test_plan_compiles_for_v6e_at_case_study_shape(boundary):
 
     compiled = compile_for_tpu(fn, shape, shape, shape, chip="v6e")
     assert "stlib_tile_full" in compiled.text()
+
+
+# --- the plan's masks (stlib.masks.svg) and its quality (stlib.bench.svg_quality) ---------------
+
+
+def test_plan_masks_live_in_masks_and_compare_by_value():
+    import pickle
+
+    from stlib import masks, routing
+    from stlib.masks import svg
+
+    assert routing.KeptTilesMask is masks.KeptTilesMask is svg.KeptTilesMask
+    assert routing.TokenMajorPrefixMask is masks.TokenMajorPrefixMask is svg.TokenMajorPrefixMask
+    keep = np.random.default_rng(0).random((9, 9)) < 0.5
+    kept = masks.KeptTilesMask(keep, 128, 128, SMALL.num_tokens)
+    for mask, same in [
+        (kept, masks.KeptTilesMask(keep.copy(), 128, 128, SMALL.num_tokens)),
+        (masks.TokenMajorPrefixMask(SMALL), masks.TokenMajorPrefixMask(SMALL)),
+    ]:
+        assert mask == same and hash(mask) == hash(same)
+        again = pickle.loads(pickle.dumps(mask))
+        assert again == mask and hash(again) == hash(mask)
+    assert kept != masks.KeptTilesMask(~keep, 128, 128, SMALL.num_tokens)
+
+
+def test_quality_sweep_records_every_pattern():
+    from stlib.bench import svg_quality
+
+    grid = VideoGrid(2, 8, 16)  # 256 tokens: two 128 x 128 tiles a side
+    records = list(
+        svg_quality.quality_sweep(
+            grid,
+            ("spatial", "temporal"),
+            32,
+            (0.25,),
+            anchors=("reordered",),
+            boundaries=("balanced",),
+            full_grid=grid,
+            full_blocks=(128, 128),
+            full_heads=2,
+        )
+    )
+    assert [r["pattern"] for r in records] == list(svg_quality.PATTERNS)
+    for r in records:
+        assert r["grid"] == [2, 8, 16] and r["boundary"] == "balanced" and r["anchor"] == "reordered"
+        assert 0 <= r["rel_l2"] and 0 < r["recall"] <= 1 + 1e-6 and 0 <= r["routing_recovery"] <= 1
+        assert 0 < r["executed_vs_dense"] <= 1 and r["full_grid"] == [2, 8, 16]
+    spatial, temporal, _ = records
+    assert spatial["kinds"] == ["spatial"] * 2 and temporal["kinds"] == ["temporal"] * 2
+
+
+def test_record_quality_appends_the_sweep_with_its_environment(monkeypatch, tmp_path):
+    from stlib.bench import svg_quality
+
+    calls = []
+
+    def fake_sweep(grid, kinds, head_dim, densities, **kwargs):
+        calls.append((grid, kinds, head_dim, densities, kwargs))
+        yield {"pattern": "routed", "density": densities[0]}
+
+    monkeypatch.setattr(svg_quality, "quality_sweep", fake_sweep)
+    path = tmp_path / "svg_quality.jsonl"
+    (record,) = svg_quality.record_quality(path, densities=(0.15,))
+    assert calls[0][:4] == (svg_quality.QUALITY_GRID, svg_quality.QUALITY_KINDS, 64, (0.15,))
+    assert calls[0][4] == {"full_grid": CASE_STUDY.grid}
+    assert record["inputs"].startswith("synthetic") and record["pattern"] == "routed" and "run" in record
+    from stlib.bench.records import read_records
+
+    assert read_records(path) == [record]

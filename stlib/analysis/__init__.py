@@ -4,8 +4,10 @@ Pallas kernel) and the static time estimate read from the compiled schedule.
 Modules, in the order of the analysis: ``dump`` (compile in a subprocess with libtpu's dump on, read
 the dump), ``schedule`` (the bundle / region parser), ``attribution`` (bundles per control path),
 ``cache`` (compiled attributions on disk), ``counts`` (executions of each path from the tile
-layout and each kernel's registry entry), ``clock`` (peak-implied clocks and the calibration),
-``kernel_estimate`` (the estimate), ``tables`` and ``cli`` (``python -m stlib.estimate``).
+layout and each kernel's registry entry), ``kernel_estimate`` (the clock-free estimate of one
+call), ``clock`` (peak-implied clocks and the calibration, on top of it), ``static`` (``estimate``
+and ``static_estimate``: the two composed, tuned blocks), ``tables``, ``published`` and ``cli``
+(``python -m stlib.estimate``). Each imports only those before it.
 """
 
 from stlib.analysis.attribution import Attribution, attribute
@@ -23,7 +25,15 @@ from stlib.analysis.dump import (
     parse_dump,
     resolve_mask,
 )
-from stlib.analysis.kernel_estimate import METHOD, Estimate, KernelEstimate, estimate, make_config, setup_for
+from stlib.analysis.kernel_estimate import (
+    ESTIMATE_CHIPS,
+    METHOD,
+    Estimate,
+    KernelEstimate,
+    estimate_at_clock,
+    make_config,
+    setup_for,
+)
 from stlib.analysis.schedule import (
     PINNED_LIBTPU,
     Schedule,
@@ -31,9 +41,11 @@ from stlib.analysis.schedule import (
     parse_bundles,
     parse_schedule,
 )
+from stlib.analysis.static import TunedEstimate, estimate, static_estimate
 from stlib.analysis.tables import calibration_table, case_study_table
 
 __all__ = [
+    "ESTIMATE_CHIPS",
     "METHOD",
     "PINNED_LIBTPU",
     "Attribution",
@@ -45,6 +57,7 @@ __all__ = [
     "Schedule",
     "ScheduleFormatError",
     "Setup",
+    "TunedEstimate",
     "attribute",
     "cache_dir",
     "calibration",
@@ -55,6 +68,7 @@ __all__ = [
     "compile_with_dump",
     "compiled_attributions",
     "estimate",
+    "estimate_at_clock",
     "glue_bytes",
     "is_pallas_kernel",
     "libtpu_version",
@@ -66,4 +80,5 @@ __all__ = [
     "peak_clock_hz",
     "resolve_mask",
     "setup_for",
+    "static_estimate",
 ]

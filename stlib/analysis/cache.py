@@ -4,6 +4,7 @@ on disk keyed by libtpu, JAX, the kernel sources and the call."""
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import hashlib
 import importlib.metadata
@@ -29,10 +30,9 @@ from stlib.device import chip_spec
 #: Bumped when the attribution format or rules change (invalidates the cache). 2: operand layouts,
 #: laid-out glue bytes, per-chip branch forms. 3: TPU7x shadows with the folded empty delay bundle.
 FORMAT_VERSION = 3
-#: The stlib modules (or packages) whose sources shape every compiled kernel; each implementation's
-#: own module (``stlib/kernels/NAME.py``, where its forward lives) is added to these, so editing one
-#: kernel invalidates that kernel's estimates and no other's.
-SOURCES = ("kernels/__init__", "kernels/common", "masks", "layout", "geometry", "api", "reference", "device")
+#: The modules whose sources shape every compiled call besides the implementation's own: the entry
+#: point the compile subprocess calls, and the named masks it builds.
+CALL_MODULES = ("stlib.api", "stlib.masks.catalogue")
 
 
 def cache_dir() -> Path:
@@ -50,15 +50,69 @@ def implementation_module(impl: str) -> str:
     return module.removeprefix("stlib.").replace(".", "/")
 
 
+def _module_file(root: Path, module: str) -> Path | None:
+    """The source of an stlib module (``stlib.a.b``: ``a/b.py`` or ``a/b/__init__.py``), if any."""
+    parts = module.split(".")[1:]
+    for path in (root.joinpath(*parts).with_suffix(".py"), root.joinpath(*parts, "__init__.py")):
+        if parts and path.is_file() or not parts and path.name == "__init__.py" and path.is_file():
+            return path
+    return None
+
+
+def _imports(root: Path, module: str, path: Path) -> set[str]:
+    """The stlib modules ``path`` imports, at module level or inside functions: ``from pkg import
+    name`` counts as the submodule ``pkg.name`` where there is one, else as ``pkg`` itself."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                found.add(sub if _module_file(root, sub) is not None else base)
+    return {name for name in found if name == "stlib" or name.startswith("stlib.")}
+
+
+def module_sources(root: Path, modules) -> set[Path]:
+    """Every source file the stlib ``modules`` import, transitively (lazy imports included): each
+    module reached, plus the ``__init__`` of the packages above it as files only (their own imports
+    are followed only where a name is imported from the package itself)."""
+    seen: set[str] = set()
+    files: set[Path] = set()
+    todo = list(modules)
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        path = _module_file(root, module)
+        if path is None:
+            continue
+        files.add(path)
+        parts = module.split(".")
+        files |= {p for i in range(1, len(parts)) if (p := _module_file(root, ".".join(parts[:i])))}
+        todo += sorted(_imports(root, module, path) - seen)
+    return files
+
+
+def source_files(impl: str) -> set[Path]:
+    """The sources that shape ``impl``'s compiled kernels: what its forward's module and
+    ``CALL_MODULES`` import inside stlib, transitively."""
+    module = "stlib." + implementation_module(impl).replace("/", ".")
+    return module_sources(stlib_dir(), (module, *CALL_MODULES))
+
+
 def source_hash(impl: str) -> str:
-    """Hash of the sources that shape ``impl``'s compiled kernels (an edit invalidates its cached
-    estimates): each of ``SOURCES`` and the implementation's own module in the stlib package, as a
-    module ``NAME.py`` and / or a package ``NAME/``."""
+    """Hash of the sources that shape ``impl``'s compiled kernels (``source_files``): an edit to any
+    of them invalidates its cached estimates, an edit elsewhere (a plot, another kernel) none."""
     root = stlib_dir()
-    names = (*SOURCES, implementation_module(impl))
-    paths = {p for name in names for p in (root / f"{name}.py", *root.glob(f"{name}/**/*.py")) if p.is_file()}
     digest = hashlib.sha256()
-    for path in sorted(paths):
+    for path in sorted(source_files(impl)):
         digest.update(path.relative_to(root).as_posix().encode() + path.read_bytes())
     return digest.hexdigest()[:16]
 

@@ -14,9 +14,11 @@ from __future__ import annotations
 import argparse
 import json
 
-from stlib.analysis.clock import ESTIMATE_CHIPS, calibration, peak_clock_hz
+from stlib import registry
+from stlib.analysis.clock import calibration, peak_clock_hz
 from stlib.analysis.dump import libtpu_version
-from stlib.analysis.kernel_estimate import estimate
+from stlib.analysis.kernel_estimate import ESTIMATE_CHIPS
+from stlib.analysis.static import estimate, static_estimate
 from stlib.analysis.tables import STA_MASK, calibration_table, case_study_table
 from stlib.configs import CASE_STUDY, PUBLISHED
 from stlib.kernels.tile import BoundaryPolicy, GridForm
@@ -43,7 +45,7 @@ def _print_calibration(rows, chip: str = "v6e") -> None:
 
 
 def _print_table(rows, chip: str) -> None:
-    splash = estimate("splash", "full", chip)
+    splash = estimate(registry.baseline().name, "full", chip)
     published = PUBLISHED["tile_aligned_sparse_ms"]
     print(
         f"STATIC ESTIMATES on {chip}, case-study shape (libtpu {splash.libtpu_version}); cells: estimate ms "
@@ -122,8 +124,6 @@ def main(argv=None) -> None:
     if args.command == "kernel":
         opts = {k: v for k, v in (("form", args.form), ("boundary", args.boundary)) if v}
         clock = args.clock if args.clock in ("calibrated", "peak") else float(args.clock)
-        from stlib.analysis.static import static_estimate
-
         blocks = "tuned" if args.tuned else {"block_q": args.block_q, "block_kv": args.block_kv}
         est = static_estimate(
             args.impl,

@@ -1,6 +1,7 @@
 """Clocks: the static cycle count becomes time through an explicit clock, by default the chip's
 calibration (the static estimate of one published measurement on that chip, solved for the clock),
-or the peak-implied clock.
+or the peak-implied clock. Built on the clock-free per-kernel estimate
+(``stlib.analysis.kernel_estimate``); ``stlib.analysis.static`` composes the two.
 
 One published point per chip, nothing else fitted (``CALIBRATION_POINTS``); a chip without one
 borrows another chip's calibration scaled by their peak-implied clocks (``BORROWED``). Every other
@@ -11,6 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from stlib import registry
+from stlib.analysis.kernel_estimate import ESTIMATE_CHIPS, estimate_at_clock  # noqa: F401 - ESTIMATE_CHIPS re-exported
+from stlib.analysis.schedule import ScheduleFormatError
 from stlib.configs import CASE_STUDY, PUBLISHED
 
 PUBLISHED_DENSE_SPLASH_SECONDS = PUBLISHED["dense_splash_ms"] * 1e-3
@@ -18,20 +22,25 @@ PUBLISHED_DENSE_SPLASH_SECONDS = PUBLISHED["dense_splash_ms"] * 1e-3
 
 @dataclass(frozen=True)
 class CalibrationPoint:
-    """A published kernel time on one chip and the call that produced it. ``blocks``: the Splash
-    blocks (block_q, block_kv) assumed, or "tuned" (the best of ``static.SPLASH_SWEEP``, as blocks
+    """A published kernel time on one chip and the call that produced it. ``kernel``: the
+    implementation that ran it (None: the registry's ``baseline()``, dense Splash); ``blocks``: the
+    blocks (block_q, block_kv) assumed, or "tuned" (the best of its ``tuned_candidates``, as blocks
     tuned by the benchmark's authors)."""
 
     chip: str
     published_seconds: float
     source: str
-    impl: str = "splash"
+    kernel: str | None = None
     mask: str = "full"
     num_heads: int = CASE_STUDY.num_heads
     num_kv_heads: int | None = None
     head_dim: int = CASE_STUDY.head_dim
     length: int = CASE_STUDY.num_tokens
     blocks: tuple[int, int] | str = (512, 1024)
+
+    @property
+    def impl(self) -> str:
+        return self.kernel or registry.baseline().name
 
     def estimate(
         self,
@@ -42,20 +51,22 @@ class CalibrationPoint:
         clock=1.0,
         use_cache: bool = True,
     ):
-        """The static estimate of this point's call with these blocks (on ``chip``, default its own)."""
-        from stlib.analysis.kernel_estimate import estimate
-
-        return estimate(
+        """The static estimate of this point's call with these blocks (on ``chip``, default its own)
+        at ``clock`` (see ``resolve_clock``)."""
+        chip = chip or self.chip
+        hz, assumption = resolve_clock(clock, chip, use_cache)
+        return estimate_at_clock(
             self.impl,
             self.mask,
-            chip or self.chip,
+            chip,
             block_q=block_q,
             block_kv=block_kv,
             num_heads=self.num_heads,
             num_kv_heads=self.num_kv_heads,
             head_dim=self.head_dim,
             length=self.length,
-            clock=clock,
+            clock_hz=hz,
+            clock_assumption=assumption,
             use_cache=use_cache,
         )
 
@@ -86,9 +97,6 @@ CALIBRATION_POINTS = {
 #: Chips without a published point: whose calibration they borrow, scaled by peak-implied clocks
 #: (an assumption: the same share of cycles lost to stalls the schedule does not show).
 BORROWED = {"v5e": "v6e"}
-#: Chips the estimate covers: the schedule reader knows their dump form (the chip table's
-#: ``schedule_form``) and a calibrated clock exists.
-ESTIMATE_CHIPS = ("v6e", "v5e", "tpu7x")
 
 
 def peak_clock_hz(chip: str) -> float:
@@ -165,8 +173,6 @@ def calibration(chip: str = "v6e", use_cache: bool = True) -> Calibration:
     if owner not in _CALIBRATIONS or not use_cache:
         point = CALIBRATION_POINTS[owner]
         if point.blocks == "tuned":
-            from stlib.analysis.static import best_blocks
-
             blocks = best_blocks(point, use_cache=use_cache)
         else:
             blocks = point.blocks
@@ -175,7 +181,26 @@ def calibration(chip: str = "v6e", use_cache: bool = True) -> Calibration:
     return _CALIBRATIONS[owner]
 
 
-def _clock(clock, chip: str, use_cache: bool) -> tuple[float, str]:
+def best_blocks(point: CalibrationPoint, chip: str | None = None, use_cache: bool = True) -> tuple[int, int]:
+    """The (block_q, block_kv) of the point's implementation's ``tuned_candidates`` with the fewest
+    static cycles for ``point`` (clock-free: the clock is what the point calibrates)."""
+    results = []
+    for bq, bkv in registry.get(point.impl).tuned_candidates:
+        try:
+            est = point.estimate(bq, bkv, chip=chip, use_cache=use_cache)
+        except ScheduleFormatError:  # a schedule this reader does not know: never skipped silently
+            raise
+        except RuntimeError:  # does not compile (VMEM): not a candidate
+            continue
+        results.append((est.cycles, (bq, bkv)))
+    if not results:
+        raise RuntimeError(f"no candidate block size compiles for {point.describe()}")
+    return min(results)[1]
+
+
+def resolve_clock(clock, chip: str, use_cache: bool = True) -> tuple[float, str]:
+    """(Hz, the words saying where it comes from) of ``clock``: "calibrated" (``calibration``),
+    "peak" (``peak_clock_hz``) or a frequency in Hz. Raises ValueError for anything else."""
     if clock == "calibrated":
         cal = calibration(chip, use_cache)
         return cal.clock_hz(chip), cal.describe(chip)

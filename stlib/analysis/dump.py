@@ -37,7 +37,8 @@ class KernelConfig:
     ``stlib.masks.case_study_masks()``, or is "none" (dense attention), "full", "causal",
     "band (density X)" or "band (width W)" on ``length`` tokens (default: the case study's);
     ``mask_file``: a pickled stlib mask used instead of ``mask``. ``num_kv_heads`` (q heads sharing
-    k / v heads) and ``head_dim_v`` (v / output head dim) are compiled for Splash only."""
+    k / v heads) and ``head_dim_v`` (v / output head dim) are compiled where the implementation
+    ``supports`` them."""
 
     impl: str
     mask: str = "none"
@@ -95,7 +96,7 @@ def _build_and_compile(config: KernelConfig) -> float:
     import jax.numpy as jnp
 
     import stlib
-    import stlib.kernels
+    from stlib import registry
     from stlib.device import compile_for_tpu
 
     mask = resolve_mask(config)
@@ -108,15 +109,14 @@ def _build_and_compile(config: KernelConfig) -> float:
     v_shape = jax.ShapeDtypeStruct((kv_heads, length, dv), dtype)
 
     if (kv_heads, dv) != (config.num_heads, config.head_dim):
-        if config.impl != "splash":
-            raise ValueError(
-                f"impl={config.impl!r}: shared kv heads and head_dim_v != head_dim are compiled for "
-                "Splash only"
-            )
-        from stlib.kernels.splash import splash_attention
+        implementation = registry.get(config.impl)
+        implementation.check_supports(
+            shared_kv_heads=kv_heads != config.num_heads, head_dim_v=dv != config.head_dim
+        )
+        options = implementation.options(config.options or None)
 
-        def fn(q, k, v):  # Splash's MHA kernel takes kv heads dividing the q heads and its own v head dim
-            return splash_attention(
+        def fn(q, k, v):  # stlib.attention checks equal shapes: the kernel's own forward takes these
+            return implementation.forward(
                 q,
                 k,
                 v,
@@ -124,6 +124,7 @@ def _build_and_compile(config: KernelConfig) -> float:
                 scale=config.head_dim**-0.5,
                 block_q=config.block_q,
                 block_kv=config.block_kv,
+                options=options,
                 interpret=False,
             )
     else:

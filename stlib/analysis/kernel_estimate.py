@@ -3,8 +3,9 @@ compiler as a stopwatch.
 
 Each Pallas kernel of the call is compiled for a chip of ``ESTIMATE_CHIPS`` without a TPU, its
 scheduled bundles are attributed to control paths (``stlib.analysis.attribution``), multiplied by how
-often each path runs (``stlib.analysis.counts``) and turned into time through an explicit clock
-(``stlib.analysis.clock``). A bundle issues in one cycle; stalls the schedule does not show are
+often each path runs (``stlib.analysis.counts``) and turned into time through the clock it is
+given (this module knows no calibration: ``stlib.analysis.clock`` calibrates on top of it and
+``stlib.analysis.static`` composes the two). A bundle issues in one cycle; stalls the schedule does not show are
 folded into the calibrated clock, except the DMA the pipeline cannot hide (``PathCounts.
 exposed_seconds``: prologue, and steps whose compute is shorter than their copies), which is added;
 the HBM bytes the kernel's DMAs move (at their laid-out sizes) / bandwidth floor each kernel's time.
@@ -25,12 +26,15 @@ import numpy as np
 from stlib import registry
 from stlib.analysis.attribution import Attribution
 from stlib.analysis.cache import compiled_attributions
-from stlib.analysis.clock import ESTIMATE_CHIPS, _clock
 from stlib.analysis.counts import Setup, path_counts
 from stlib.analysis.dump import KernelConfig, resolve_mask
 from stlib.analysis.schedule import ScheduleFormatError
 from stlib.configs import CASE_STUDY
 from stlib.roofline import ComputeOrMemoryBound
+
+#: Chips the estimate covers: the schedule reader knows their dump form (the chip table's
+#: ``schedule_form``) and ``stlib.analysis.clock`` has a calibrated clock for each.
+ESTIMATE_CHIPS = ("v6e", "v5e", "tpu7x")
 
 METHOD = (
     "static estimate: VLIW bundles of the libtpu schedule per control path (1 bundle = 1 cycle) x path "
@@ -168,43 +172,13 @@ class Estimate:
 
 
 def setup_for(impl: str, config: KernelConfig, mask) -> Setup:
-    """Resolve block sizes and options for ``mask`` exactly as the compile subprocess does."""
-    from stlib.kernels.common import block_sizes_for
-
+    """Resolve block sizes and options for ``mask`` exactly as the compile subprocess does: the
+    implementation's own ``config`` rule, compiled for a TPU."""
     length = (config.length or CASE_STUDY.num_tokens) if mask is None else mask.length
     itemsize = np.dtype(config.dtype).itemsize if config.dtype != "bfloat16" else 2
-    if impl == "splash":
-        from stlib.kernels.splash import splash_blocks
-
-        blocks = splash_blocks(length, config.block_q, config.block_kv)
-        return Setup(
-            impl,
-            mask,
-            length,
-            config.num_heads,
-            config.head_dim,
-            itemsize,
-            blocks.block_q,
-            blocks.block_kv,
-            blocks.block_kv_compute,
-            {},
-            config.num_kv_heads,
-            config.head_dim_v,
-        )
-    implementation = registry.get(impl)
-    if implementation.resolve_blocks is not None:  # the kernel's own rule, with its per-chip defaults
-        sizes, _ = implementation.resolve_blocks(
-            mask,
-            length,
-            config.block_q,
-            config.block_kv,
-            implementation.options(config.options or None),
-            False,
-        )
-    else:
-        sizes = block_sizes_for(
-            length, config.block_q, config.block_kv, interpret=False, overrides=implementation.blocks
-        )
+    resolved = registry.get(impl).config(
+        mask, length, config.block_q, config.block_kv, config.options or None, interpret=False
+    )
     return Setup(
         impl,
         mask,
@@ -212,13 +186,22 @@ def setup_for(impl: str, config: KernelConfig, mask) -> Setup:
         config.num_heads,
         config.head_dim,
         itemsize,
-        sizes.block_q,
-        sizes.block_kv,
-        sizes.block_kv_compute,
+        resolved.block_q,
+        resolved.block_kv,
+        resolved.block_kv_compute,
         dict(config.options),
         config.num_kv_heads,
         config.head_dim_v,
     )
+
+
+def check_chip(chip: str) -> None:
+    """Raise ValueError unless the static estimate covers ``chip`` (``ESTIMATE_CHIPS``)."""
+    if chip not in ESTIMATE_CHIPS:
+        raise ValueError(
+            f"chip={chip!r}: the static estimate covers {ESTIMATE_CHIPS} (the schedule reader "
+            "knows their dump form)"
+        )
 
 
 def make_config(
@@ -260,11 +243,8 @@ def make_config(
         head_dim_v = None
     if num_kv_heads is not None and (num_kv_heads <= 0 or num_heads % num_kv_heads):
         raise ValueError(f"num_kv_heads={num_kv_heads} must be a positive divisor of num_heads={num_heads}")
-    if (num_kv_heads, head_dim_v) != (None, None) and impl != "splash":
-        raise ValueError(
-            f"impl={impl!r}: num_kv_heads / head_dim_v other than num_heads / head_dim are estimated "
-            "for impl='splash' only"
-        )
+    implementation = registry.get(impl)
+    implementation.check_supports(shared_kv_heads=num_kv_heads is not None, head_dim_v=head_dim_v is not None)
     config = KernelConfig(
         impl=impl,
         mask=name if mask_bytes is None else "none",
@@ -278,7 +258,6 @@ def make_config(
         num_kv_heads=num_kv_heads,
         head_dim_v=head_dim_v,
     )
-    implementation = registry.get(impl)
     fields = {f.name for f in dataclasses.fields(implementation.options_type)}
     if "chip" in fields:  # a kernel that sizes itself per chip is sized for the chip estimated
         options = {"chip": chip, **(options or {})}
@@ -294,7 +273,7 @@ def make_config(
     return config, mask_bytes
 
 
-def estimate(
+def estimate_at_clock(
     impl: str,
     mask="none",
     chip: str = "v6e",
@@ -308,26 +287,23 @@ def estimate(
     length: int | None = None,
     num_kv_heads: int | None = None,
     head_dim_v: int | None = None,
-    clock="calibrated",
+    clock_hz: float,
+    clock_assumption: str,
     use_cache: bool = True,
 ) -> Estimate:
-    """Static estimate of ``impl`` ("splash", "pallas_dense", "pallas_block_sparse", "pallas_tile")
-    on ``mask`` (a name: "none", "full", "causal", "band (density X)", "band (width W)", a case-study
+    """Static estimate of ``impl`` (a registered Pallas implementation) at the clock ``clock_hz`` (its
+    ``clock_assumption`` says where it comes from; ``stlib.analysis.static.estimate`` picks the
+    calibrated one) on ``mask`` (a name: "none", "full", "causal", "band (density X)", "band (width W)", a case-study
     catalog name; or a picklable stlib mask) for ``chip`` (one of ``ESTIMATE_CHIPS``), q [num_heads,
     length, head_dim], k [num_kv_heads, length, head_dim], v [num_kv_heads, length, head_dim_v]
-    (length defaults to the case study's; kv heads and head_dim_v other than q's: Splash only).
-    ``options``: TileOptions fields for pallas_tile. ``clock``: "calibrated" (default, see
-    ``calibration``), "peak", or Hz.
+    (length defaults to the case study's; kv heads and head_dim_v other than q's: where the
+    implementation ``supports`` them). ``options``: fields of the implementation's options.
 
     Raises ScheduleFormatError when the libtpu or its dump is not the one this parser knows,
     RuntimeError when the kernel does not compile."""
     from stlib.device import chip_spec
 
-    if chip not in ESTIMATE_CHIPS:
-        raise ValueError(
-            f"chip={chip!r}: the static estimate covers {ESTIMATE_CHIPS} (the schedule reader "
-            "knows their dump form)"
-        )
+    check_chip(chip)
     config, mask_bytes = make_config(
         impl,
         mask,
@@ -345,9 +321,9 @@ def estimate(
     compiled = compiled_attributions(impl, config, mask_bytes, use_cache)
     setup = setup_for(impl, config, pickle.loads(mask_bytes) if mask_bytes else resolve_mask(config))
     attributions = [Attribution(**{**k, "grid": k["grid"] and tuple(k["grid"])}) for k in compiled["kernels"]]
-    if impl == "pallas_block_sparse" and sum(p.startswith("compute") for p in attributions[0].paths) == 2:
-        _check_block_sparse_probe(attributions[0], config, setup, use_cache)
-    hz, assumption = _clock(clock, chip, use_cache)
+    if registry.get(impl).probe_regions and sum(p.startswith("compute") for p in attributions[0].paths) == 2:
+        _check_region_probe(impl, attributions[0], config, setup, use_cache)
+    hz, assumption = clock_hz, clock_assumption
     bandwidth = chip_spec(chip).hbm_bandwidth
     layouts = compiled["layouts"]
     kernels = []
@@ -411,12 +387,15 @@ def _computed_step_cycles(paths: dict[str, int]) -> int:
     return paths["iteration"] + paths["step"] + (min(compute) if compute else 0)
 
 
-def _check_block_sparse_probe(att: Attribution, config: KernelConfig, setup: Setup, use_cache: bool) -> None:
-    """Which of block-sparse's two compute regions is the mask-free one? Compile a probe with the
-    same blocks where no tile needs a mask (the masked region is not traced at all) and compare."""
+def _check_region_probe(
+    impl: str, att: Attribution, config: KernelConfig, setup: Setup, use_cache: bool
+) -> None:
+    """Which of a kernel's two compute regions is the mask-free one (``Implementation.
+    probe_regions``)? Compile a probe with the same blocks where no tile needs a mask (the masked
+    region is not traced at all) and compare."""
     length = 2 * math.lcm(setup.block_q, setup.block_kv)
     probe = dataclasses.replace(config, mask="full", length=length, num_heads=1, chip=config.chip)
-    kernels = compiled_attributions("pallas_block_sparse", probe, None, use_cache)["kernels"]
+    kernels = compiled_attributions(impl, probe, None, use_cache)["kernels"]
     free = kernels[0]["paths"].get("compute_full")
     full, masked = att.paths["compute_full"], att.paths["compute_masked"]
     if free is None or abs(free - full) > 0.02 * full or abs(free - full) >= abs(free - masked):

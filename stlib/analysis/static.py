@@ -1,49 +1,48 @@
 """``stlib.static_estimate``: the pinned entry point of the static TPU estimate, for any kernel of the
-registry and any Splash configuration (shared kv heads, causal, head dims qk != v, long sequences),
-with ``block_sizes="tuned"``: the best of a small sweep, as a practitioner who tunes would."""
+registry and any configuration it supports (shared kv heads, causal, head dims qk != v, long
+sequences), with ``block_sizes="tuned"``: the best of the implementation's ``tuned_candidates``, as a
+practitioner who tunes would. Composes the clock-free per-kernel estimate
+(``kernel_estimate``) with a clock (``clock``): ``estimate``."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
 
-from stlib.analysis.kernel_estimate import Estimate, estimate
+from stlib import registry
+from stlib.analysis.clock import resolve_clock
+from stlib.analysis.kernel_estimate import Estimate, check_chip, estimate_at_clock, make_config
 from stlib.analysis.schedule import ScheduleFormatError
-
-#: The Splash blocks (block_q, block_kv) a tuned estimate chooses from (block_kv_compute: 512 where
-#: it divides block_kv, as the adapter does).
-SPLASH_SWEEP = ((512, 1024), (512, 2048), (1024, 1024), (1024, 2048), (2048, 2048))
-#: The same for stlib's own Pallas kernels (block_kv_compute: their default).
-PALLAS_SWEEP = ((512, 1024), (512, 2048), (1024, 1024), (1024, 2048))
 
 
 @dataclasses.dataclass(frozen=True)
 class TunedEstimate(Estimate):
-    """An estimate at the best blocks of a sweep; ``sweep``: (block_q, block_kv, total ms, or the
-    reason the blocks failed) for every candidate."""
+    """An estimate at the best of the implementation's ``tuned_candidates``; ``sweep``: (block_q,
+    block_kv, total ms, or the reason the blocks failed) for every candidate."""
 
     sweep: tuple = ()
 
 
-def _sweep_for(impl: str):
-    return SPLASH_SWEEP if impl == "splash" else PALLAS_SWEEP
-
-
-def best_blocks(point, chip: str | None = None, use_cache: bool = True) -> tuple[int, int]:
-    """The (block_q, block_kv) of ``SPLASH_SWEEP`` with the fewest static cycles for a calibration
-    point (clock-free: the clock is what the point calibrates)."""
-    results = []
-    for bq, bkv in _sweep_for(point.impl):
-        try:
-            est = point.estimate(bq, bkv, chip=chip, use_cache=use_cache)
-        except ScheduleFormatError:  # a schedule this reader does not know: never skipped silently
-            raise
-        except RuntimeError:  # does not compile (VMEM): not a candidate
-            continue
-        results.append((est.cycles, (bq, bkv)))
-    if not results:
-        raise RuntimeError(f"no block size of the sweep compiles for {point.describe()}")
-    return min(results)[1]
+def estimate(
+    impl: str,
+    mask="none",
+    chip: str = "v6e",
+    *,
+    clock="calibrated",
+    use_cache: bool = True,
+    **call,
+) -> Estimate:
+    """Static estimate of ``impl`` on ``mask`` for ``chip`` (the keywords of
+    ``kernel_estimate.estimate_at_clock``: blocks, options, heads, head dims, dtype, length) at
+    ``clock``: "calibrated" (default, ``clock.calibration``), "peak", or Hz. Raises ValueError for
+    an unknown chip or clock, ScheduleFormatError for a libtpu or dump this parser does not know,
+    RuntimeError when the kernel does not compile."""
+    check_chip(chip)
+    make_config(impl, mask, chip, **call)  # bad input raises before the clock's calibration compiles
+    hz, assumption = resolve_clock(clock, chip, use_cache)
+    return estimate_at_clock(
+        impl, mask, chip, clock_hz=hz, clock_assumption=assumption, use_cache=use_cache, **call
+    )
 
 
 def static_estimate(
@@ -65,12 +64,12 @@ def static_estimate(
     """Static TPU time estimate of one attention call (never a measurement): q [num_heads, length,
     head_dim], k [num_kv_heads, length, head_dim], v [num_kv_heads, length, head_dim_v] of ``dtype``.
 
-    ``impl``: a registered Pallas implementation ("splash", "pallas_tile", ...); ``mask``: "none",
+    ``impl``: a registered Pallas implementation (``stlib.registry.tpu_kernels()``); ``mask``: "none",
     "full", "causal", "band (density X)", "band (width W)", a case-study catalogue name, or an stlib
     mask; ``chip``: one of ``ESTIMATE_CHIPS`` ("v6e", "v5e", "tpu7x"). ``block_sizes``: None (the
     kernel's defaults), {"block_q": .., "block_kv": ..}, or "tuned" (the best total of a small sweep;
     the result's ``sweep`` lists every candidate). Shared kv heads and head_dim_v != head_dim:
-    impl="splash" only. Returns an ``Estimate``: ``seconds`` (kernels), ``glue_seconds``,
+    where the implementation ``supports`` them. Returns an ``Estimate``: ``seconds`` (kernels), ``glue_seconds``,
     ``total_seconds``, ``blocks`` and the per-path breakdown in ``kernels``.
 
     Raises ValueError for an unknown chip, impl, option or an unsupported configuration,
@@ -104,7 +103,7 @@ def static_estimate(
     if block_sizes != "tuned":
         raise ValueError(f"block_sizes={block_sizes!r} must be None, 'tuned' or a dict of block_q / block_kv")
     best, sweep = None, []
-    for bq, bkv in _sweep_for(impl):
+    for bq, bkv in registry.get(impl).tuned_candidates:
         try:
             est = estimate(impl, mask, chip, block_q=bq, block_kv=bkv, **common)
         except ScheduleFormatError:  # a schedule this reader does not know: never skipped silently

@@ -8,10 +8,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 from stlib import registry
 from stlib.analysis.clock import calibration, solve_clock
-from stlib.analysis.kernel_estimate import estimate
+from stlib.analysis.dump import KernelConfig, resolve_mask
+from stlib.analysis.static import estimate
 from stlib.configs import DENSITIES
 
-SPLASH_BLOCKS = ((512, 1024), (512, 2048), (1024, 1024), (1024, 2048), (2048, 2048))
 STA_MASK = "sliding tile, 3-D tiled order"
 
 
@@ -41,7 +41,8 @@ def calibration_table(chip: str = "v6e", use_cache: bool = True) -> list[dict]:
             "paths": est.path_bundles(),
         }
 
-    rows = [one(bq, bkv) for bq, bkv in SPLASH_BLOCKS]  # one at a time: the calibration's compiles are cached
+    candidates = registry.get(point.impl).tuned_candidates
+    rows = [one(bq, bkv) for bq, bkv in candidates]  # one at a time: the calibration's compiles are cached
     for row in rows:
         row["calibrated_clock_ghz"] = cal.implied_clock_hz / 1e9
     return rows
@@ -57,8 +58,8 @@ def case_study_table(chip: str = "v6e", use_cache: bool = True) -> list[dict]:
         for impl in registry.tpu_kernels()
         for label, opts in impl.comparison_runs()
         for m, b in masks_
-        if not (impl.name == "splash" and m == STA_MASK)
-    ]  # bands only: no lazy Splash sliding tile
+        if impl.supports(mask=resolve_mask(KernelConfig(impl.name, m)))
+    ]  # e.g. Splash has no lazy form of the sliding tile at this length: bands only
 
     def one(impl, label, opts, mask, block):
         est = estimate(

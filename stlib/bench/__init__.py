@@ -3,7 +3,8 @@
 
 ``records`` (environment, JSON-lines records, ``compile_function``, ``time_function``) · ``progress``
 (counts and time left of long loops) · ``cases`` (the case-study cases, their calls, inputs, work
-and estimates) · ``runs`` (one run per command) · ``figures`` (redrawn from ``data/``) · ``cli``.
+and estimates) · ``runs`` (one run per command) · ``figures`` (redrawn from ``data/``) ·
+``svg_quality`` (what a Sparse VideoGen plan loses, and its work) · ``cli``.
 """
 
 from stlib.bench.cases import (
@@ -19,7 +20,6 @@ from stlib.bench.cli import main
 from stlib.bench.figures import draw_figures
 from stlib.bench.progress import Progress, progress
 from stlib.bench.records import (
-    DATA_DIR,
     RUN_ID,
     Compiled,
     Recorder,
@@ -38,16 +38,17 @@ from stlib.bench.runs import (
     run_layout,
     write_published_reference,
 )
+from stlib.bench.svg_quality import attention_quality, plan_work, quality_sweep, record_quality
 
 __all__ = [
     "CPU_CASE",
-    "DATA_DIR",
     "RUN_ID",
     "Case",
     "Compiled",
     "Progress",
     "Recorder",
     "Timing",
+    "attention_quality",
     "case_function",
     "case_inputs",
     "case_study_cases",
@@ -58,9 +59,12 @@ __all__ = [
     "environment",
     "estimate_fields",
     "main",
+    "plan_work",
     "progress",
+    "quality_sweep",
     "read_records",
     "record_full_scale_work",
+    "record_quality",
     "run_case_study",
     "run_cpu_scaling",
     "run_layout",

@@ -1,39 +1,28 @@
 """Block sizes chosen, not guessed: the second-generation tile kernel (``pallas_tile_lane_dense``)
 at every candidate (block_q, block_kv, block_kv_compute) per chip and mask family, and dense Splash
 at its own candidates, scored by the static estimate; records appended to
-``data/tile_block_sweep.jsonl`` (``plotting.block_sweep`` draws them).
+``data/tile_block_sweep.jsonl`` (``figure_rows`` turns them into the data ``plotting.block_sweep`` draws).
 
-    python -m stlib.bench.block_sweep [chip ...]
+    python -m stlib.bench.block_sweep [run] [chip ...]   # then writes the tuned blocks
+    python -m stlib.bench.block_sweep tune | table | figure
 """
 
 from __future__ import annotations
 
-from stlib.analysis.static import SPLASH_SWEEP
-from stlib.kernels.tile_lane_dense import NAME, vmem_bytes, vmem_limit
+from stlib import registry
+from stlib.kernels.tile_lane_dense import NAME, SLIDING_TILE_ROW, vmem_bytes, vmem_limit
 
-#: Mask families of the sweep (estimator mask names) and the block candidates (block_q, block_kv,
-#: block_kv_compute) for each. The sliding tile's blocks hold whole 3x8x16 tiles (384 tokens): one tile,
-#: a row of five (1,920 tokens, run as pattern steps at the grain of one tile), or two rows.
+#: The kernel swept and the baseline every candidate is a ratio to (dense Splash).
+KERNEL = registry.get(NAME)
+BASELINE = registry.baseline().name
+#: Mask families of the sweep (estimator mask names); the block candidates (block_q, block_kv,
+#: block_kv_compute) of each are the kernel's ``sweep_candidates``.
 SWEEP_MASKS = {
     "dense": "full",
     "band 0.25": "band (density 0.25)",
     "sliding tile": "sliding tile, 3-D tiled order",
 }
-_SQUARE_BLOCKS = (
-    (512, 1024, 512),
-    (1024, 2048, 512),
-    (2048, 2048, 512),
-    (2048, 2560, 512),
-    (2560, 2560, 512),
-    (2048, 4096, 1024),
-)
-#: Tokens in one row of the case study's 3x8x16 tiles (five tiles along x): the sliding tile's unit.
-SLIDING_TILE_ROW = 5 * 384
-SWEEP_BLOCKS = {
-    "dense": _SQUARE_BLOCKS,
-    "band 0.25": _SQUARE_BLOCKS,
-    "sliding tile": ((384, 384, 384), (1920, 1920, 384), (3840, 1920, 384), (1920, 3840, 384)),
-}
+SWEEP_BLOCKS = KERNEL.sweep_candidates
 SWEEP_CHIPS = ("v6e", "v5e", "tpu7x")
 RECORDS = "data/tile_block_sweep.jsonl"
 
@@ -45,8 +34,8 @@ def sweep(
     path=RECORDS,
     resume: bool = True,
 ):
-    """Static estimates of this kernel at every candidate block of ``SWEEP_BLOCKS`` (and dense Splash
-    at the candidates of its tuned estimate, ``stlib.analysis.static.SPLASH_SWEEP``) on ``chips``,
+    """Static estimates of this kernel at every candidate block of ``SWEEP_BLOCKS`` (and the baseline,
+    dense Splash, at the ``tuned_candidates`` of its tuned estimate) on ``chips``,
     appended as records to ``path``; returns the new records. With ``resume``, candidates that
     already have an estimate in ``path`` are not run again. Candidates that do not compile (VMEM)
     are recorded with the compiler's reason."""
@@ -58,6 +47,7 @@ def sweep(
 
     from stlib import analysis
     from stlib.analysis.cache import source_hash
+    from stlib.bench.progress import Progress
     from stlib.configs import CASE_STUDY
 
     rev = subprocess.run(
@@ -66,8 +56,10 @@ def sweep(
     jobs = []
     for chip in chips:  # chip by chip: a partial run is whole for its chips
         jobs += [(chip, fam, NAME, b) for fam in families for b in SWEEP_BLOCKS[fam]]
-        jobs += [(chip, "dense", "splash", (bq, bkv, None)) for bq, bkv in SPLASH_SWEEP]
-    sources = {impl: source_hash(impl) for impl in (NAME, "splash")}
+        jobs += [
+            (chip, "dense", BASELINE, (bq, bkv, None)) for bq, bkv in registry.get(BASELINE).tuned_candidates
+        ]
+    sources = {impl: source_hash(impl) for impl in (NAME, BASELINE)}
     if resume and Path(path).exists():  # an estimate of the same kernel source is not run again
         done = {
             (r["chip"], r["family"], r["impl"], (r["block_q"], r["block_kv"], r["block_kv_compute"]))
@@ -122,16 +114,15 @@ def sweep(
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     records = []
-    with ThreadPoolExecutor(max_workers=workers) as pool:
+    with ThreadPoolExecutor(max_workers=workers) as pool, Progress(len(jobs), "sweep") as tracker:
         for record in pool.map(lambda job: one(*job), jobs):
             records.append(record)
             with out.open("a") as handle:
                 handle.write(json.dumps(record) + "\n")
-            print(
+            tracker.step(
                 f"{record['chip']:<5} {record['family']:<12} {record['impl']:<24} {record['block_q']:>5} "
                 f"{record['block_kv']:>5} {record['block_kv_compute'] or '-':>5} "
-                f"{record.get('total_ms', float('nan')):>8.2f} ms  {record.get('error', '')[:80]}",
-                flush=True,
+                f"{record.get('total_ms', float('nan')):>8.2f} ms  {record.get('error', '')[:80]}"
             )
     return records
 
@@ -171,7 +162,8 @@ DEFAULT_FAMILIES = ("dense", "band 0.25")
 def winners(records) -> dict[str, dict]:
     """Per chip: {"blocks": (block_q, block_kv, block_kv_compute) with the fewest static cycles summed
     over ``DEFAULT_FAMILIES`` (one default serves both), "tiled_rows": (rows of 3-D tiles per q
-    block, per kv block) of the best sliding-tile candidate}. Chips whose sweep lacks a family are left out."""
+    block, per kv block) of the best sliding-tile candidate}; either is left out where the chip's
+    sweep lacks its families, a chip with neither altogether."""
     out = {}
     for chip in dict.fromkeys(r["chip"] for r in records):
         mine = [r for r in records if r["chip"] == chip and r["impl"] == NAME and "cycles" in r]
@@ -187,14 +179,37 @@ def winners(records) -> dict[str, dict]:
             for r in mine
             if r["family"] == "sliding tile" and r["block_q"] % row == 0 and r["block_kv"] % row == 0
         ]  # blocks of whole rows of tiles (what the default rule can express)
-        if not complete or not tiles:
-            continue
-        best_tile = min(tiles, key=lambda r: r["cycles"])
-        out[chip] = {
-            "blocks": min(complete, key=complete.get),
-            "tiled_rows": (best_tile["block_q"] // row, best_tile["block_kv"] // row),
-        }
+        won = {}
+        if complete:
+            won["blocks"] = min(complete, key=complete.get)
+        if tiles:
+            best_tile = min(tiles, key=lambda r: r["cycles"])
+            won["tiled_rows"] = (best_tile["block_q"] // row, best_tile["block_kv"] // row)
+        if won:
+            out[chip] = won
     return out
+
+
+def tuned_blocks(records) -> dict:
+    """The kernel's tuned blocks as its package data holds them (``stlib.kernels.tuned``): the
+    ``winners`` of ``records`` per chip, with the records' provenance."""
+    from stlib.bench.records import provenance
+
+    return {
+        "implementation": NAME,
+        "written_by": "python -m stlib.bench.block_sweep tune",
+        "records": RECORDS,
+        "chips": {chip: {k: list(v) for k, v in won.items()} for chip, won in winners(records).items()},
+        **provenance(),
+    }
+
+
+def write_tuned(records) -> str:
+    """Write ``tuned_blocks(records)`` into the package (``stlib/kernels/tuned/NAME.json``), where
+    the kernel's ``resolve`` reads its per-chip defaults; returns the path."""
+    from stlib.kernels import tuned
+
+    return str(tuned.write(NAME, tuned_blocks(records)))
 
 
 def table(records) -> list[dict]:
@@ -238,27 +253,72 @@ def print_table(records) -> None:
     print("static estimates (not measurements); ms at each chip's calibrated or assumed clock")
 
 
+def _blocks_label(r) -> str:
+    return f"{r['block_q']}x{r['block_kv']}" + (f"/{r['block_kv_compute']}" if r["block_kv_compute"] else "")
+
+
+def figure_rows(records, targets: dict | None = None) -> dict:
+    """The arguments of ``stlib.plotting.block_sweep`` but the title: each candidate's static cycles
+    as a fraction of dense Splash at its best swept blocks on the same chip (clock-free), one panel
+    per mask family of this kernel's records, then Splash's own candidates. Records without an
+    estimate (refused blocks) and chips without Splash records are left out. ``targets``: {family:
+    ratio}, v6e's (``TARGETS``)."""
+    ok = [r for r in records if "cycles" in r]
+    chips = list(dict.fromkeys(r["chip"] for r in ok))
+    base = {
+        chip: min(
+            r["cycles"] for r in ok if r["chip"] == chip and r["impl"] == BASELINE and r["family"] == "dense"
+        )
+        for chip in chips
+        if any(r["chip"] == chip and r["impl"] == BASELINE for r in ok)
+    }
+    chips = [chip for chip in chips if chip in base]  # a ratio needs the chip's Splash records
+    ok = [r for r in ok if r["chip"] in base]
+
+    def bars(rows):
+        return [
+            {"chip": r["chip"], "blocks": _blocks_label(r), "ratio": r["cycles"] / base[r["chip"]]}
+            for r in rows
+        ]
+
+    panels = {
+        f: bars(r for r in ok if r["family"] == f and r["impl"] != BASELINE)
+        for f in dict.fromkeys(r["family"] for r in ok)
+    }
+    panels = {f: rows for f, rows in panels.items() if rows}
+    panels["dense Splash"] = bars(r for r in ok if r["impl"] == BASELINE)
+    return {
+        "panels": panels,
+        "chips": chips,
+        "ylabel": "cycles / dense Splash at its best blocks",
+        "targets": {f: (t, f"target {t:.2f} (v6e)") for f, t in (targets or {}).items() if f in panels},
+    }
+
+
 def draw(records, path=FIGURE):
     from stlib import plotting
 
     fig = plotting.block_sweep(
-        records,
-        "pallas_tile_lane_dense block sweep, 10 x 75,600 x 128 bf16 (static estimates, not measurements)",
-        targets=TARGETS,
+        title="pallas_tile_lane_dense block sweep, 10 x 75,600 x 128 bf16 (static estimates, not measurements)",
+        **figure_rows(records, TARGETS),
     )
     plotting.save(fig, path)
     return path
 
 
 def main(argv=None) -> None:
-    """``python -m stlib.bench.block_sweep [run] [chip ...]``: run the block sweep;
-    ``... table``: the best blocks per chip and family against the targets; ``... figure``: draw it."""
+    """``python -m stlib.bench.block_sweep [run] [chip ...]``: run the block sweep and write the
+    winners as the kernel's tuned blocks; ``... tune``: only write them from the records; ``... table``:
+    the best blocks per chip and family against the targets; ``... figure``: draw it."""
     import sys
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    command = argv.pop(0) if argv and argv[0] in ("run", "table", "figure") else "run"
+    command = argv.pop(0) if argv and argv[0] in ("run", "tune", "table", "figure") else "run"
     if command == "run":
         sweep(chips=tuple(argv) or SWEEP_CHIPS)
+        print(f"tuned blocks: {write_tuned(read())}")
+    elif command == "tune":
+        print(f"tuned blocks: {write_tuned(read())}")
     elif command == "table":
         print_table(read())
     else:

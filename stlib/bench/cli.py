@@ -5,8 +5,9 @@
     python -m stlib.bench layout       # mask + layout construction time and peak memory
     python -m stlib.bench figures      # redraw the figures from data/ (no hardware needed)
 
-Records are JSON lines appended to ``data/<command>.jsonl`` (flushed per record, so a crashed run
-loses nothing already written). Off a TPU, Pallas kernels run in interpret mode: those times say
+Records are JSON lines appended to ``data/<command>.jsonl`` of stlib's home (``stlib.paths``: the
+clone, or ``STLIB_HOME``; ``--out`` names another folder), flushed per record, so a crashed run
+loses nothing already written. Off a TPU, Pallas kernels run in interpret mode: those times say
 nothing about TPU speed and every record says so (``interpret: true``); next to them the
 hardware-independent work at the full case-study shape and a compile check for v6e are recorded.
 """
@@ -16,8 +17,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from stlib import paths
 from stlib.bench.figures import draw_figures
-from stlib.bench.records import DATA_DIR
 from stlib.bench.runs import run_case_study, run_cpu_scaling, run_layout, write_published_reference
 
 
@@ -29,7 +30,12 @@ def main(argv=None) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("command", choices=["case-study", "cpu-scaling", "layout", "figures", "all"])
-    parser.add_argument("--out", type=Path, default=DATA_DIR, help="directory of the .jsonl records")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="directory of the .jsonl records (default: data/ of stlib.paths.home())",
+    )
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--no-compile-check", action="store_true", help="skip the v6e compile checks")
     parser.add_argument(
@@ -38,6 +44,7 @@ def main(argv=None) -> None:
         help="skip the static v6e / v5e estimates of the full-shape records (stlib.estimate)",
     )
     args = parser.parse_args(argv)
+    args.out = paths.data_dir() if args.out is None else args.out
     write_published_reference(args.out)
     if args.command in ("case-study", "all"):
         run_case_study(

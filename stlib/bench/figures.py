@@ -1,4 +1,5 @@
-"""The benchmark figures, redrawn from the records in ``data/`` (no hardware needed)."""
+"""The benchmark figures, redrawn from the records in ``data/`` (no hardware needed); both folders
+default to those of ``stlib.paths`` (read at each call)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from stlib.bench.records import DATA_DIR, read_records
+from stlib import paths
+from stlib.bench.records import read_records
 
 
 def _near_density(records: list[dict], density: float = 0.25) -> list[dict]:
@@ -18,13 +20,15 @@ def _near_density(records: list[dict], density: float = 0.25) -> list[dict]:
     ]
 
 
-def draw_figures(data_dir: Path = DATA_DIR, figures_dir: Path | None = None) -> list[Path]:
-    """Redraw the benchmark figures from the latest run of each record file (no hardware needed)."""
+def draw_figures(data_dir: Path | None = None, figures_dir: Path | None = None) -> list[Path]:
+    """Redraw the benchmark figures from the latest run of each record file (no hardware needed), from
+    ``data_dir`` (default ``stlib.paths.data_dir()``) into ``figures_dir`` (default
+    ``stlib.paths.figures_dir()``)."""
     from stlib import plotting
     from stlib.device import chip_of_device_kind
 
-    data_dir = Path(data_dir)
-    figures_dir = Path(figures_dir or plotting.FIGURES_DIR)
+    data_dir = paths.data_dir() if data_dir is None else Path(data_dir)
+    figures_dir = paths.figures_dir() if figures_dir is None else Path(figures_dir)
     written = []
     reference = data_dir / "case_study_reference.json"
     published = json.loads(reference.read_text()) if reference.exists() else None

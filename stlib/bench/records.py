@@ -1,4 +1,5 @@
-"""Benchmark records and timing: the environment of a run, JSON-lines records, ``time_function``."""
+"""Benchmark records and timing: the provenance and environment of a run, JSON-lines records,
+``time_function``. Records go to ``stlib.paths.data_dir()`` unless a writer is given a folder."""
 
 from __future__ import annotations
 
@@ -16,44 +17,59 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from stlib import paths
 from stlib.device import backend, device_kind
 
-#: Where the benchmarks write their records by default: ``data/`` at the repository root.
-DATA_DIR = Path(__file__).resolve().parents[2] / "data"
+
+def _version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+@functools.cache
+def git_rev() -> str:
+    """The short git revision of the clone stlib runs from ("unknown" outside a clone or without git)."""
+    if not paths.in_clone():
+        return "unknown"
+    try:
+        rev = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=paths.REPO,
+            timeout=10,
+            check=False,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        rev = ""
+    return rev or "unknown"
+
+
+#: The provenance fields every record in ``data/`` carries, under these names (``provenance``).
+PROVENANCE_FIELDS = ("date", "git_rev", "jax", "jaxlib", "libtpu")
+#: Older names of provenance fields (the block sweep's first records): ``read_records`` adds the
+#: current name beside them.
+PROVENANCE_ALIASES = {"git": "git_rev", "time": "date"}
+
+
+def provenance() -> dict:
+    """The fields that say where a record comes from, for every writer of records in ``data/``: the
+    UTC ``date`` (ISO 8601, seconds), ``git_rev`` and the ``jax`` / ``jaxlib`` / ``libtpu`` versions
+    (None where not installed). Initialises no JAX backend."""
+    return {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "git_rev": git_rev(),
+        **{name: _version(name) for name in ("jax", "jaxlib", "libtpu")},
+    }
 
 
 @functools.cache
 def environment() -> dict:
     """Backend, device kind, jax / jaxlib / libtpu versions and git revision of this process."""
-
-    def version(name):
-        try:
-            return importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            return None
-
-    try:
-        rev = (
-            subprocess.run(
-                ["git", "rev-parse", "--short", "HEAD"],
-                capture_output=True,
-                text=True,
-                cwd=Path(__file__).parent,
-                timeout=10,
-                check=False,
-            ).stdout.strip()
-            or "unknown"
-        )
-    except (OSError, subprocess.SubprocessError):
-        rev = "unknown"
-    return {
-        "backend": backend(),
-        "device_kind": device_kind(),
-        "jax": version("jax"),
-        "jaxlib": version("jaxlib"),
-        "libtpu": version("libtpu"),
-        "git_rev": rev,
-    }
+    versions = {k: v for k, v in provenance().items() if k != "date"}
+    return {"backend": backend(), "device_kind": device_kind(), **versions}
 
 
 #: Identifies the records of one benchmark process (figures draw the latest run of each file).
@@ -68,13 +84,9 @@ class Recorder:
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def write(self, record: dict) -> dict:
-        """Write ``record`` with the environment, ``run`` and ``date`` fields in front; return it."""
-        full = {
-            **environment(),
-            "run": RUN_ID,
-            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            **record,
-        }
+        """Write ``record`` with the environment, ``run`` and provenance (``provenance``) fields in
+        front; return it."""
+        full = {**environment(), "run": RUN_ID, **provenance(), **record}
         with open(self.path, "a") as handle:
             handle.write(json.dumps(full, default=_jsonable) + "\n")
             handle.flush()
@@ -90,14 +102,26 @@ def _jsonable(value):
     return str(value)
 
 
+def with_provenance_names(record: dict) -> dict:
+    """``record`` with each older provenance name (``PROVENANCE_ALIASES``) also under its current name
+    (the older one stays)."""
+    missing = {
+        new: record[old] for old, new in PROVENANCE_ALIASES.items() if old in record and new not in record
+    }
+    return {**record, **missing} if missing else record
+
+
 def read_records(path: Path, latest_run: bool = False, where=None) -> list[dict]:
     """The records of a .jsonl file (only those of its most recent run with ``latest_run``); with
     ``where`` (record -> bool), only the records it accepts, and the latest run among those (e.g.
-    the latest TPU run of a file that CPU runs appended to since)."""
+    the latest TPU run of a file that CPU runs appended to since). Older provenance names are read
+    under the current ones too (``with_provenance_names``)."""
     path = Path(path)
     if not path.exists():
         return []
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    records = [
+        with_provenance_names(json.loads(line)) for line in path.read_text().splitlines() if line.strip()
+    ]
     if where is not None:
         records = [r for r in records if where(r)]
     if latest_run and records:

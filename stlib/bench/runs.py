@@ -1,5 +1,6 @@
 """The benchmark runs, one per command: each times or measures, prints a line per record and
-appends its records to ``<out_dir>/<name>.jsonl``."""
+appends its records to ``<out_dir>/<name>.jsonl`` (``out_dir`` None: ``stlib.paths.data_dir()``, read
+at each call, so ``STLIB_HOME`` set later still counts)."""
 
 from __future__ import annotations
 
@@ -15,15 +16,21 @@ import jax
 import jax.numpy as jnp
 
 import stlib
-from stlib import masks
+from stlib import masks, paths
 from stlib.bench.cases import case_function, case_inputs, case_study_cases, case_work, estimate_fields
 from stlib.bench.progress import Progress
-from stlib.bench.records import DATA_DIR, Compiled, Recorder, compile_function, time_function
+from stlib.bench.records import Compiled, Recorder, compile_function, time_function
 from stlib.configs import CASE_STUDY, DENSITIES, PUBLISHED, SMALL_CPU
 from stlib.device import backend, compile_for_tpu, on_tpu, resolve_interpret
 
 #: The workload the case study runs at off a TPU (Pallas interpret mode).
 CPU_CASE = SMALL_CPU
+
+
+def _out_dir(out_dir: Path | None) -> Path:
+    """``out_dir``, or ``stlib.paths.data_dir()`` when None."""
+    return paths.data_dir() if out_dir is None else Path(out_dir)
+
 
 #: Cases compiled by ``compile_case`` and not yet timed by ``run_case_study`` (which takes them out).
 _COMPILED: dict = {}
@@ -56,7 +63,7 @@ def compile_case(case, scale: float, interpret: bool, *args) -> Compiled:
 
 
 def run_case_study(
-    out_dir: Path = DATA_DIR,
+    out_dir: Path | None = None,
     trials: int = 3,
     compile_check: bool = True,
     densities=DENSITIES,
@@ -70,7 +77,7 @@ def run_case_study(
         raise ValueError(f"size={size!r} must be 'full', 'small' or None")
     tpu = on_tpu() if size is None else size == "full"
     workload = CASE_STUDY if tpu else CPU_CASE
-    recorder = Recorder(Path(out_dir) / "case_study.jsonl")
+    recorder = Recorder(_out_dir(out_dir) / "case_study.jsonl")
     interpret = resolve_interpret(None)
     cases = case_study_cases(workload, tpu, densities)
     if interpret:
@@ -113,11 +120,11 @@ def run_case_study(
 
 
 def record_full_scale_work(
-    out_dir: Path = DATA_DIR, compile_check: bool = True, estimates: bool = False
+    out_dir: Path | None = None, compile_check: bool = True, estimates: bool = False
 ) -> Path:
     """Hardware-independent work of every case at the full case-study shape, (optionally) a v6e
     compile check of one configuration per kernel, and (optionally) static v6e / v5e estimates."""
-    recorder = Recorder(Path(out_dir) / "case_study_work.jsonl")
+    recorder = Recorder(_out_dir(out_dir) / "case_study_work.jsonl")
     cases = case_study_cases(CASE_STUDY, tpu=True)
     compiled = set()
     tracker = Progress(len(cases), "full-shape work")
@@ -157,10 +164,11 @@ def record_full_scale_work(
     return recorder.path
 
 
-def write_published_reference(out_dir: Path = DATA_DIR) -> Path:
+def write_published_reference(out_dir: Path | None = None) -> Path:
     """Write the published case-study numbers and what they cover to ``case_study_reference.json``."""
-    Path(out_dir).mkdir(parents=True, exist_ok=True)
-    path = Path(out_dir) / "case_study_reference.json"
+    out_dir = _out_dir(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "case_study_reference.json"
     path.write_text(
         json.dumps(
             {
@@ -186,7 +194,7 @@ def write_published_reference(out_dir: Path = DATA_DIR) -> Path:
 
 
 def run_cpu_scaling(
-    out_dir: Path = DATA_DIR,
+    out_dir: Path | None = None,
     lengths=(4096, 8192, 16384, 32768),
     densities=(0.1, 0.25, 0.5),
     num_heads: int = 2,
@@ -194,7 +202,7 @@ def run_cpu_scaling(
     trials: int = 3,
 ) -> Path:
     """xla block-sparse attention vs dense xla attention (the same blocked loop over every tile)."""
-    recorder = Recorder(Path(out_dir) / "cpu_scaling.jsonl")
+    recorder = Recorder(_out_dir(out_dir) / "cpu_scaling.jsonl")
     tracker = Progress(len(lengths) * (1 + len(densities)), "cpu scaling")
     for length in lengths:
         q, k, v = stlib.random_qkv((num_heads, length, head_dim), jnp.float32, seed=length)
@@ -234,13 +242,13 @@ def run_cpu_scaling(
     return recorder.path
 
 
-def run_layout(out_dir: Path = DATA_DIR, block_q: int = 128, block_kv: int = 128) -> Path:
+def run_layout(out_dir: Path | None = None, block_q: int = 128, block_kv: int = 128) -> Path:
     """Mask + layout construction time and peak memory of every built-in pattern at the case-study
     grid, each in a fresh subprocess so its peak memory is its own."""
     from stlib.analysis.dump import subprocess_env
     from stlib.masks import case_study_masks
 
-    recorder = Recorder(Path(out_dir) / "layout.jsonl")
+    recorder = Recorder(_out_dir(out_dir) / "layout.jsonl")
     names = list(case_study_masks())
     tracker = Progress(len(names), "layout")
     for name in names:

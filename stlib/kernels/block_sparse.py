@@ -17,7 +17,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from stlib.kernels import common
+from stlib.kernels import accounting, common
 from stlib.layout import BlockLayout, TileKind, block_layout
 from stlib.masks import Mask, full
 from stlib.registry import Implementation, register
@@ -149,19 +149,19 @@ def block_sparse_attention(
     return out[:, :length]
 
 
-def block_sparse_work(layout: BlockLayout, num_heads: int, head_dim: int) -> common.KernelWork:
+def block_sparse_work(layout: BlockLayout, num_heads: int, head_dim: int) -> accounting.KernelWork:
     """Full grid visited; non-empty tiles computed; PARTIAL (and padded FULL) tiles masked."""
     nq, nk = layout.grid_shape
     mult = num_heads if layout.num_heads == 1 else 1
     computed = int(np.sum(layout.kinds != TileKind.EMPTY)) * mult
     masked = int(np.sum(layout.masked_tiles)) * mult
-    return common.work_from_counts(layout, num_heads, head_dim, num_heads * nq * nk, computed, masked)
+    return accounting.work_from_counts(layout, num_heads, head_dim, num_heads * nq * nk, computed, masked)
 
 
 def _forward(
     q, k, v, mask: Mask | None, *, scale, block_q, block_kv, options: common.FlashOptions, interpret
 ):
-    sizes, options = common.flash_blocks(q, block_q, block_kv, options, interpret)
+    sizes, options = common.flash_resolve(mask, q.shape[1], block_q, block_kv, options, interpret)
     layout = block_layout(mask if mask is not None else full(q.shape[1]), sizes.block_q, sizes.block_kv)
     return block_sparse_attention(
         q,
@@ -191,7 +191,7 @@ def block_sparse_schedule_counts(setup, attribution):
         "compute_full": int(np.sum((table & 3) == MASK_FREE)) * mult,
         "compute_masked": int(np.sum((table & 3) == MASKED)) * mult,
     }
-    return common.row_grid_counts(setup, table >> 2, counts)
+    return accounting.row_grid_counts(setup, table >> 2, counts)
 
 
 IMPLEMENTATION = register(
@@ -205,5 +205,8 @@ IMPLEMENTATION = register(
         compute_regions=_compute_regions,
         schedule_counts=block_sparse_schedule_counts,
         chips=common.ALL_CHIPS,
+        resolve=common.flash_resolve,
+        tuned_candidates=common.TUNED_CANDIDATES,
+        probe_regions=True,  # two compute regions: which one is mask-free, a probe tells
     )
 )

@@ -140,15 +140,20 @@ class FlashOptions:
             check_chunk(self.block_kv_compute)
 
 
-def flash_blocks(q, block_q, block_kv, options: FlashOptions, interpret, overrides=None):
-    """(BlockSizes, options with the chunk resolved) of a flash-style kernel call."""
+#: The (block_q, block_kv) a tuned static estimate of stlib's own Pallas kernels sweeps
+#: (block_kv_compute: their default).
+TUNED_CANDIDATES = ((512, 1024), (512, 2048), (1024, 1024), (1024, 2048))
+
+
+def flash_resolve(mask, length: int, block_q, block_kv, options, interpret):
+    """(BlockSizes, options with the chunk resolved) of a flash-style kernel call on ``length``
+    tokens: the registry's ``resolve`` of the kernels whose options carry ``block_kv_compute``."""
     sizes = block_sizes_for(
-        q.shape[1],
+        length,
         block_q,
         block_kv,
         interpret=interpret,
         block_kv_compute=options.block_kv_compute,
-        overrides=overrides,
     )
     return sizes, dataclasses.replace(options, block_kv_compute=sizes.block_kv_compute)
 
@@ -352,37 +357,6 @@ def run_pallas(
     return call(*operands)
 
 
-def block_changes(indices) -> int:
-    """Block fetches of a pipelined operand whose block index runs through ``indices`` in grid order:
-    a fetch wherever the index differs from the previous step's."""
-    seq = np.asarray(indices).reshape(-1)
-    return 0 if seq.size == 0 else 1 + int(np.count_nonzero(seq[1:] != seq[:-1]))
-
-
-def row_grid_counts(
-    setup, tiles, paths: dict[str, int], *, out_itemsize: int | None = None, writes_lse=False
-):
-    """``ScheduleCounts`` of a kernel whose grid is (head, q row, step): ``tiles`` int [Hl, nq, W],
-    the kv tile each step fetches (Hl = 1: one table for every head); ``paths``: executions of the
-    compute paths (each row's "init" and "finalise" are added here). A kv block is fetched wherever
-    the (head, tile) index changes in grid order; each row fetches its q block once."""
-    from stlib.registry import ScheduleCounts
-
-    h = setup.num_heads
-    nq, nk = setup.layout.grid_shape
-    tiles = np.broadcast_to(tiles, (h, *np.shape(tiles)[1:]))
-    return ScheduleCounts(
-        {"init": h * nq, "finalise": h * nq, **paths},
-        h * nq * tiles.shape[2],
-        h * nq,
-        block_changes(np.arange(h)[:, None, None] * nk + tiles),
-        setup.block_q,
-        setup.block_kv,
-        out_itemsize or setup.itemsize,
-        writes_lse=writes_lse,
-    )
-
-
 def pad_sequence(x, multiple: int):
     """Pad axis 1 of [H, L, D] with zeros up to a multiple of ``multiple``."""
     length = x.shape[1]
@@ -404,44 +378,3 @@ def merge_partials(o1, lse1, o2, lse2):
     w2 = jnp.where(empty, 0.0, jnp.exp(lse2 - safe))
     out = w1 * o1.astype(jnp.float32) + w2 * o2.astype(jnp.float32)
     return out.astype(o1.dtype), lse
-
-
-@dataclass(frozen=True)
-class KernelWork:
-    """Hardware-independent work of one kernel call (all heads)."""
-
-    grid_steps: int  # grid points visited
-    computed_tiles: int  # steps that run the tile update
-    masked_tiles: int  # of those, steps that also evaluate a mask
-    executed_flops: float  # 4 * block_q * block_kv * D per computed tile
-    useful_flops: float  # 4 * allowed pairs * D
-    exps: float  # exponentials evaluated (block_q * block_kv per computed tile)
-
-    @property
-    def flop_ratio(self) -> float:
-        """executed / useful flops (1.0: no wasted work)."""
-        return self.executed_flops / self.useful_flops if self.useful_flops else math.inf
-
-    def as_dict(self) -> dict:
-        return {**dataclasses.asdict(self), "flop_ratio": self.flop_ratio}
-
-
-def work_from_counts(
-    layout: BlockLayout,
-    num_heads: int,
-    head_dim: int,
-    grid_steps: int,
-    computed_tiles: int,
-    masked_tiles: int,
-) -> KernelWork:
-    """KernelWork from tile counts (per-head counts of a shared layout are multiplied by H)."""
-    tile_pairs = layout.block_q * layout.block_kv
-    allowed = layout.allowed_pairs * (num_heads if layout.num_heads == 1 else 1)
-    return KernelWork(
-        grid_steps=int(grid_steps),
-        computed_tiles=int(computed_tiles),
-        masked_tiles=int(masked_tiles),
-        executed_flops=4.0 * computed_tiles * tile_pairs * head_dim,
-        useful_flops=4.0 * allowed * head_dim,
-        exps=float(computed_tiles) * tile_pairs,
-    )

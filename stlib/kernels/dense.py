@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
 
-from stlib.kernels import common
+from stlib.kernels import accounting, common
 from stlib.masks import DENSE_LIMIT, Mask, full
 from stlib.registry import Implementation, register
 
@@ -105,16 +105,16 @@ def dense_attention(
     return out[:, :length]
 
 
-def dense_work(layout, num_heads: int, head_dim: int) -> common.KernelWork:
+def dense_work(layout, num_heads: int, head_dim: int) -> accounting.KernelWork:
     """Every tile is visited and computed; with a mask every tile is masked."""
     nq, nk = layout.grid_shape
     steps = num_heads * nq * nk
     masked = steps if layout.density < 1.0 or layout.num_tokens % layout.block_kv else 0
-    return common.work_from_counts(layout, num_heads, head_dim, steps, steps, masked)
+    return accounting.work_from_counts(layout, num_heads, head_dim, steps, steps, masked)
 
 
 def _forward(q, k, v, mask, *, scale, block_q, block_kv, options: common.FlashOptions, interpret):
-    sizes, options = common.flash_blocks(q, block_q, block_kv, options, interpret)
+    sizes, options = common.flash_resolve(mask, q.shape[1], block_q, block_kv, options, interpret)
     return dense_attention(
         q, k, v, mask, scale=scale, block_sizes=sizes, interpret=interpret, exp2=options.exp2
     )
@@ -124,7 +124,7 @@ def dense_schedule_counts(setup, attribution):
     """Executions of each compiled path: every row initialises and finalises once; the compute
     sits unconditionally in the step; a kv tile is fetched at every step."""
     nq, nk = setup.layout.grid_shape
-    return common.row_grid_counts(setup, np.broadcast_to(np.arange(nk), (1, nq, nk)), {})
+    return accounting.row_grid_counts(setup, np.broadcast_to(np.arange(nk), (1, nq, nk)), {})
 
 
 IMPLEMENTATION = register(
@@ -138,6 +138,8 @@ IMPLEMENTATION = register(
         compute_regions=lambda kernel, n: [],
         schedule_counts=dense_schedule_counts,
         chips=common.ALL_CHIPS,
+        resolve=common.flash_resolve,
+        tuned_candidates=common.TUNED_CANDIDATES,
     )
 )
 

@@ -33,9 +33,10 @@ from jax.experimental.pallas.ops.tpu import splash_attention as sa
 from stlib import masks as M
 from stlib._intmath import round_up
 from stlib.device import resolve_interpret
-from stlib.kernels.common import ALL_CHIPS, LANES, block_changes, work_from_counts
+from stlib.kernels.accounting import block_changes, work_from_counts
+from stlib.kernels.common import ALL_CHIPS, LANES
 from stlib.layout import TileKind, block_layout
-from stlib.registry import Implementation, ScheduleCounts, register
+from stlib.registry import Capabilities, Implementation, ScheduleCounts, register
 
 # Splash tiles are multiples of the 128-lane vector width (q, kv and the kv compute chunk).
 #: Default tiles: 512 queries x 1024 keys per grid step, scores computed 512 keys at a time.
@@ -45,6 +46,9 @@ from stlib.registry import Implementation, ScheduleCounts, register
 DEFAULT_BLOCK_Q = 512
 DEFAULT_BLOCK_KV = 1024
 DEFAULT_BLOCK_KV_COMPUTE = 512
+#: The (block_q, block_kv) a tuned static estimate of Splash sweeps (block_kv_compute: 512 where it
+#: divides block_kv, as ``splash_blocks`` does).
+TUNED_CANDIDATES = ((512, 1024), (512, 2048), (1024, 1024), (1024, 2048), (2048, 2048))
 
 
 @dataclass(frozen=True)
@@ -138,14 +142,28 @@ def _lazy(mask: M.Mask, head: int, padded: int):
     return None
 
 
+def _no_lazy_form(mask: M.Mask, length: int) -> str:
+    return (
+        f"impl='splash' has no lazy Splash form for {mask!r} (only full, band and & / | of them "
+        f"have one), and a NumpyMask would materialise {length}^2 pairs per head: that is limited "
+        f"to L <= stlib.masks.DENSE_LIMIT = {M.DENSE_LIMIT}. Use another impl for this mask."
+    )
+
+
+def mask_support(mask: M.Mask) -> str | None:
+    """Why Splash cannot run ``mask`` (None: it can): no lazy Splash form above DENSE_LIMIT tokens."""
+    if mask.length <= M.DENSE_LIMIT:
+        return None
+    heads = [0] if mask.num_heads is None else range(mask.num_heads)
+    if all(_lazy(mask, h, mask.length) is not None for h in heads):
+        return None
+    return _no_lazy_form(mask, mask.length)
+
+
 def _dense(mask: M.Mask, head: int, length: int, padded: int) -> np.ndarray:
     """bool [Lp, Lp]: the stlib mask of one head, padding rows and columns all False."""
     if length > M.DENSE_LIMIT:
-        raise ValueError(
-            f"impl='splash' has no lazy Splash form for {mask!r} (only full, band and & / | of them "
-            f"have one), and a NumpyMask would materialise {length}^2 pairs per head: that is limited "
-            f"to L <= stlib.masks.DENSE_LIMIT = {M.DENSE_LIMIT}. Use another impl for this mask."
-        )
+        raise ValueError(_no_lazy_form(mask, length))
     out = np.zeros((padded, padded), dtype=bool)
     out[:length, :length] = mask.block(0, length, 0, length, head)
     return out
@@ -293,5 +311,12 @@ IMPLEMENTATION = register(
         compute_regions=lambda kernel, n: ["compute"],
         schedule_counts=splash_schedule_counts,
         chips=ALL_CHIPS,
+        resolve=lambda mask, length, block_q, block_kv, options, interpret: (
+            splash_blocks(length, block_q, block_kv),
+            options,
+        ),
+        capabilities=Capabilities(shared_kv_heads=True, head_dim_v=True, mask_support=mask_support),
+        tuned_candidates=TUNED_CANDIDATES,
+        baseline=True,
     )
 )

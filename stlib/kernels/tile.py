@@ -18,6 +18,7 @@ approximate. Each computed step costs 4 * block_q * block_kv * D flops.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass
 
@@ -27,10 +28,12 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from stlib.kernels import common
+from stlib.kernels import accounting, common
 from stlib.layout import BlockLayout, TileKind, block_layout, flat_steps, row_tables
 from stlib.masks import Mask, PermutedMask, full
 from stlib.registry import Implementation, ScheduleCounts, register
+
+NAME = "pallas_tile"
 
 
 class GridForm(enum.StrEnum):
@@ -397,13 +400,33 @@ def tile_work(layout: BlockLayout, num_heads: int, head_dim: int, options: TileO
             steps += num_heads * p.selected.shape[1] * row_tables(p.selected)[0].shape[2]
         else:
             steps += mult * int(flat_steps(p.selected)["step_q"].shape[0])
-    return common.work_from_counts(layout, num_heads, head_dim, steps, computed, masked)
+    return accounting.work_from_counts(layout, num_heads, head_dim, steps, computed, masked)
 
 
 def _forward(q, k, v, mask: Mask | None, *, scale, block_q, block_kv, options: TileOptions, interpret):
-    sizes, options = common.flash_blocks(q, block_q, block_kv, options, interpret)
+    sizes, options = common.flash_resolve(mask, q.shape[1], block_q, block_kv, options, interpret)
     layout = block_layout(mask if mask is not None else full(q.shape[1]), sizes.block_q, sizes.block_kv)
     return tile_attention(q, k, v, layout, scale=scale, interpret=interpret, options=options)
+
+
+def run_plan(q, k, v, plan, *, scale, options, interpret):
+    """pallas_tile on a routed plan's layout (``stlib.routing.SvgPlan``), with the plan's boundary
+    policy: reorder per head, run, restore. Raises ValueError for an explicit, different boundary."""
+    opts = IMPLEMENTATION.options(options)
+    explicit = (
+        options.get("boundary")
+        if isinstance(options, dict)
+        else (None if options is None or opts.boundary == TileOptions().boundary else opts.boundary)
+    )
+    if explicit is not None and BoundaryPolicy(explicit) != plan.boundary:
+        raise ValueError(f"options boundary={explicit!r} differs from the plan's {plan.boundary.value!r}")
+    opts = dataclasses.replace(opts, boundary=plan.boundary)
+    return plan.in_order(
+        q,
+        k,
+        v,
+        lambda *qkv: tile_attention(*qkv, plan.layout, scale=scale, options=opts, interpret=interpret),
+    )
 
 
 def _pass_of(kernel: str) -> PassKind:
@@ -433,7 +456,7 @@ def tile_schedule_counts(setup, attribution) -> ScheduleCounts:
     if options.form == GridForm.ROWS:
         tiles, row_counts = row_tables(selected)
         paths = {name: int(row_counts.sum()) * mult}
-        return common.row_grid_counts(setup, tiles, paths, out_itemsize=out_item, writes_lse=True)
+        return accounting.row_grid_counts(setup, tiles, paths, out_itemsize=out_item, writes_lse=True)
     flat = flat_steps(selected)
     groups = np.arange(mult)[:, None]
     kv = (groups + flat["step_head"]) * nk + flat["step_kv"]
@@ -443,8 +466,8 @@ def tile_schedule_counts(setup, attribution) -> ScheduleCounts:
     return ScheduleCounts(
         counts,
         flat["step_q"].size * mult,
-        common.block_changes(q),
-        common.block_changes(kv),
+        accounting.block_changes(q),
+        accounting.block_changes(kv),
         setup.block_q,
         setup.block_kv,
         out_item,
@@ -454,7 +477,7 @@ def tile_schedule_counts(setup, attribution) -> ScheduleCounts:
 
 IMPLEMENTATION = register(
     Implementation(
-        name="pallas_tile",
+        name=NAME,
         forward=_forward,
         description="tile-aligned sparse kernel: a grid over non-empty tiles only, mask-free main pass",
         options_type=TileOptions,
@@ -463,6 +486,9 @@ IMPLEMENTATION = register(
         compute_regions=_compute_regions,
         schedule_counts=tile_schedule_counts,
         chips=common.ALL_CHIPS,
+        resolve=common.flash_resolve,
+        tuned_candidates=common.TUNED_CANDIDATES,
+        plan_runner=run_plan,
         variants={"rows": {"form": "rows"}, "flat": {"form": "flat"}, "balanced": {"boundary": "balanced"}},
     )
 )

@@ -2,9 +2,9 @@
 
 ``base`` holds the mask protocol (``allowed``, ``block``, ``key_intervals``, value equality,
 ``children``), ``&`` / ``|`` and permuted views; ``sequence`` the plain sequence masks (full, band, causal,
-explicit arrays, per-head); ``video`` the masks on a (T, Y, X) grid; ``catalogue`` the named
-case-study masks. Every name is re-exported here: ``from stlib.masks import X`` and
-``stlib.masks.X`` are the import paths the rest of the library uses.
+explicit arrays, per-head); ``video`` the masks on a (T, Y, X) grid; ``svg`` the masks of a Sparse
+VideoGen plan; ``catalogue`` the named case-study masks. Every name is re-exported here:
+``from stlib.masks import X`` and ``stlib.masks.X`` are the import paths the rest of the library uses.
 """
 
 from stlib.masks.base import (
@@ -31,6 +31,7 @@ from stlib.masks.sequence import (
     full,
     per_head,
 )
+from stlib.masks.svg import KeptTilesMask, TokenMajorPrefixMask
 from stlib.masks.video import (
     FirstFrameMask,
     FrameCausalMask,
@@ -66,6 +67,7 @@ __all__ = [
     "FrameWindowMask",
     "FullMask",
     "GlobalTokensMask",
+    "KeptTilesMask",
     "Mask",
     "MultiHeadMask",
     "NeighborhoodMask",
@@ -74,6 +76,7 @@ __all__ = [
     "SlidingTileMask",
     "SpatialNeighbourMask",
     "TokenMajorBandMask",
+    "TokenMajorPrefixMask",
     "VideoMask",
     "band",
     "band_width_for_density",

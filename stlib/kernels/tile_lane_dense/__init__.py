@@ -19,7 +19,7 @@ import dataclasses
 from stlib._intmath import round_up
 from stlib.device import LANES, current_chip, resolve_interpret
 from stlib.geometry import tile_rows
-from stlib.kernels import common
+from stlib.kernels import accounting, common, tuned
 from stlib.kernels.tile_lane_dense.kernel import (
     KERNEL_PREFIX,
     NAME,
@@ -54,6 +54,9 @@ __all__ = [
     "KERNEL_PREFIX",
     "MAX_PATTERNS",
     "NAME",
+    "ROWS_FROM",
+    "SLIDING_TILE_ROW",
+    "SWEEP_CANDIDATES",
     "TILED_ROWS",
     "VMEM_SHARE",
     "LaneDenseOptions",
@@ -75,22 +78,46 @@ __all__ = [
 ]
 
 
+#: The block sweep's winners per chip (``python -m stlib.bench.block_sweep``, records in
+#: data/tile_block_sweep.jsonl), read from the package data ``stlib/kernels/tuned/NAME.json``.
+_TUNED = tuned.load(NAME).get("chips", {})
 #: Default blocks per chip: the candidate with the fewest static cycles on dense and band 0.25
-#: together in the block sweep (``python -m stlib.bench.block_sweep``, records in
-#: data/tile_block_sweep.jsonl, ``block_sweep.winners``); a test holds these to the records.
+#: together; a chip without a sweep takes the chip table's defaults.
 DEFAULT_BLOCKS: dict[str, common.BlockSizes] = {
-    "v5e": common.BlockSizes(1024, 2048, 512),
-    "v6e": common.BlockSizes(2560, 2560, 512),
-    # TPU7x: the best on dense and band together of the candidates its partial sweep ran on both
-    # (512x1024, 1024x2048, 2048x2048; the larger ones and Splash still to run)
-    "tpu7x": common.BlockSizes(2048, 2048, 512),
+    chip: common.BlockSizes(*won["blocks"]) for chip, won in _TUNED.items() if "blocks" in won
 }
-
 #: Rows of 3-D tiles per (q block, kv block) for a mask in a padded 3-D tiled order (a row: the tiles
 #: along x, e.g. 5 x 384 = 1,920 tokens for 3x8x16 tiles of Wan 720p), per chip: the sweep's
-#: sliding-tile winner (two rows of queries against one row of keys on v5e and v6e; TPU7x takes
-#: theirs, its sliding-tile candidates not yet swept).
-TILED_ROWS: dict[str, tuple[int, int]] = {"v5e": (2, 1), "v6e": (2, 1), "tpu7x": (2, 1)}
+#: sliding-tile winner. A chip whose sliding tile was not swept takes the rows of ``ROWS_FROM``'s.
+TILED_ROWS: dict[str, tuple[int, int]] = {
+    chip: tuple(won["tiled_rows"]) for chip, won in _TUNED.items() if "tiled_rows" in won
+}
+ROWS_FROM = "v6e"
+
+
+#: Tokens in one row of the case study's 3x8x16 tiles (five tiles along x): the sliding tile's unit.
+SLIDING_TILE_ROW = 5 * 384
+_SQUARE_BLOCKS = (
+    (512, 1024, 512),
+    (1024, 2048, 512),
+    (2048, 2048, 512),
+    (2048, 2560, 512),
+    (2560, 2560, 512),
+    (2048, 4096, 1024),
+)
+#: The block sweep's candidates (block_q, block_kv, block_kv_compute) per mask family
+#: (``stlib.bench.block_sweep``). The sliding tile's blocks hold whole 3x8x16 tiles (384 tokens): one
+#: tile, a row of five (1,920 tokens, run as pattern steps at the grain of one tile), or two rows.
+SWEEP_CANDIDATES = {
+    "dense": _SQUARE_BLOCKS,
+    "band 0.25": _SQUARE_BLOCKS,
+    "sliding tile": (
+        (384, 384, 384),
+        (SLIDING_TILE_ROW, SLIDING_TILE_ROW, 384),
+        (2 * SLIDING_TILE_ROW, SLIDING_TILE_ROW, 384),
+        (SLIDING_TILE_ROW, 2 * SLIDING_TILE_ROW, 384),
+    ),
+}
 
 
 def tiled_blocks(mask: Mask | None, chip: str | None) -> common.BlockSizes | None:
@@ -100,7 +127,7 @@ def tiled_blocks(mask: Mask | None, chip: str | None) -> common.BlockSizes | Non
     if rows is None or (rows[0] * rows[1]) % LANES:
         return None
     volume, per_row = rows
-    rows_q, rows_kv = TILED_ROWS[chip or "v6e"]
+    rows_q, rows_kv = TILED_ROWS.get(chip or "v6e") or TILED_ROWS.get(ROWS_FROM, (1, 1))
     bkv = rows_kv * volume * per_row
     return common.BlockSizes(rows_q * volume * per_row, bkv, volume if volume % LANES == 0 else None)
 
@@ -137,6 +164,20 @@ def _forward(q, k, v, mask: Mask | None, *, scale, block_q, block_kv, options: L
     return lane_dense_attention(q, k, v, layout, scale=scale, options=options, interpret=interpret)
 
 
+def run_plan(q, k, v, plan, *, scale, options, interpret):
+    """pallas_tile_lane_dense on a routed plan's kernel layout (``stlib.routing.SvgPlan``; rounded
+    tiles as FULL tiles): reorder per head, run, restore."""
+    opts = IMPLEMENTATION.options(options)
+    return plan.in_order(
+        q,
+        k,
+        v,
+        lambda *qkv: lane_dense_attention(
+            *qkv, plan.kernel_layout, scale=scale, options=opts, interpret=interpret
+        ),
+    )
+
+
 def _plan(layout: BlockLayout, options) -> StepPlan:
     """The step plan of ``layout`` under ``options`` (a LaneDenseOptions, a dict of its fields, None)."""
     if not isinstance(options, LaneDenseOptions):
@@ -144,7 +185,9 @@ def _plan(layout: BlockLayout, options) -> StepPlan:
     return plan_steps(layout, layout.length, options.pattern_grain)
 
 
-def lane_dense_work(layout: BlockLayout, num_heads: int, head_dim: int, options=None) -> common.KernelWork:
+def lane_dense_work(
+    layout: BlockLayout, num_heads: int, head_dim: int, options=None
+) -> accounting.KernelWork:
     """Grid steps, flops and exps of ``lane_dense_attention`` for this layout."""
     steps = _plan(layout, options)
     codes = steps.codes
@@ -158,7 +201,7 @@ def lane_dense_work(layout: BlockLayout, num_heads: int, head_dim: int, options=
     )
     widest = max(int((codes >= 0).sum(axis=2).max()) if codes.size else 0, 1)
     allowed = layout.allowed_pairs * mult
-    return common.KernelWork(
+    return accounting.KernelWork(
         grid_steps=num_heads * codes.shape[1] * widest,
         computed_tiles=computed,
         masked_tiles=computed - plain * mult,
@@ -185,7 +228,7 @@ def lane_dense_schedule_counts(setup, attribution) -> ScheduleCounts:
         raise ValueError(f"{attribution.kernel!r}: the layout's step kinds make kernel {name!r}")
     entries, _ = steps.tables()
     paths = {region_name(code): int((steps.codes == code).sum()) * mult for code in steps.present}
-    return common.row_grid_counts(setup, entries >> CODE_BITS, paths)
+    return accounting.row_grid_counts(setup, entries >> CODE_BITS, paths)
 
 
 IMPLEMENTATION = register(
@@ -202,7 +245,9 @@ IMPLEMENTATION = register(
         compute_regions=_compute_regions,
         schedule_counts=lane_dense_schedule_counts,
         chips=common.ALL_CHIPS,
-        blocks=DEFAULT_BLOCKS,
-        resolve_blocks=resolve_blocks,
+        resolve=resolve_blocks,
+        tuned_candidates=common.TUNED_CANDIDATES,
+        sweep_candidates=SWEEP_CANDIDATES,
+        plan_runner=run_plan,
     )
 )

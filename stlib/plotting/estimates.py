@@ -1,0 +1,129 @@
+"""Figures of static estimates (hatched: estimates, not measurements): estimated speed-ups next to
+their ideal bound, and estimates against published kernel times."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+import seaborn as sns
+from matplotlib.patches import Patch
+
+from stlib.plotting.common import ESTIMATE_HATCH, PALETTE
+
+
+def estimate_speedups(rows: list[dict], title: str):
+    """Static speed-up estimates over a dense baseline (hatched: estimates, not measurements) next
+    to each one's ideal bound 1 / density. ``rows``: ``{"label", "speedup", "ideal"}``."""
+    fig, ax = plt.subplots(figsize=(8.2, 0.45 * max(len(rows), 4) + 1.6), constrained_layout=True)
+    y = np.arange(len(rows))
+    bars = ax.barh(
+        y,
+        [r["speedup"] for r in rows],
+        color="white",
+        edgecolor=PALETTE[0],
+        hatch=ESTIMATE_HATCH,
+        label="static v6e estimate (not a measurement)",
+    )
+    for bar, row in zip(bars, rows):  # the value right of both the bar and the ideal mark
+        ax.text(
+            max(row["speedup"], row["ideal"]),
+            bar.get_y() + bar.get_height() / 2,
+            f"  {row['speedup']:.2f}x",
+            va="center",
+            fontsize=8,
+        )
+    ax.plot([r["ideal"] for r in rows], y, "k|", markersize=16, mew=2, label="ideal 1 / density")
+    ax.axvline(1.0, color="grey", lw=0.8)
+    ax.set_yticks(y, [r["label"] for r in rows])
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1.2 * max(max(r["speedup"], r["ideal"]) for r in rows))
+    ax.set(xlabel="speed-up over dense Splash", title=title)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2)
+    return fig
+
+
+def _tokens(length: int) -> str:
+    return f"{length // 1024}K" if length % 1024 == 0 else f"{length:,}"
+
+
+def estimate_vs_published(rows: list[dict], title: str):
+    """Static estimates against published kernel times. Left: estimate (y) vs published (x),
+    log-log, the diagonal a perfect prediction and the band +-25%; right: the estimate's error in
+    percent vs the published time, each held-out point labelled with its token count. Colour: chip;
+    marker: calibration point (star), held out with a kv head per q head (circle) or with shared kv
+    heads (square). ``rows``: records of ``stlib.analysis.published.table`` or ``load_predictions``;
+    rows without ``estimate_ms`` are counted in the title, not drawn."""
+    from stlib.device import CHIPS
+
+    shown = [r for r in rows if r.get("estimate_ms")]
+    fig, (ax, ax_err) = plt.subplots(1, 2, figsize=(12.5, 5.4), constrained_layout=True)
+    chips = [c for c in CHIPS if any(r["chip"] == c for r in shown)]
+    colors = dict(zip(chips, sns.color_palette("colorblind", len(chips))))
+
+    def marker(r: dict) -> str:
+        if r["calibration"]:
+            return "*"
+        return "s" if r.get("num_kv_heads", r["num_heads"]) < r["num_heads"] else "o"
+
+    for r in shown:
+        style = {
+            "s": 170 if r["calibration"] else 46,
+            "color": colors[r["chip"]],
+            "marker": marker(r),
+            "edgecolor": "black",
+            "linewidth": 0.6,
+            "zorder": 3,
+        }
+        ax.scatter(r["published_ms"], r["estimate_ms"], **style)
+        ax_err.scatter(r["published_ms"], r["error_pct"], **style)
+        if not r["calibration"]:  # shared-kv points labelled on the right, the others on the left
+            right = marker(r) == "s"
+            ax_err.annotate(
+                _tokens(r["length"]),
+                (r["published_ms"], r["error_pct"]),
+                xytext=(6 if right else -6, 0),
+                textcoords="offset points",
+                ha="left" if right else "right",
+                va="center",
+                fontsize=7,
+                color="0.25",
+            )
+    values = [v for r in shown for v in (r["published_ms"], r["estimate_ms"])] or [1.0, 10.0]
+    lo, hi = min(values) / 1.6, max(values) * 1.6
+    ax.plot([lo, hi], [lo, hi], color="0.3", linewidth=1)
+    ax.fill_between([lo, hi], [lo * 0.75, hi * 0.75], [lo * 1.25, hi * 1.25], color="0.88", zorder=0)
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlim=(lo, hi),
+        ylim=(lo, hi),
+        xlabel="published kernel time (ms)",
+        ylabel="static estimate (ms, not a measurement)",
+        title="estimate vs published (log-log)",
+    )
+    errors = [r["error_pct"] for r in shown] or [0.0]
+    span = max(30.0, max(abs(e) for e in errors) * 1.25)
+    ax_err.axhline(0, color="0.3", linewidth=1)
+    ax_err.axhspan(-25, 25, color="0.88", zorder=0)
+    ax_err.set(
+        xscale="log",
+        xlim=(lo, hi),
+        ylim=(-span, span),
+        xlabel="published kernel time (ms)",
+        ylabel="error of the estimate (%)",
+        title="error: (estimate / published - 1), labels: tokens",
+    )
+    handles = [Patch(color=colors[c], label=c) for c in chips]
+    handles += [
+        plt.Line2D([], [], marker="*", linestyle="", color="0.4", markersize=12, label="calibration point"),
+        plt.Line2D([], [], marker="o", linestyle="", color="0.4", label="held out, q heads = kv heads"),
+        plt.Line2D([], [], marker="s", linestyle="", color="0.4", label="held out, shared kv heads"),
+        Patch(color="0.88", label="within 25%"),
+    ]
+    ax.legend(handles=handles, loc="upper left", fontsize=8)
+    held, missing = sum(1 for r in shown if not r["calibration"]), len(rows) - len(shown)
+    counts = f"{len(shown) - held} calibration points, {held} held out"
+    if missing:
+        counts += f"; {missing} published row{'' if missing == 1 else 's'} without an estimate (not drawn)"
+    fig.suptitle(f"{title}\n{counts}")
+    return fig

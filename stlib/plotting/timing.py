@@ -1,0 +1,154 @@
+"""Figures of measured times: latency bars (with the published and estimated times in a panel of their
+own), speed-up against density, timing lines and bars of named or relative values."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from stlib.plotting.common import ESTIMATE_HATCH, PALETTE, color_of, where_measured
+
+
+def latency_bars(
+    records: list[dict], title: str, published: dict | None = None, estimates: list[dict] | None = None
+):
+    """Median latency per label with min-max whiskers; the published v6e bars and hatched static
+    estimates (``{"label", "ms"}``) in a panel of their own, never on the same axis as CPU times."""
+    panels = 1 + (published is not None or bool(estimates))
+    fig, axes = plt.subplots(
+        1,
+        panels,
+        figsize=(6.2 * panels, 0.42 * max(len(records), 4) + 1.6),
+        constrained_layout=True,
+        squeeze=False,
+    )
+    ax = axes[0, 0]
+    labels = [r["label"] for r in records]
+    colors = color_of(labels)
+    y = np.arange(len(records))
+    med = np.array([r["median_ms"] for r in records])
+    err = np.array([[r["median_ms"] - r["min_ms"], r["max_ms"] - r["median_ms"]] for r in records]).T
+    ax.barh(y, med, xerr=err, color=[colors[lab] for lab in labels], capsize=2)
+    ax.set_yticks(y, labels)
+    ax.invert_yaxis()
+    ax.set(xlabel="median latency (ms)", title=f"measured: {where_measured(records[0])}")
+    if panels == 2:
+        ax2 = axes[0, 1]
+        rows = []
+        if published:
+            rows += [
+                ("published: dense Splash", published["dense_splash_ms"], False),
+                ("published: tile-aligned sparse", published["tile_aligned_sparse_ms"], False),
+            ]
+        rows += [(f"estimate: {e['label']}", e["ms"], True) for e in (estimates or [])]
+        y2 = np.arange(len(rows))
+        bars = ax2.barh(y2, [r[1] for r in rows], color=[PALETTE[7] if r[2] else PALETTE[3] for r in rows])
+        for bar, row in zip(bars, rows):
+            if row[2]:
+                bar.set_hatch(ESTIMATE_HATCH)
+                bar.set_facecolor("white")
+                bar.set_edgecolor(PALETTE[7])
+            ax2.text(
+                bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {row[1]:.2f}", va="center", fontsize=8
+            )
+        ax2.set_yticks(y2, [r[0] for r in rows])
+        ax2.invert_yaxis()
+        ax2.set(
+            xlabel="latency (ms)",
+            title="one TPU v6e, 75,600 tokens x 10 heads x 128"
+            + ("\n(hatched: static estimate, not a measurement)" if estimates else ""),
+        )
+    fig.suptitle(title, fontsize=11)
+    return fig
+
+
+def speedup_vs_density(
+    records: list[dict], baseline_ms: float, title: str, ax=None, legend_outside: bool = False
+):
+    """Speed-up over a dense baseline against density, one line per label, with the ideal 1/density.
+    ``legend_outside``: the legend to the right of the axes (for many lines)."""
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(9.6 if legend_outside else 6.8, 4.6), constrained_layout=True)
+    else:
+        fig = ax.figure
+    labels = list(dict.fromkeys(r["label"] for r in records))
+    colors = color_of(labels)
+    for label in labels:
+        rows = sorted((r for r in records if r["label"] == label), key=lambda r: r["density"])
+        ax.plot(
+            [r["density"] for r in rows],
+            [baseline_ms / r["median_ms"] for r in rows],
+            "o-",
+            label=label,
+            color=colors[label],
+        )
+    grid = np.linspace(min(r["density"] for r in records) * 0.9, 1.0, 100)
+    ax.plot(grid, 1 / grid, "k--", lw=1, label="ideal 1 / density")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set(xlabel="density (allowed pairs / L²)", ylabel="speed-up over dense", yscale="log", title=title)
+    if legend_outside:
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
+    else:
+        ax.legend(fontsize=8)
+    return fig
+
+
+def timing_lines(
+    series: dict[str, list[tuple[float, float]]], title: str, xlabel: str, ylabel: str = "median time (ms)"
+):
+    """One line per series of (x, y) points."""
+    fig, ax = plt.subplots(figsize=(6.8, 4.4), constrained_layout=True)
+    for i, (name, points) in enumerate(series.items()):
+        xs, ys = zip(*sorted(points))
+        ax.plot(xs, ys, "o-", color=PALETTE[i % len(PALETTE)], label=name)
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def named_bars(values: dict[str, float], title: str, xlabel: str, sort: bool = True):
+    """One horizontal bar per name (sorted by value)."""
+    names = sorted(values, key=values.get) if sort else list(values)
+    fig, ax = plt.subplots(figsize=(7.5, 0.34 * len(names) + 1.4), constrained_layout=True)
+    bars = ax.barh(np.arange(len(names)), [values[n] for n in names], color=PALETTE[0])
+    for bar, name in zip(bars, names):
+        ax.text(
+            bar.get_width(),
+            bar.get_y() + bar.get_height() / 2,
+            f" {values[name]:.3f}",
+            va="center",
+            fontsize=8,
+        )
+    ax.set_yticks(np.arange(len(names)), names, fontsize=8)
+    ax.set(xlabel=xlabel, title=title)
+    return fig
+
+
+def relative_bars(
+    rows: dict[str, dict[str, float]], baseline: str, title: str, xlabel: str = "relative to the baseline"
+):
+    """Grouped horizontal bars: for each metric (e.g. allowed pairs, tiles computed, measured time),
+    each row's value over the ``baseline`` row's, annotated with the value itself. ``rows``:
+    ``{row label: {metric label: value}}``, every row with the same metrics."""
+    labels = list(rows)
+    metrics = list(rows[baseline])
+    fig, ax = plt.subplots(figsize=(8.8, 0.5 * len(metrics) * len(labels) + 1.8), constrained_layout=True)
+    height = 0.8 / len(labels)
+    for i, label in enumerate(labels):
+        y = np.arange(len(metrics)) - 0.4 + height * (i + 0.5)
+        ratios = [rows[label][m] / rows[baseline][m] for m in metrics]
+        bars = ax.barh(y, ratios, height * 0.92, color=PALETTE[i % len(PALETTE)], label=label)
+        for bar, ratio in zip(bars, ratios):
+            ax.text(
+                bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {ratio:.2f}x", va="center", fontsize=8
+            )
+    ax.axvline(1.0, color="grey", lw=0.8)
+    ax.set_yticks(np.arange(len(metrics)), metrics)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1.25 * max(rows[lab][m] / rows[baseline][m] for lab in labels for m in metrics))
+    ax.set(xlabel=xlabel, title=title)
+    ax.legend(
+        fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.08 - 0.3 / len(metrics)), ncol=len(labels)
+    )
+    return fig
