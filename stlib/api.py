@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from stlib._checks import check_positive_int
 from stlib.geometry import TokenOrder, VideoGrid, apply_orders, restore_orders
 from stlib.masks import Mask, per_head
-from stlib.registry import IMPLEMENTATIONS, get, register
+from stlib.registry import DEFAULT_IMPL, IMPLEMENTATIONS, get, register
 
 
 def _check_block(name: str, value, multiple: int = 8) -> int | None:
@@ -73,7 +73,7 @@ def attention(
     v,
     mask: Mask | None = None,
     *,
-    impl: str = "reference",
+    impl: str = DEFAULT_IMPL,
     scale: float | None = None,
     block_q: int | None = None,
     block_kv: int | None = None,
@@ -124,7 +124,7 @@ def video_attention(
     grid: VideoGrid,
     mask: Mask | None = None,
     *,
-    impl: str = "reference",
+    impl: str = DEFAULT_IMPL,
     orders=None,
     plan=None,
     **kwargs,

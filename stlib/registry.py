@@ -189,6 +189,8 @@ class Implementation:
 
 
 IMPLEMENTATIONS: dict[str, Implementation] = {}
+#: What ``stlib.attention`` runs when no ``impl`` is named: the plain reference.
+DEFAULT_IMPL = "reference"
 
 
 def register(implementation: Implementation) -> Implementation:
@@ -233,6 +235,7 @@ def owner_of_kernel(kernel: str) -> Implementation | None:
 
 
 __all__ = [
+    "DEFAULT_IMPL",
     "IMPLEMENTATIONS",
     "Capabilities",
     "Config",

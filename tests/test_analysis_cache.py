@@ -1,6 +1,6 @@
-"""The estimate cache key (stlib.analysis.cache): it follows every source that shapes an
-implementation's compiled kernels (the shared modules and the implementation's own module), whether
-masks is a module or a package, and nothing else: editing one kernel keeps the others' estimates."""
+"""The estimate cache key (stlib.analysis.cache): it follows every source that an implementation's
+compiled call imports inside stlib (its own module, the entry point, the named masks, transitively,
+lazy imports included) and nothing else: editing one kernel or a plot keeps the others' estimates."""
 
 from __future__ import annotations
 
@@ -13,48 +13,61 @@ def test_implementation_module_is_where_its_forward_lives():
     assert cache.implementation_module("pallas_tile_lane_dense") == "kernels/tile_lane_dense"
 
 
-def testsource_hash_follows_the_kernel_sources(monkeypatch, tmp_path):
+def fake_tree(root):
+    """A small stlib: two kernels sharing common plumbing, an entry point, masks, a plot."""
+    files = {
+        "__init__.py": "from stlib import api, kernels\n",
+        "_intmath.py": "",
+        "api.py": "from stlib.registry import get\n",
+        "registry.py": "",
+        "plotting.py": "from stlib import api\n",
+        "kernels/__init__.py": "from stlib.kernels import splash, tile\n",
+        "kernels/common.py": "def f():\n    from stlib._intmath import cdiv\n",  # a lazy import
+        "kernels/tile.py": "from stlib.kernels import common\nfrom stlib.masks import Mask\n",
+        "kernels/splash.py": "from . import common\n",
+        "masks/__init__.py": "from stlib.masks.base import Mask\n",
+        "masks/base.py": "",
+        "masks/catalogue.py": "from stlib import configs\n",
+        "configs.py": "",
+    }
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+
+
+def test_source_hash_follows_what_the_call_imports(monkeypatch, tmp_path):
     root = tmp_path / "stlib"
-    for name in (
+    fake_tree(root)
+    monkeypatch.setattr(cache, "stlib_dir", lambda: root)
+    monkeypatch.setattr(cache, "implementation_module", lambda impl: f"kernels/{impl}")
+    files = {p.relative_to(root).as_posix() for p in cache.source_files("tile")}
+    assert files == {
+        "__init__.py",  # the package above every module: hashed, its own imports not followed
+        "_intmath.py",  # through common's lazy import
+        "api.py",
+        "registry.py",
+        "configs.py",
         "kernels/__init__.py",
         "kernels/common.py",
         "kernels/tile.py",
-        "kernels/splash.py",
-        "masks.py",
-        "layout.py",
-        "geometry.py",
-        "api.py",
-        "reference.py",
-        "device.py",
-        "plotting.py",
-        "analysis/estimate.py",
-    ):
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / name).write_text(f"# {name}\n")
-    monkeypatch.setattr(cache, "stlib_dir", lambda: root)
-    hashes = [cache.source_hash("pallas_tile")]
-    splash = cache.source_hash("splash")
-    assert splash != hashes[0]
-    for name in ("plotting.py", "analysis/estimate.py", "kernels/splash.py"):  # not pallas_tile's kernel
+        "masks/__init__.py",
+        "masks/base.py",
+        "masks/catalogue.py",
+    }
+    tile, splash = cache.source_hash("tile"), cache.source_hash("splash")
+    assert tile != splash
+    for name in ("plotting.py", "kernels/splash.py"):  # not what pallas_tile's call imports
         (root / name).write_text("# edited\n")
-        assert cache.source_hash("pallas_tile") == hashes[0], name
-    assert cache.source_hash("splash") != splash  # ... but splash's
-    for name in (
-        "kernels/tile.py",
-        "kernels/common.py",
-        "masks.py",
-        "layout.py",
-        "geometry.py",
-        "api.py",
-        "reference.py",
-        "device.py",
-    ):
-        (root / name).write_text("# edited\n")
-        hashes.append(cache.source_hash("pallas_tile"))
-    (root / "masks.py").unlink()  # masks becomes a package
-    (root / "masks").mkdir()
-    (root / "masks/__init__.py").write_text("# masks\n")
-    hashes.append(cache.source_hash("pallas_tile"))
-    (root / "masks/video.py").write_text("# video masks\n")
-    hashes.append(cache.source_hash("pallas_tile"))
+        assert cache.source_hash("tile") == tile, name
+    assert cache.source_hash("splash") != splash  # ... but splash's own module
+    hashes = [tile]
+    for name in ("_intmath.py", "kernels/common.py", "masks/base.py", "configs.py", "registry.py"):
+        (root / name).write_text((root / name).read_text() + "# edited\n")
+        hashes.append(cache.source_hash("tile"))
     assert len(set(hashes)) == len(hashes)
+
+
+def test_the_real_kernels_keys_leave_out_the_other_kernels_and_the_plots():
+    tile = {p.name for p in cache.source_files("pallas_tile")}
+    assert {"tile.py", "common.py", "_intmath.py", "_checks.py", "registry.py", "configs.py"} <= tile
+    assert not {"splash.py", "plotting.py", "routing.py", "block_sweep.py"} & tile

@@ -119,3 +119,47 @@ def test_every_pallas_kernel_takes_the_chip_defaults_off_a_tpu():
 
     for impl in registry.IMPLEMENTATIONS.values():
         assert set(tuned.load(impl.name).get("chips", {})) <= set(CHIP_TABLE), impl.name
+
+
+def test_one_baseline_and_every_pallas_kernel_has_its_block_rule_and_candidates():
+    assert registry.baseline().name == "splash"
+    with pytest.raises(ValueError, match="a baseline is already registered"):
+        registry.register(dataclasses.replace(registry.baseline(), name="another_baseline"))
+    for impl in registry.tpu_kernels():
+        assert impl.resolve is not None and impl.tuned_candidates, impl.name
+        assert all(bq % 8 == 0 and bkv % 128 == 0 for bq, bkv in impl.tuned_candidates), impl.name
+    assert registry.get("reference").config(None, 300) == registry.Config(
+        None, None, None, registry.NoOptions()
+    )
+
+
+def test_config_is_the_one_block_rule_the_kernel_runs():
+    tile = registry.get("pallas_tile")
+    explicit = tile.config(None, 300, 32, 128, {"block_kv_compute": 128}, interpret=True)
+    assert (explicit.block_q, explicit.block_kv, explicit.block_kv_compute) == (32, 128, 128)
+    assert explicit.options == TileOptions(block_kv_compute=128)
+    compiled = tile.config(None, 75_600, interpret=False)  # compiled for a TPU from a CPU: v6e's table row
+    assert (compiled.block_q, compiled.block_kv) == (512, 1024)
+    small = tile.config(None, 300, interpret=True)  # interpret mode: small tiles, shrunk to the sequence
+    assert small.block_q <= 304 and small.block_kv <= 384
+    with pytest.raises(ValueError, match="multiple of 8"):
+        tile.config(None, 300, 12, 128)
+
+
+def test_supports_says_why_not():
+    splash, tile = registry.get("splash"), registry.get("pallas_tile")
+    assert splash.supports(shared_kv_heads=True, head_dim_v=True)
+    assert "as many k / v heads" in tile.unsupported(shared_kv_heads=True)
+    assert "head dim of q and k" in tile.unsupported(head_dim_v=True)
+    assert "does not compile for chip='v4'" in tile.unsupported(chip="v4")
+    with pytest.raises(ValueError, match="as many k / v heads"):
+        tile.check_supports(shared_kv_heads=True)
+    sta = masks.sliding_tile(stlib.CASE_STUDY.grid, (3, 8, 16), (3, 3, 3))
+    assert "no lazy Splash form" in splash.unsupported(mask=sta)  # above DENSE_LIMIT, no lazy form
+    assert splash.supports(mask=masks.band(75_600, 1000)) and tile.supports(mask=sta)
+
+
+def test_the_tile_kernels_run_routed_plans_the_others_run_the_plan_mask():
+    runners = {impl.name for impl in registry.IMPLEMENTATIONS.values() if impl.plan_runner is not None}
+    assert runners == {"pallas_tile", "pallas_tile_lane_dense"}
+    assert all(impl.backward is None for impl in registry.IMPLEMENTATIONS.values())  # the training issue

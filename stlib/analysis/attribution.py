@@ -8,7 +8,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from stlib.analysis.schedule import Schedule, ScheduleFormatError, _flat_cost
+from stlib.analysis.schedule import Schedule, ScheduleFormatError, flat_cost
 
 _BOUNDS = re.compile(r"iteration_bounds: \(([\d, ]+)\)")
 # an operand's memory space: "hbm", "vmem", ..., or "<no memory space>" (a one-element scalar-prefetch
@@ -89,7 +89,7 @@ def attribute(schedule: Schedule, impl: str, kernel: str) -> Attribution:
     labelled = [("init", c) for c in before] + list(zip(names, compute)) + [("finalise", c) for c in after]
 
     step = stage.size - sum(c.size for c in stage.children)
-    step += sum(c.trip * _flat_cost(c, "step") for c in stage.children if c.kind == "loop")
+    step += sum(c.trip * flat_cost(c, "step") for c in stage.children if c.kind == "loop")
     paths = {
         "call": len(schedule.bundles) - grid_loop.size,
         "iteration": grid_loop.size - stage.size,
@@ -101,7 +101,7 @@ def attribute(schedule: Schedule, impl: str, kernel: str) -> Attribution:
         "step": schedule.ops(stage.first, stage.last, tuple(conds)),
     }
     for name, node in labelled:
-        paths[name] = paths.get(name, 0) + _flat_cost(node, name)
+        paths[name] = paths.get(name, 0) + flat_cost(node, name)
         merged = ops.setdefault(name, {})
         for unit, n in schedule.ops(node.first, node.last).items():
             merged[unit] = merged.get(unit, 0) + n

@@ -4,7 +4,6 @@ on disk keyed by libtpu, JAX, the kernel sources and the call."""
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import hashlib
 import importlib.metadata
@@ -16,16 +15,17 @@ from pathlib import Path
 from stlib.analysis.attribution import attribute
 from stlib.analysis.dump import (
     KernelConfig,
-    _dump_files,
-    _read_hlo,
     check_libtpu,
     compile_with_dump,
+    dump_files,
     glue_bytes,
     kernel_layouts,
+    read_hlo,
     stlib_dir,
 )
 from stlib.analysis.schedule import ScheduleFormatError, parse_schedule
 from stlib.device import chip_spec
+from stlib.sources import module_sources
 
 #: Bumped when the attribution format or rules change (invalidates the cache). 2: operand layouts,
 #: laid-out glue bytes, per-chip branch forms. 3: TPU7x shadows with the folded empty delay bundle.
@@ -50,61 +50,11 @@ def implementation_module(impl: str) -> str:
     return module.removeprefix("stlib.").replace(".", "/")
 
 
-def _module_file(root: Path, module: str) -> Path | None:
-    """The source of an stlib module (``stlib.a.b``: ``a/b.py`` or ``a/b/__init__.py``), if any."""
-    parts = module.split(".")[1:]
-    for path in (root.joinpath(*parts).with_suffix(".py"), root.joinpath(*parts, "__init__.py")):
-        if parts and path.is_file() or not parts and path.name == "__init__.py" and path.is_file():
-            return path
-    return None
-
-
-def _imports(root: Path, module: str, path: Path) -> set[str]:
-    """The stlib modules ``path`` imports, at module level or inside functions: ``from pkg import
-    name`` counts as the submodule ``pkg.name`` where there is one, else as ``pkg`` itself."""
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join([*anchor, base] if base else anchor)
-            for alias in node.names:
-                sub = f"{base}.{alias.name}"
-                found.add(sub if _module_file(root, sub) is not None else base)
-    return {name for name in found if name == "stlib" or name.startswith("stlib.")}
-
-
-def module_sources(root: Path, modules) -> set[Path]:
-    """Every source file the stlib ``modules`` import, transitively (lazy imports included): each
-    module reached, plus the ``__init__`` of the packages above it as files only (their own imports
-    are followed only where a name is imported from the package itself)."""
-    seen: set[str] = set()
-    files: set[Path] = set()
-    todo = list(modules)
-    while todo:
-        module = todo.pop()
-        if module in seen:
-            continue
-        seen.add(module)
-        path = _module_file(root, module)
-        if path is None:
-            continue
-        files.add(path)
-        parts = module.split(".")
-        files |= {p for i in range(1, len(parts)) if (p := _module_file(root, ".".join(parts[:i])))}
-        todo += sorted(_imports(root, module, path) - seen)
-    return files
-
-
 def source_files(impl: str) -> set[Path]:
     """The sources that shape ``impl``'s compiled kernels: what its forward's module and
     ``CALL_MODULES`` import inside stlib, transitively."""
     module = "stlib." + implementation_module(impl).replace("/", ".")
-    return module_sources(stlib_dir(), (module, *CALL_MODULES))
+    return module_sources((module, *CALL_MODULES), stlib_dir())
 
 
 def source_hash(impl: str) -> str:
@@ -141,13 +91,13 @@ def compiled_attributions(
             config = dataclasses.replace(config, mask_file=os.path.join(dump, "mask.pkl"))
             Path(config.mask_file).write_bytes(mask_bytes)
         seconds = compile_with_dump(config, dump)
-        found = _dump_files(dump)
+        found = dump_files(dump)
         form = chip_spec(config.chip).schedule_form
         kernels = []
         for name, (text, analysis) in sorted(found.items()):
             attribution = attribute(parse_schedule(text, analysis, form), impl, name)
             kernels.append(dataclasses.asdict(attribution))
-        hlo = _read_hlo(dump)
+        hlo = read_hlo(dump)
         glue = glue_bytes(hlo)
         layouts = kernel_layouts(hlo)
     missing = sorted({k["kernel"] for k in kernels} - set(layouts))

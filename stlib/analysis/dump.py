@@ -24,6 +24,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from stlib import sources
 from stlib.analysis.schedule import PINNED_LIBTPU, ScheduleFormatError
 
 _ALLOCATION = re.compile(r"#allocation(\d+) \[shape = '[^']*', space=(\w+), size = (0x[0-9a-f]+)")
@@ -95,12 +96,14 @@ def _build_and_compile(config: KernelConfig) -> float:
     import jax
     import jax.numpy as jnp
 
-    import stlib
+    import stlib.kernels  # noqa: F401 - registers every implementation
     from stlib import registry
+    from stlib.api import attention
+    from stlib.configs import CASE_STUDY
     from stlib.device import compile_for_tpu
 
     mask = resolve_mask(config)
-    length = (config.length or stlib.CASE_STUDY.num_tokens) if mask is None else mask.length
+    length = (config.length or CASE_STUDY.num_tokens) if mask is None else mask.length
     dtype = jnp.dtype(config.dtype)
     kv_heads = config.num_kv_heads or config.num_heads
     dv = config.head_dim_v or config.head_dim
@@ -130,7 +133,7 @@ def _build_and_compile(config: KernelConfig) -> float:
     else:
 
         def fn(q, k, v):
-            return stlib.attention(
+            return attention(
                 q,
                 k,
                 v,
@@ -186,9 +189,7 @@ def parse_dump(directory: str) -> dict[str, dict[str, int]]:
 
 def stlib_dir() -> Path:
     """The directory of the ``stlib`` package (its parent is what puts ``stlib`` on sys.path)."""
-    import stlib
-
-    return Path(stlib.__file__).resolve().parent
+    return sources.ROOT
 
 
 def subprocess_env() -> dict:
@@ -242,7 +243,7 @@ def check_libtpu() -> str:
     return version
 
 
-def _dump_files(directory: str) -> dict[str, tuple[str, str]]:
+def dump_files(directory: str) -> dict[str, tuple[str, str]]:
     files: dict[str, dict[str, str]] = {}
     for name in os.listdir(directory):
         match = _STEP.match(name)
@@ -263,7 +264,7 @@ def _dump_files(directory: str) -> dict[str, tuple[str, str]]:
     return {k: (v["final_bundles"], v["schedule-analysis_final_bundles"]) for k, v in files.items()}
 
 
-def _read_hlo(directory: str) -> str:
+def read_hlo(directory: str) -> str:
     names = [n for n in os.listdir(directory) if n.endswith("-TLP-hlo.txt")]
     if len(names) != 1:
         raise ScheduleFormatError(f"expected one ...-TLP-hlo.txt in the dump, found {names}")

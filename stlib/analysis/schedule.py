@@ -309,12 +309,12 @@ def _nest(nodes: list[Node]) -> list[Node]:
     return roots
 
 
-def _flat_cost(node: Node, where: str) -> int:
+def flat_cost(node: Node, where: str) -> int:
     """Bundles to run ``node``'s range once, inner loops times their trips; a conditional region
     inside it cannot be attributed and raises."""
     total = node.size
     for child in node.children:
         if child.kind == "cond":
             raise ScheduleFormatError(f"unattributed branch at {child.branch:#x} inside the {where} region")
-        total += child.trip * _flat_cost(child, where) - child.size
+        total += child.trip * flat_cost(child, where) - child.size
     return total

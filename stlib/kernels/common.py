@@ -225,7 +225,7 @@ def iota_mask(plan: MaskPlan, q0, k0, shape, head):
     (``head``: the traced head index, used by per-head masks)."""
     rows = q0 + jax.lax.broadcasted_iota(jnp.int32, shape, 0)
     cols = k0 + jax.lax.broadcasted_iota(jnp.int32, shape, 1)
-    return plan.mask._allowed(rows, cols, head) & (cols < plan.length)
+    return plan.mask.mask_function(rows, cols, head) & (cols < plan.length)
 
 
 # --------------------------------------------------------------------------------------------

@@ -130,11 +130,11 @@ def _lazy(mask: M.Mask, head: int, padded: int):
         return sa.FullMask(shape)
     if isinstance(mask, M.CausalMask):  # pad keys lie right of every real query: masked already
         return sa.CausalMask(shape)
-    if isinstance(mask, (M.BandMask, M._VideoBand)):
+    if isinstance(mask, (M.BandMask, M.VideoBandMask)):
         return _Band(shape, mask.width)
     if isinstance(mask, M.MultiHeadMask):
         return _lazy(mask.head(head), 0, padded)
-    if isinstance(mask, M._Combined):
+    if isinstance(mask, M.CombinedMask):
         a, b = (_lazy(child, head, padded) for child in mask.children())
         if a is None or b is None:
             return None

@@ -10,13 +10,11 @@ VideoGen plan; ``catalogue`` the named case-study masks. Every name is re-export
 from stlib.masks.base import (
     DENSE_LIMIT,
     MAX_TRACED_HEAD_MASKS,
+    CombinedMask,
     CombineOp,
     Mask,
     PermutedMask,
 )
-from stlib.masks.base import _Combined as _Combined  # private names that other stlib modules use
-from stlib.masks.base import _HeadView as _HeadView
-from stlib.masks.base import _xp as _xp
 from stlib.masks.catalogue import case_study_masks
 from stlib.masks.sequence import (
     ArrayMask,
@@ -42,6 +40,7 @@ from stlib.masks.video import (
     SlidingTileMask,
     SpatialNeighbourMask,
     TokenMajorBandMask,
+    VideoBandMask,
     VideoMask,
     frame_causal,
     global_tokens,
@@ -53,7 +52,6 @@ from stlib.masks.video import (
     temporal,
     temporal_band,
 )
-from stlib.masks.video import _VideoBand as _VideoBand
 
 __all__ = [
     "DENSE_LIMIT",
@@ -62,6 +60,7 @@ __all__ = [
     "BandMask",
     "CausalMask",
     "CombineOp",
+    "CombinedMask",
     "FirstFrameMask",
     "FrameCausalMask",
     "FrameWindowMask",
@@ -77,6 +76,7 @@ __all__ = [
     "SpatialNeighbourMask",
     "TokenMajorBandMask",
     "TokenMajorPrefixMask",
+    "VideoBandMask",
     "VideoMask",
     "band",
     "band_width_for_density",

@@ -2,8 +2,8 @@
 the ``&`` / ``|`` combinator, head views, permuted views and the interval helpers they use.
 
 A mask answers "may query i see key j" lazily, never as L x L, in three forms: ``allowed(q, k,
-head)``, a vectorised predicate on broadcastable integer index arrays (numpy, or jax arrays inside
-a kernel when ``mask.traceable``); ``block(q0, q1, k0, k1, head)``, one bool block; and
+head)``, a vectorised predicate on broadcastable integer index arrays (numpy, and inside a kernel
+``mask_function(q, k, head)`` on traced jax arrays when ``mask.traceable``); ``block(q0, q1, k0, k1, head)``, one bool block; and
 ``key_intervals(rows, head)``, the allowed keys of each query row as disjoint half-open intervals
 ``[start, end)`` of shape [n, K] each, from which layouts count allowed pairs per tile (layout.py).
 Masks compare and hash by value (``_key``: their parameters, and their children for composites),
@@ -26,7 +26,7 @@ MAX_TRACED_HEAD_MASKS = 4
 
 
 class CombineOp(enum.Enum):
-    """How ``_Combined`` joins its two masks: ``a & b`` or ``a | b``."""
+    """How ``CombinedMask`` joins its two masks: ``a & b`` or ``a | b``."""
 
     AND = "&"
     OR = "|"
@@ -81,6 +81,14 @@ class Mask:
                     )
         return self._allowed(q, k, head)
 
+    def mask_function(self, q, k, head):
+        """The predicate a kernel evaluates from indices (as Splash's ``mask_function``): bool array
+        broadcast from traced int32 index arrays ``q`` and ``k`` and a traced ``head``, no range
+        checks (indices past L are the kernel's to mask). Raises TypeError unless ``traceable``."""
+        if not self.traceable:
+            raise TypeError(f"{self!r} is not traceable: a kernel cannot evaluate it from indices")
+        return self._allowed(q, k, head)
+
     def _allowed(self, q, k, head):
         raise NotImplementedError
 
@@ -126,10 +134,10 @@ class Mask:
 
     # --- combinators ------------------------------------------------------------------------
     def __and__(self, other: Mask) -> Mask:
-        return _Combined(self, other, CombineOp.AND)
+        return CombinedMask(self, other, CombineOp.AND)
 
     def __or__(self, other: Mask) -> Mask:
-        return _Combined(self, other, CombineOp.OR)
+        return CombinedMask(self, other, CombineOp.OR)
 
     def permute(self, order: TokenOrder) -> Mask:
         """This mask seen in another token order (padding slots see and are seen by nothing)."""
@@ -183,7 +191,7 @@ def _merge_heads(a: Mask, b: Mask) -> int | None:
 # composites: combinations, head views, permuted views
 
 
-class _Combined(Mask):
+class CombinedMask(Mask):
     """``a & b`` or ``a | b`` (``op``), pair by pair and head by head."""
 
     def __init__(self, a: Mask, b: Mask, op: CombineOp):

@@ -13,7 +13,8 @@ from functools import cached_property
 import numpy as np
 
 from stlib._checks import check_fraction, check_positive_int
-from stlib.masks.base import MAX_TRACED_HEAD_MASKS, Mask, _xp
+from stlib._intmath import array_module as _xp
+from stlib.masks.base import MAX_TRACED_HEAD_MASKS, Mask
 
 
 class FullMask(Mask):

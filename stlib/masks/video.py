@@ -12,9 +12,10 @@ from __future__ import annotations
 import numpy as np
 
 from stlib._checks import check_bool_triple, check_positive_int, check_positive_triple
+from stlib._intmath import array_module as _xp
 from stlib._intmath import cdiv, div, floordiv, mod
 from stlib.geometry import VideoGrid
-from stlib.masks.base import Mask, _xp
+from stlib.masks.base import Mask
 from stlib.masks.sequence import BandMask, band_width_for_density
 
 
@@ -399,7 +400,7 @@ def spatial_band(
 ) -> Mask:
     """SVG spatial head in its TPU band form: |q - k| <= w in frame-major (raster) order, with
     w from ``density`` (``band_width_for_density``) or given as ``width``."""
-    return _with_anchor(_VideoBand(grid, _band_width(grid, density, width)), anchor)
+    return _with_anchor(VideoBandMask(grid, _band_width(grid, density, width)), anchor)
 
 
 def temporal_band(
@@ -411,7 +412,7 @@ def temporal_band(
     return _with_anchor(TokenMajorBandMask(grid, _band_width(grid, density, width)), anchor)
 
 
-class _VideoBand(VideoMask):
+class VideoBandMask(VideoMask):
     """A raster band that remembers its grid (so an anchor can be added)."""
 
     def __init__(self, grid, width):

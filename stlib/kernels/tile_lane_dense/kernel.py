@@ -302,7 +302,7 @@ def _build_kernel(
                         allowed = (mask_ref[pl.ds(c0, chunk), :] != 0) & (keys < length)
                     else:
                         queries = i * bq + jax.lax.broadcasted_iota(jnp.int32, (chunk, bq), 1)
-                        allowed = mask_plan.mask._allowed(queries, keys, h) & (keys < length)
+                        allowed = mask_plan.mask.mask_function(queries, keys, h) & (keys < length)
                     rows_ok = None
                     if tail:  # the last kv block runs past the array: its stale rows must not reach p.v
                         rows_ok = (
@@ -320,7 +320,7 @@ def _build_kernel(
                     if masked:  # a PARTIAL sub-tile: the mask on this sub-tile only
                         queries = i * bq + lane0 + jax.lax.broadcasted_iota(jnp.int32, (keys, lanes), 1)
                         key_ids = ki * bkv + k0 + jax.lax.broadcasted_iota(jnp.int32, (keys, lanes), 0)
-                        sub = layout.mask._allowed(queries, key_ids, h)
+                        sub = layout.mask.mask_function(queries, key_ids, h)
                         allowed = sub if allowed is None else sub & allowed
                     update(k0, keys, slice(lane0, lane0 + lanes), allowed=allowed)
 

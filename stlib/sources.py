@@ -1,0 +1,105 @@
+"""The import graph of stlib's own modules, read from their sources (never by importing them):
+what a module imports inside stlib, at module level or inside functions, and everything it reaches.
+The estimate cache keys on the sources a kernel reaches; the architecture test reads the graph for
+cycles."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+#: The stlib package directory.
+ROOT = Path(__file__).resolve().parent
+
+
+def module_file(module: str, root: Path = ROOT) -> Path | None:
+    """The source of an stlib module (``stlib.a.b``: ``a/b.py`` or ``a/b/__init__.py``), if any."""
+    parts = module.split(".")[1:]
+    for path in (
+        root.joinpath(*parts).with_suffix(".py") if parts else None,
+        root.joinpath(*parts, "__init__.py"),
+    ):
+        if path is not None and path.is_file():
+            return path
+    return None
+
+
+def module_imports(module: str, root: Path = ROOT) -> set[str]:
+    """The stlib modules ``module`` imports, at module level or inside functions: ``from pkg import
+    name`` counts as the submodule ``pkg.name`` where there is one, else as ``pkg`` itself."""
+    path = module_file(module, root)
+    if path is None:
+        return set()
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                anchor = parts[: len(parts) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                found.add(sub if module_file(sub, root) is not None else base)
+    return {name for name in found if name == "stlib" or name.startswith("stlib.")}
+
+
+def all_modules(root: Path = ROOT) -> list[str]:
+    """Every module of the stlib package (packages by their ``__init__``)."""
+    names = []
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        parts = parts[:-1] if parts[-1] == "__init__" else parts
+        names.append(".".join(("stlib", *parts)))
+    return names
+
+
+def module_sources(modules, root: Path = ROOT) -> set[Path]:
+    """Every source file the stlib ``modules`` import, transitively (lazy imports included): each
+    module reached, plus the ``__init__`` of the packages above it as files only (their own imports
+    are followed only where a name is imported from the package itself)."""
+    seen: set[str] = set()
+    files: set[Path] = set()
+    todo = list(modules)
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        path = module_file(module, root)
+        if path is None:
+            continue
+        files.add(path)
+        parts = module.split(".")
+        files |= {p for i in range(1, len(parts)) if (p := module_file(".".join(parts[:i]), root))}
+        todo += sorted(module_imports(module, root) - seen)
+    return files
+
+
+def import_cycles(root: Path = ROOT) -> list[list[str]]:
+    """The cycles of the import graph (each as the modules on it, first repeated last); [] when
+    imports go one way only."""
+    graph = {m: sorted(module_imports(m, root)) for m in all_modules(root)}
+    cycles, state = [], {}
+
+    def visit(module, stack):
+        state[module] = "open"
+        stack.append(module)
+        for nxt in graph.get(module, ()):
+            if state.get(nxt) == "open":
+                cycles.append([*stack[stack.index(nxt) :], nxt])
+            elif nxt not in state:
+                visit(nxt, stack)
+        stack.pop()
+        state[module] = "done"
+
+    for module in graph:
+        if module not in state:
+            visit(module, [])
+    return cycles
+
+
+__all__ = ["ROOT", "all_modules", "import_cycles", "module_file", "module_imports", "module_sources"]

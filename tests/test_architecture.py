@@ -1,0 +1,75 @@
+"""The shape of the library: small modules, imports that go one way, kernels known only to
+themselves and the registry, and an ``import stlib`` that does not load the estimator."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+
+from stlib import registry, sources
+
+#: The house size of a module (lines).
+MAX_LINES = 500
+#: Where no kernel may be named by string: the analysis, the entry points and routing ask the registry.
+KERNEL_FREE = ("stlib/analysis", "stlib/api.py", "stlib/routing.py")
+
+
+def test_no_module_is_over_the_house_size():
+    sizes = {
+        p.relative_to(sources.ROOT.parent): len(p.read_text().splitlines())
+        for p in sources.ROOT.rglob("*.py")
+    }
+    assert {p: n for p, n in sizes.items() if n > MAX_LINES} == {}
+
+
+def test_imports_go_one_way_lazy_ones_included():
+    assert sources.import_cycles() == []
+
+
+def test_the_import_graph_reads_lazy_and_relative_imports(tmp_path):
+    root = tmp_path / "stlib"
+    (root / "pkg").mkdir(parents=True)
+    (root / "__init__.py").write_text("from stlib import pkg\n")
+    (root / "pkg" / "__init__.py").write_text("from .a import x\n")
+    (root / "pkg" / "a.py").write_text("def f():\n    from stlib import b\n")
+    (root / "b.py").write_text("import stlib.pkg.a\n")
+    assert sources.module_imports("stlib.pkg", root) == {"stlib.pkg.a"}
+    assert sources.module_imports("stlib.pkg.a", root) == {"stlib.b"}
+    assert sources.import_cycles(root) == [["stlib.pkg.a", "stlib.b", "stlib.pkg.a"]]
+    files = {p.relative_to(root).as_posix() for p in sources.module_sources(["stlib.b"], root)}
+    assert files == {"__init__.py", "b.py", "pkg/__init__.py", "pkg/a.py"}
+
+
+def test_no_kernel_is_named_by_string_outside_the_kernels():
+    """No string literal (docstrings aside) equal to a registered implementation's name."""
+    found = []
+    for where in KERNEL_FREE:
+        path = sources.ROOT.parent / where
+        for file in [path] if path.is_file() else sorted(path.rglob("*.py")):
+            tree = ast.parse(file.read_text())
+            docs = {
+                id(node.body[0].value)
+                for node in ast.walk(tree)
+                if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
+                and node.body
+                and isinstance(node.body[0], ast.Expr)
+            }
+            found += [
+                f"{file.name}:{node.lineno}: {node.value!r}"
+                for node in ast.walk(tree)
+                if isinstance(node, ast.Constant)
+                and node.value in registry.IMPLEMENTATIONS
+                and id(node) not in docs
+            ]
+    assert found == []
+
+
+def test_import_stlib_loads_no_estimator_until_used():
+    code = (
+        "import sys, stlib; print(sorted(m for m in sys.modules if m.startswith('stlib.analysis'))); "
+        "stlib.static_estimate; print('stlib.analysis.static' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["[]", "True"]
