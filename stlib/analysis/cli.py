@@ -79,15 +79,17 @@ def _print_table(rows, chip: str) -> None:
 
 def _published(use_cache: bool = True) -> None:
     from stlib import plotting
-    from stlib.analysis.published import RECORDS, format_table, table
+    from stlib.analysis.published import RECORDS, format_table, record_path, table
+    from stlib.bench.records import provenance
+    from stlib.paths import figures_dir
 
     rows = table(use_cache)
-    RECORDS.write_text(json.dumps({"libtpu": libtpu_version(), "rows": rows}, indent=1) + "\n")
+    path = record_path(RECORDS)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({**provenance(), "rows": rows}, indent=1) + "\n")
     print(format_table(rows, libtpu_version()))
     fig = plotting.estimate_vs_published(rows, "Static estimate vs published TPU kernel times")
-    print(
-        f"wrote {RECORDS} and {plotting.save(fig, RECORDS.parents[1] / 'figures' / 'estimate_published.png')}"
-    )
+    print(f"wrote {path} and {plotting.save(fig, figures_dir() / 'estimate_published.png')}")
 
 
 def main(argv=None) -> None:

@@ -12,30 +12,36 @@ import statistics
 from pathlib import Path
 
 from stlib.analysis.static import static_estimate
+from stlib.paths import data_dir
 
-DATA = Path(__file__).resolve().parents[2] / "data"
-MEASUREMENTS = DATA / "published_measurements.json"
-RECORDS = DATA / "estimate_published.json"
-#: The calibration table as ``python -m stlib.estimate calibrate`` printed it (per chip, the implied
-#: clock for each block choice).
-CALIBRATION_RECORD = DATA / "estimate_calibration.txt"
-
-
-def load(path: Path = MEASUREMENTS) -> list[dict]:
-    """The published measurements (rows of ``path``)."""
-    return json.loads(Path(path).read_text())["measurements"]
+#: Records in ``stlib.paths.data_dir()``: the published measurements, the last run's predictions,
+#: and the calibration table as ``python -m stlib.estimate calibrate`` printed it (per chip, the
+#: implied clock for each block choice).
+MEASUREMENTS = "published_measurements.json"
+RECORDS = "estimate_published.json"
+CALIBRATION_RECORD = "estimate_calibration.txt"
 
 
-def load_predictions(path: Path = RECORDS) -> list[dict]:
+def record_path(name: str) -> Path:
+    """``name`` in the data folder (``stlib.paths.data_dir()``)."""
+    return data_dir() / name
+
+
+def load(path: Path | None = None) -> list[dict]:
+    """The published measurements (rows of ``path``, default the data folder's ``MEASUREMENTS``)."""
+    return json.loads(Path(path or record_path(MEASUREMENTS)).read_text())["measurements"]
+
+
+def load_predictions(path: Path | None = None) -> list[dict]:
     """The rows of the last ``python -m stlib.estimate published`` run: each published measurement
     with its estimate (``estimate_ms``, ``error_pct``, ``estimate_blocks``, ...) or the reason there
     is none (``estimate_error``). Raises FileNotFoundError when the record is missing."""
-    return json.loads(Path(path).read_text())["rows"]
+    return json.loads(Path(path or record_path(RECORDS)).read_text())["rows"]
 
 
-def load_calibration(path: Path = CALIBRATION_RECORD) -> str:
+def load_calibration(path: Path | None = None) -> str:
     """The committed calibration table (text). Raises FileNotFoundError when it is missing."""
-    return Path(path).read_text()
+    return Path(path or record_path(CALIBRATION_RECORD)).read_text()
 
 
 def _heads(row: dict) -> str:
@@ -110,6 +116,6 @@ def predict(row: dict, use_cache: bool = True) -> dict:
     }
 
 
-def table(use_cache: bool = True, path: Path = MEASUREMENTS) -> list[dict]:
+def table(use_cache: bool = True, path: Path | None = None) -> list[dict]:
     """Every published row with its prediction (``predict``)."""
     return [predict(row, use_cache) for row in load(path)]

@@ -9,7 +9,7 @@ at its own candidates, scored by the static estimate; records appended to
 
 from __future__ import annotations
 
-from stlib import registry
+from stlib import paths, registry
 from stlib.kernels.tile_lane_dense import NAME, SLIDING_TILE_ROW, vmem_bytes, vmem_limit
 
 #: The kernel swept and the baseline every candidate is a ratio to (dense Splash).
@@ -24,6 +24,7 @@ SWEEP_MASKS = {
 }
 SWEEP_BLOCKS = KERNEL.sweep_candidates
 SWEEP_CHIPS = ("v6e", "v5e", "tpu7x")
+#: The sweep's records and figure, relative to ``stlib.paths.home()``.
 RECORDS = "data/tile_block_sweep.jsonl"
 
 
@@ -31,7 +32,7 @@ def sweep(
     chips=SWEEP_CHIPS,
     families=tuple(SWEEP_MASKS),
     workers: int = 2,
-    path=RECORDS,
+    path=None,
     resume: bool = True,
 ):
     """Static estimates of this kernel at every candidate block of ``SWEEP_BLOCKS`` (and the baseline,
@@ -40,19 +41,17 @@ def sweep(
     already have an estimate in ``path`` are not run again. Candidates that do not compile (VMEM)
     are recorded with the compiler's reason."""
     import json
-    import subprocess
-    import time
     from concurrent.futures import ThreadPoolExecutor
     from pathlib import Path
 
     from stlib import analysis
     from stlib.analysis.cache import source_hash
     from stlib.bench.progress import Progress
+    from stlib.bench.records import provenance
     from stlib.configs import CASE_STUDY
 
-    rev = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], check=False, capture_output=True, text=True
-    ).stdout.strip()
+    path = path or paths.home() / RECORDS
+    origin = provenance()  # date, git revision, jax and libtpu versions, under every record's names
     jobs = []
     for chip in chips:  # chip by chip: a partial run is whole for its chips
         jobs += [(chip, fam, NAME, b) for fam in families for b in SWEEP_BLOCKS[fam]]
@@ -80,9 +79,8 @@ def sweep(
             "block_kv_compute": chunk,
             "shape": list(CASE_STUDY.qkv_shape),
             "dtype": "bfloat16",
-            "git": rev,
             "source": sources[impl],  # the kernel's sources (stlib.analysis.cache.source_hash)
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            **origin,
         }
         options = None
         if impl == NAME:
@@ -132,13 +130,14 @@ TARGETS = {"dense": 0.70, "band 0.25": 0.22, "sliding tile": 0.16}
 FIGURE = "figures/tile_block_sweep.png"
 
 
-def read(path=RECORDS) -> list[dict]:
-    """The sweep's records; where a configuration was swept more than once, its latest record."""
+def read(path=None) -> list[dict]:
+    """The sweep's records (``path``, default ``RECORDS`` in ``stlib.paths.home()``); where a
+    configuration was swept more than once, its latest record."""
     import json
     from pathlib import Path
 
     latest = {}
-    for line in Path(path).read_text().splitlines():
+    for line in Path(path or paths.home() / RECORDS).read_text().splitlines():
         r = json.loads(line)
         latest[(r["chip"], r["family"], r["impl"], r["block_q"], r["block_kv"], r["block_kv_compute"])] = r
     return list(latest.values())
@@ -295,13 +294,14 @@ def figure_rows(records, targets: dict | None = None) -> dict:
     }
 
 
-def draw(records, path=FIGURE):
+def draw(records, path=None):
     from stlib import plotting
 
     fig = plotting.block_sweep(
         title="pallas_tile_lane_dense block sweep, 10 x 75,600 x 128 bf16 (static estimates, not measurements)",
         **figure_rows(records, TARGETS),
     )
+    path = path or paths.home() / FIGURE
     plotting.save(fig, path)
     return path
 
