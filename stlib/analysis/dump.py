@@ -27,6 +27,9 @@ from pathlib import Path
 from stlib import sources
 from stlib.analysis.schedule import PINNED_LIBTPU, ScheduleFormatError
 
+#: Seconds a compile subprocess may take before it counts as failed (``STLIB_COMPILE_TIMEOUT``): a
+#: TPU7x compile takes 4-8 min on an idle 2-core machine, several times that on a loaded one.
+COMPILE_TIMEOUT = float(os.environ.get("STLIB_COMPILE_TIMEOUT", "1800"))
 _ALLOCATION = re.compile(r"#allocation(\d+) \[shape = '[^']*', space=(\w+), size = (0x[0-9a-f]+)")
 _STEP = re.compile(r"^\d+-(?P<kernel>.+?)-(?P<step>\d+)-(?P<what>.+)\.txt$")
 _BAND = re.compile(r"^band \((density|width) ([0-9.]+)\)$")
@@ -201,7 +204,7 @@ def subprocess_env() -> dict:
     return env
 
 
-def compile_with_dump(config: KernelConfig, directory: str, timeout: float = 600) -> float:
+def compile_with_dump(config: KernelConfig, directory: str, timeout: float | None = None) -> float:
     """Compile ``config`` for its chip in a subprocess with libtpu's dump written to ``directory``;
     return the compile seconds. Raises RuntimeError if compilation fails."""
     env = subprocess_env()
@@ -211,7 +214,7 @@ def compile_with_dump(config: KernelConfig, directory: str, timeout: float = 600
         capture_output=True,
         text=True,
         env=env,
-        timeout=timeout,
+        timeout=timeout or COMPILE_TIMEOUT,
         check=False,
     )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
@@ -220,7 +223,7 @@ def compile_with_dump(config: KernelConfig, directory: str, timeout: float = 600
     return json.loads(lines[-1])["compile_seconds"]
 
 
-def compile_report(config: KernelConfig, timeout: float = 600) -> dict:
+def compile_report(config: KernelConfig, timeout: float | None = None) -> dict:
     """Compile ``config`` for its chip in a subprocess; return {"compile_seconds", "kernels":
     {kernel name: {"vmem": bytes, "smem": bytes, ...}}}. Raises RuntimeError if compilation fails."""
     with tempfile.TemporaryDirectory(prefix="stlib-dump-") as dump:
