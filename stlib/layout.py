@@ -245,6 +245,18 @@ class BlockLayout:
         """Deduplicated masks of the PARTIAL tiles, see ``tile_mask_table``."""
         return self.tile_mask_table(self.kinds == TileKind.PARTIAL)
 
+    def table_refusal(self, which: np.ndarray) -> str | None:
+        """Why ``tile_mask_table(which)`` would refuse (None: it would not): the flagged tiles hold
+        more than PARTIAL_TABLE_LIMIT elements."""
+        count = int(np.count_nonzero(which))
+        if count * self.block_q * self.block_kv <= PARTIAL_TABLE_LIMIT:
+            return None
+        return (
+            f"{count} tiles of {self.block_q}x{self.block_kv} are too many to tabulate "
+            f"(limit {PARTIAL_TABLE_LIMIT} elements); use a lazy mask in its own token order, which a "
+            "kernel evaluates from row and column indices"
+        )
+
     def tile_mask_table(self, which: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Deduplicated masks of the tiles flagged in ``which`` (bool [Hl, nq, nk]).
 
@@ -252,13 +264,10 @@ class BlockLayout:
         unflagged tiles. Raises ValueError when the flagged tiles hold more than
         PARTIAL_TABLE_LIMIT elements (use a lazy mask the kernel can evaluate instead).
         """
+        refusal = self.table_refusal(which)
+        if refusal is not None:
+            raise ValueError(refusal)
         h_idx, q_idx, k_idx = np.nonzero(which)
-        if h_idx.size * self.block_q * self.block_kv > PARTIAL_TABLE_LIMIT:
-            raise ValueError(
-                f"{h_idx.size} tiles of {self.block_q}x{self.block_kv} are too many to tabulate "
-                f"(limit {PARTIAL_TABLE_LIMIT} elements); use a lazy mask in its own token order, which a "
-                "kernel evaluates from row and column indices"
-            )
         index = np.full(self.counts.shape, -1, dtype=np.int32)
         unique: dict[bytes, int] = {}
         blocks = []

@@ -145,13 +145,13 @@ def mixed_tile_mask(rng, heads: int, length: int, block_q: int, block_kv: int) -
 # blocks
 
 
-def small_blocks(impl: str, mask, length: int) -> tuple[int, int]:
+def small_blocks(impl: str, mask, length: int, interpret=None) -> tuple[int, int]:
     """The first of ``SMALL_BLOCKS`` whose blocks ``impl``'s ``config`` accepts (an implementation
     without blocks accepts any)."""
     implementation = stlib.registry.get(impl)
     for block_q, block_kv in SMALL_BLOCKS:
         try:
-            implementation.config(mask, length, block_q, block_kv, interpret=True)
+            implementation.config(mask, length, block_q, block_kv, interpret=interpret)
         except ValueError:
             continue
         return block_q, block_kv

@@ -1,4 +1,7 @@
-"""Pallas kernels in interpret mode on CPU against the plain reference (and against Splash).
+"""Pallas kernels in interpret mode on CPU against the plain reference (and against Splash): what
+is particular to stlib's own kernels (lazy masks evaluated in-kernel, the tile kernel's grid forms,
+LSE and boundary policy, step tables, work accounting); what every implementation keeps (random
+per-head masks at ragged lengths, empty rows, config blocks, ...) is in test_kernel_contract.py.
 
 Tolerances: float32 inputs, atol 2e-5 against the float32 reference (both accumulate in float32;
 differences come from summation order); bfloat16 inputs, atol 3e-2 (p is rounded to bf16 before
@@ -11,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _kernels import assert_close, random_dense
 from conftest import ATOL as TOLERANCES
 
 import stlib
@@ -21,51 +25,10 @@ from stlib.kernels.dense import dense_work
 from stlib.kernels.tile import TileOptions, balanced_keep, tile_attention, tile_work
 from stlib.layout import TileKind
 
-#: Every stlib Pallas kernel of the registry (Splash has tests of its own).
-PALLAS = [impl.name for impl in registry.tpu_kernels() if impl.name != "splash"]
+#: Every stlib Pallas kernel of the registry (the Splash baseline has tests of its own).
+PALLAS = [impl.name for impl in registry.tpu_kernels() if not impl.baseline]
 ATOL = TOLERANCES["kernel"]
 BQ, BKV = 32, 128
-
-
-def tile_mixed_mask(rng, num_heads, length, block_q=BQ, block_kv=BKV):
-    """Random per-head bool mask whose tiles are EMPTY, FULL or PARTIAL by a coin per tile, with
-    one head entirely empty and some query rows that see nothing."""
-    nq, nk = -(-length // block_q), -(-length // block_kv)
-    kind = rng.integers(0, 3, size=(num_heads, nq, nk))
-    dense = np.zeros((num_heads, nq * block_q, nk * block_kv), bool)
-    for h, qi, ki in np.argwhere(kind > 0):
-        tile = (
-            np.ones((block_q, block_kv), bool)
-            if kind[h, qi, ki] == 2
-            else rng.random((block_q, block_kv)) < 0.3
-        )
-        dense[h, qi * block_q : (qi + 1) * block_q, ki * block_kv : (ki + 1) * block_kv] = tile
-    dense = dense[:, :length, :length]
-    dense[-1] = False  # an all-empty head
-    dense[0, 3:7] = False  # rows with nothing visible
-    return masks.from_array(dense)
-
-
-def check_close(out, ref, dtype):
-    assert out.shape == ref.shape and out.dtype == ref.dtype
-    assert not bool(jnp.isnan(out).any())
-    err = float(jnp.max(jnp.abs(out.astype(jnp.float32) - ref.astype(jnp.float32))))
-    assert err <= ATOL[dtype], f"max error {err} > {ATOL[dtype]}"
-
-
-@pytest.mark.parametrize("impl", PALLAS)
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_random_per_head_mask_ragged_length(impl, dtype):
-    length = 300  # no block size divides it
-    rng = np.random.default_rng(7)
-    mask = tile_mixed_mask(rng, 3, length)
-    kinds = stlib.block_layout(mask, BQ, BKV).kinds
-    assert {int(k) for k in np.unique(kinds)} == {0, 1, 2}  # the test really mixes all tile kinds
-    q, k, v = stlib.random_qkv((3, length, 128), dtype, seed=1)
-    ref = stlib.attention(q, k, v, mask)
-    out = stlib.attention(q, k, v, mask, impl=impl, block_q=BQ, block_kv=BKV)
-    check_close(out, ref, dtype)
-    assert float(jnp.abs(out[-1]).max()) == 0.0 and float(jnp.abs(out[0, 3:7]).max()) == 0.0
 
 
 @pytest.mark.parametrize("impl", PALLAS)
@@ -85,7 +48,8 @@ def test_lazy_masks(impl, make_mask):
     mask = make_mask(grid)
     q, k, v = stlib.random_qkv((2, grid.num_tokens, 128), jnp.float32, seed=2)
     ref = stlib.attention(q, k, v, mask)
-    check_close(stlib.attention(q, k, v, mask, impl=impl, block_q=BQ, block_kv=BKV), ref, jnp.float32)
+    out = stlib.attention(q, k, v, mask, impl=impl, block_q=BQ, block_kv=BKV)
+    assert_close(out, ref, ATOL[jnp.float32], mask=mask)
 
 
 @pytest.mark.parametrize("impl", PALLAS)
@@ -95,7 +59,7 @@ def test_video_attention_reorders_and_restores(impl):
     for mask in (masks.temporal_band(grid, 0.3), masks.sliding_tile(grid, (2, 3, 8), (1, 1, 1))):
         ref = stlib.attention(q, k, v, mask)
         out = stlib.video_attention(q, k, v, grid, mask, impl=impl, block_q=BQ, block_kv=BKV)
-        check_close(out, ref, jnp.float32)
+        assert_close(out, ref, ATOL[jnp.float32], mask=mask)
 
 
 def test_video_attention_padded_tiled_order():
@@ -107,7 +71,7 @@ def test_video_attention_padded_tiled_order():
     ref = stlib.attention(q, k, v, mask)
     for impl in PALLAS:
         out = stlib.video_attention(q, k, v, grid, mask, impl=impl, orders=order, block_q=BQ, block_kv=BKV)
-        check_close(out, ref, jnp.float32)
+        assert_close(out, ref, ATOL[jnp.float32], mask=mask)
 
 
 @pytest.mark.parametrize("form", ["rows", "flat"])
@@ -116,7 +80,7 @@ def test_tile_forms_lse_and_chunks(form, exp2):
     length = 520
     rng = np.random.default_rng(11)
     mask = masks.per_head(
-        [masks.band(length, 40), masks.from_array(np.tril(rng.random((length, length)) < 0.5))]
+        [masks.band(length, 40), masks.from_array(np.tril(random_dense(rng, None, length, 0.5)))]
     )
     layout = stlib.block_layout(mask, 64, 256)
     q, k, v = stlib.random_qkv((2, length, 128), jnp.float32, seed=5)
@@ -138,7 +102,7 @@ def test_tile_forms_lse_and_chunks(form, exp2):
         expected_lse = m + np.log(np.exp(s - m[..., None]).sum(-1))
     assert np.allclose(np.asarray(lse)[seen], expected_lse[seen], atol=1e-4)
     assert np.all(np.isneginf(np.asarray(lse)[~seen]))
-    check_close(out, stlib.attention(q, k, v, mask, scale=0.1), jnp.float32)
+    assert_close(out, stlib.attention(q, k, v, mask, scale=0.1), ATOL[jnp.float32], mask=mask)
 
 
 def test_tile_balanced_boundary_is_the_rounded_mask():
@@ -153,7 +117,7 @@ def test_tile_balanced_boundary_is_the_rounded_mask():
     rounded = np.kron(keep, np.ones((64, 128), bool))[:length, :length]
     q, k, v = stlib.random_qkv((1, length, 128), jnp.float32, seed=6)
     out = tile_attention(q, k, v, layout, scale=128**-0.5, options=TileOptions(boundary="balanced"))
-    check_close(out, stlib.attention(q, k, v, masks.from_array(rounded)), jnp.float32)
+    assert_close(out, stlib.attention(q, k, v, masks.from_array(rounded)), ATOL[jnp.float32], mask=rounded)
 
 
 @pytest.mark.parametrize("impl", PALLAS)
@@ -163,7 +127,7 @@ def test_kernels_agree_with_splash(impl):
     q, k, v = stlib.random_qkv((2, length, 128), jnp.float32, seed=8)
     splash = stlib.attention(q, k, v, mask, impl="splash", block_q=128, block_kv=128)
     out = stlib.attention(q, k, v, mask, impl=impl, block_q=BQ, block_kv=BKV)
-    check_close(out, splash, jnp.float32)
+    assert_close(out, splash, ATOL[jnp.float32])
 
 
 def test_block_sparse_skipped_steps_fetch_no_new_tile():

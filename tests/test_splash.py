@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _kernels import assert_close, random_mask
 from conftest import ATOL as TOLERANCES
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -23,22 +24,13 @@ ATOL = TOLERANCES["splash"]
 
 
 def check(mask, shape, dtype=jnp.float32, seed=0, **kwargs):
+    """Splash on seeded q, k, v of ``shape``, asserted equal to the reference (``assert_close``, rows
+    the mask leaves empty exactly zero); returns Splash's output as float32 numpy."""
     q, k, v = stlib.random_qkv(shape, dtype, seed)
     out = stlib.attention(q, k, v, mask, impl="splash", interpret=True, **kwargs)
     ref = stlib.attention(q, k, v, mask, impl="reference", scale=kwargs.get("scale"))
-    assert out.shape == ref.shape and out.dtype == ref.dtype
-    out, ref = np.asarray(out, np.float32), np.asarray(ref, np.float32)
-    assert np.all(np.isfinite(out))
-    np.testing.assert_allclose(out, ref, atol=ATOL[dtype], rtol=0)
-    return out
-
-
-def random_mask(rng, heads, length, density):
-    a = rng.random((heads, length, length)) < density
-    a[0, 7] = False  # one row that sees nothing, inside a tile that runs
-    a[0, 128:256] = False  # a whole q tile that sees nothing (Splash runs no step for it)
-    a[-1] = False  # a head that sees nothing
-    return masks.from_array(a)
+    assert_close(out, ref, ATOL[dtype], mask=mask)
+    return np.asarray(out, np.float32)
 
 
 # --- interpret mode vs the reference -----------------------------------------------------------
@@ -74,7 +66,7 @@ def test_per_head_lazy_and_dense_heads():
             masks.full(length),
             masks.band(length, 30),
             masks.band(length, 30),  # same as head 1: Splash deduplicates it
-            masks.from_array(rng.random((length, length)) < 0.2),  # no lazy form: NumpyMask
+            random_mask(rng, None, length, 0.2),  # no lazy form: NumpyMask
         ]
     )
     check(mask, (4, length, 128), block_q=128, block_kv=128)
@@ -89,7 +81,16 @@ def test_per_head_masks_combined_with_a_band():
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_random_mask_with_empty_rows_gives_zeros(dtype):
     length = 520
-    mask = random_mask(np.random.default_rng(2), 3, length, 0.3)
+    mask = random_mask(
+        np.random.default_rng(2),
+        3,
+        length,
+        0.3,
+        # one row that sees nothing, inside a tile that runs; a whole q tile that sees nothing
+        # (Splash runs no step for it); a head that sees nothing
+        empty_rows=((0, 7), (0, slice(128, 256))),
+        empty_heads=(-1,),
+    )
     out = check(mask, (3, length, 128), dtype, block_q=128, block_kv=128)
     assert np.all(out[0, 7] == 0) and np.all(out[0, 128:256] == 0) and np.all(out[-1] == 0)
 
@@ -112,7 +113,7 @@ def test_video_mask_uses_block_exact_numpy_mask():
     seed=st.integers(0, 2**16),
 )
 def test_random_masks_property(length, density, blocks, seed):
-    mask = masks.from_array(np.random.default_rng(seed).random((2, length, length)) < density)
+    mask = random_mask(np.random.default_rng(seed), 2, length, density)
     check(mask, (2, length, 128), seed=seed, block_q=blocks, block_kv=128)
 
 
@@ -134,14 +135,6 @@ def test_block_sizes_must_be_multiples_of_128(name):
     q, k, v = stlib.random_qkv((1, 256, 128))
     with pytest.raises(ValueError, match=f"{name}=192 must be a multiple of 128"):
         stlib.attention(q, k, v, impl="splash", interpret=True, **{name: 192})
-
-
-def test_no_numpy_mask_above_dense_limit():
-    grid = stlib.VideoGrid(5, 60, 60)  # 18,000 tokens > DENSE_LIMIT, no lazy Splash form
-    mask = masks.sliding_tile(grid, tile=(1, 6, 6), window=(3, 3, 3))
-    shape = jax.ShapeDtypeStruct((1, grid.num_tokens, 128), jnp.bfloat16)
-    with pytest.raises(ValueError, match="DENSE_LIMIT"):
-        jax.eval_shape(lambda q, k, v: stlib.attention(q, k, v, mask, impl="splash"), shape, shape, shape)
 
 
 # --- compiled for TPU at the case-study shape, without a TPU --------------------------------------

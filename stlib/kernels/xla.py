@@ -8,7 +8,7 @@ from stlib._intmath import round_up
 from stlib.layout import block_layout
 from stlib.masks import DENSE_LIMIT, full
 from stlib.reference import reference_attention, xla_block_sparse_attention
-from stlib.registry import Implementation, register
+from stlib.registry import Capabilities, Implementation, register
 
 #: Largest L the materialising reference accepts.
 REFERENCE_LIMIT = DENSE_LIMIT
@@ -16,20 +16,35 @@ REFERENCE_LIMIT = DENSE_LIMIT
 XLA_BLOCK = 128
 
 
+def _too_long(length: int) -> str | None:
+    if length > REFERENCE_LIMIT:
+        return f"impl='reference' materialises [H, L, L] scores; L={length} > {REFERENCE_LIMIT}"
+    return None
+
+
 def _reference(q, k, v, mask, *, scale, block_q, block_kv, options, interpret):
     length = q.shape[1]
-    if length > REFERENCE_LIMIT:
-        raise ValueError(f"impl='reference' materialises [H, L, L] scores; L={length} > {REFERENCE_LIMIT}")
+    if _too_long(length):
+        raise ValueError(_too_long(length))
     dense = None if mask is None else mask.to_dense()
     return reference_attention(q, k, v, dense, scale)
 
 
-def _xla(q, k, v, mask, *, scale, block_q, block_kv, options, interpret):
-    length = q.shape[1]
+def _xla_layout(mask, length: int, block_q=None, block_kv=None):
     bq = block_q or min(XLA_BLOCK, round_up(length, 8))
     bkv = block_kv or min(XLA_BLOCK, round_up(length, 8))
-    layout = block_layout(mask if mask is not None else full(length), bq, bkv)
+    return block_layout(mask if mask is not None else full(length), bq, bkv)
+
+
+def _xla(q, k, v, mask, *, scale, block_q, block_kv, options, interpret):
+    layout = _xla_layout(mask, q.shape[1], block_q, block_kv)
     return xla_block_sparse_attention(q, k, v, layout, scale)
+
+
+def _xla_mask_support(mask) -> str | None:
+    """xla tabulates the mask of every tile that needs one: refused where that table is too big."""
+    layout = _xla_layout(mask, mask.length)
+    return layout.table_refusal(layout.masked_tiles)
 
 
 def _dense_work(layout, num_heads, head_dim, options):
@@ -50,6 +65,7 @@ REFERENCE = register(
         forward=_reference,
         description="softmax(q k^T * scale, mask) v with the [H, L, L] scores materialised",
         work=_dense_work,
+        capabilities=Capabilities(mask_support=lambda mask: _too_long(mask.length)),
     )
 )
 XLA = register(
@@ -58,5 +74,6 @@ XLA = register(
         forward=_xla,
         description="plain JAX over the non-empty tiles of each row (no Pallas)",
         work=_block_sparse_work,
+        capabilities=Capabilities(mask_support=_xla_mask_support),
     )
 )

@@ -1,0 +1,208 @@
+"""The contract every registered implementation keeps (``stlib.registry.IMPLEMENTATIONS``: a new
+kernel is picked up here with no edit), after tokamax's ``attention/test_base.py``: one set of cases,
+each run on every implementation, what a case does decided by the implementation's registry entry
+(``capabilities``, ``config``, ``plan_runner``, ``backward``, ``is_pallas``), never by its name.
+
+Small shapes in interpret mode on CPU (L = 300, ragged against every block; H 2-3; D 128 or 64;
+32 x 128 tiles, 128 x 128 where an implementation takes no smaller: ``_kernels.small_blocks``).
+Tolerances: conftest's ATOL row of each implementation (``_kernels.tolerance``).
+"""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from _kernels import assert_close, mixed_tile_mask, small_blocks, tolerance
+
+import stlib
+from stlib import masks, registry
+from stlib.routing import svg_plan
+
+IMPLS = sorted(registry.IMPLEMENTATIONS)
+LENGTH = 300  # no block size divides it
+DTYPES = [jnp.float32, jnp.bfloat16]
+DTYPE_IDS = ["f32", "bf16"]
+
+
+# --------------------------------------------------------------------------------------------
+# the output
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("impl", IMPLS)
+def test_random_per_head_mask_at_ragged_length_equals_reference(impl, dtype):
+    """EMPTY, FULL and PARTIAL tiles per head, an all-empty head and rows that see nothing: equal to
+    impl="reference", and every row the mask leaves empty exactly zero."""
+    rng = np.random.default_rng(7)
+    mask = mixed_tile_mask(rng, 3, LENGTH, 32, 128)
+    kinds = stlib.block_layout(mask, 32, 128).kinds
+    assert {int(k) for k in np.unique(kinds)} == {0, 1, 2}  # the test really mixes all tile kinds
+    q, k, v = stlib.random_qkv((3, LENGTH, 128), dtype, seed=1)
+    block_q, block_kv = small_blocks(impl, mask, LENGTH)
+    ref = stlib.attention(q, k, v, mask)
+    out = stlib.attention(q, k, v, mask, impl=impl, block_q=block_q, block_kv=block_kv)
+    assert_close(out, ref, tolerance(impl, dtype), mask=mask)  # the empty head and rows 3..6 included
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("impl", IMPLS)
+def test_mask_with_no_pair_gives_zeros(impl, dtype):
+    """Nothing to compute (every tile EMPTY): zeros in q's dtype, never NaN."""
+    mask = masks.from_array(np.zeros((LENGTH, LENGTH), bool))
+    q, k, v = stlib.random_qkv((2, LENGTH, 128), dtype, seed=0)
+    block_q, block_kv = small_blocks(impl, mask, LENGTH)
+    out = stlib.attention(q, k, v, mask, impl=impl, block_q=block_q, block_kv=block_kv)
+    assert_close(out, jnp.zeros_like(q), 0.0, mask=mask)
+
+
+# --------------------------------------------------------------------------------------------
+# capabilities
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_shared_kv_heads_and_own_v_head_dim_run_or_are_refused(impl):
+    """What ``capabilities`` allows runs through ``implementation.forward`` (``stlib.attention``
+    takes equal shapes only; stlib.analysis.dump calls the forward the same way) and equals the
+    reference on k, v repeated per q head (v's columns: a slice of a D-wide v); what it does not
+    allow ``check_supports`` refuses with ValueError naming the implementation."""
+    implementation = registry.get(impl)
+    caps = implementation.capabilities
+    for flag, allowed in (("shared_kv_heads", caps.shared_kv_heads), ("head_dim_v", caps.head_dim_v)):
+        assert implementation.supports(**{flag: True}) == allowed
+        if not allowed:
+            with pytest.raises(ValueError, match=re.escape(f"impl={impl!r}")):
+                implementation.check_supports(**{flag: True})
+    if not (caps.shared_kv_heads or caps.head_dim_v):
+        return
+    heads, dim = 2, 128
+    kv_heads = 1 if caps.shared_kv_heads else heads
+    dim_v = 64 if caps.head_dim_v else dim
+    implementation.check_supports(shared_kv_heads=kv_heads != heads, head_dim_v=dim_v != dim)
+    mask = mixed_tile_mask(np.random.default_rng(3), heads, LENGTH, 32, 128)
+    q, _, _ = stlib.random_qkv((heads, LENGTH, dim), jnp.float32, seed=2)
+    _, k, v = stlib.random_qkv((kv_heads, LENGTH, dim), jnp.float32, seed=3)
+    block_q, block_kv = small_blocks(impl, mask, LENGTH)
+    out = implementation.forward(
+        q,
+        k,
+        v[..., :dim_v],
+        mask,
+        scale=dim**-0.5,
+        block_q=block_q,
+        block_kv=block_kv,
+        options=implementation.options(),
+        interpret=None,
+    )
+    group = heads // kv_heads  # q head h reads kv head h // group
+    k_rep, v_rep = jnp.repeat(k, group, axis=0), jnp.repeat(v, group, axis=0)
+    ref = stlib.attention(q, k_rep, v_rep, mask)[..., :dim_v]
+    assert_close(out, ref, tolerance(impl, jnp.float32), mask=mask)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_config_blocks_are_the_blocks_the_forward_runs(impl):
+    """``config``: blocks on the TPU tiling (block_q a multiple of 8, block_kv and the chunk of 128,
+    the chunk dividing block_kv) for a Pallas kernel, all None otherwise; explicit blocks kept as
+    given; and the forward with the config's blocks and options passed explicitly is the forward
+    with none passed, bit for bit."""
+    implementation = registry.get(impl)
+    mask = masks.per_head([masks.band(LENGTH, 40), masks.full(LENGTH)])
+    config = implementation.config(mask, LENGTH)
+    assert isinstance(config.options, implementation.options_type)
+    if implementation.is_pallas:
+        assert config.block_q % 8 == 0 and config.block_kv % 128 == 0, config
+        chunk = config.block_kv_compute
+        assert chunk is None or (chunk % 128 == 0 and config.block_kv % chunk == 0), config
+        block_q, block_kv = small_blocks(impl, mask, LENGTH)
+        explicit = implementation.config(mask, LENGTH, block_q, block_kv)
+        assert (explicit.block_q, explicit.block_kv) == (block_q, block_kv)
+    else:
+        assert config.blocks() == {"block_q": None, "block_kv": None, "block_kv_compute": None}
+    q, k, v = stlib.random_qkv((2, LENGTH, 64), jnp.float32, seed=4)
+    out = stlib.attention(q, k, v, mask, impl=impl)
+    pinned = stlib.attention(
+        q, k, v, mask, impl=impl, block_q=config.block_q, block_kv=config.block_kv, options=config.options
+    )
+    np.testing.assert_array_equal(np.asarray(pinned), np.asarray(out))
+    assert_close(out, stlib.attention(q, k, v, mask), tolerance(impl, jnp.float32))
+
+
+#: A mask above DENSE_LIMIT with no lazy Splash form (18,000 tokens), traced only (eval_shape).
+BIG_GRID = stlib.VideoGrid(5, 60, 60)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_mask_support_decides_what_attention_accepts(impl):
+    """A mask ``unsupported(mask=...)`` refuses (Splash: no lazy form above DENSE_LIMIT; reference:
+    L x L scores above it; xla: too many masked tiles to tabulate) is
+    refused by ``stlib.attention`` with ValueError giving the same reason, before any kernel runs;
+    a mask it accepts traces."""
+    mask = masks.sliding_tile(BIG_GRID, tile=(1, 6, 6), window=(3, 3, 3))
+    assert mask.length > masks.DENSE_LIMIT
+    shape = jax.ShapeDtypeStruct((1, BIG_GRID.num_tokens, 128), jnp.bfloat16)
+    reason = registry.get(impl).unsupported(mask=mask)
+
+    def call(q, k, v):
+        return stlib.attention(q, k, v, mask, impl=impl)
+
+    if reason is not None:
+        with pytest.raises(ValueError, match=re.escape(reason)):
+            jax.eval_shape(call, shape, shape, shape)
+    else:
+        assert jax.eval_shape(call, shape, shape, shape).shape == shape.shape
+
+
+# --------------------------------------------------------------------------------------------
+# routed plans and gradients
+
+
+@pytest.mark.parametrize("boundary", ["balanced", "exact"])
+@pytest.mark.parametrize("impl", IMPLS)
+def test_routed_plan_equals_reference(impl, boundary):
+    """A small routed plan (one spatial, one temporal head, each in its own token order) through
+    ``video_attention(plan=...)``: the implementation's ``plan_runner`` on the plan's own layout
+    where it has one, else ``stlib.attention`` on ``plan.mask``; equal to the reference on
+    ``plan.mask`` (what the plan computes after rounding) either way."""
+    grid = stlib.VideoGrid(3, 6, 17)  # 306 tokens: ragged against the plan's 128 x 128 tiles
+    plan = svg_plan(grid, ["spatial", "temporal"], 0.25, block_q=128, block_kv=128, boundary=boundary)
+    q, k, v = stlib.random_qkv((2, grid.num_tokens, 64), jnp.float32, seed=5)
+    out = stlib.video_attention(q, k, v, grid, plan=plan, impl=impl)
+    ref = stlib.attention(q, k, v, plan.mask)
+    assert_close(out, ref, tolerance(impl, jnp.float32), mask=plan.mask)
+
+
+#: Implementations differentiable without a ``backward`` of their own: the plain reference (jnp).
+DIFFERENTIABLE = {"reference"}
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_gradient_only_where_there_is_a_backward(impl):
+    """``backward is None`` (every implementation today): ``jax.grad`` through
+    ``stlib.attention(impl=...)`` raises, except for the reference, which is differentiable
+    through jnp. Today's exceptions, all from JAX rather than a message of stlib's own:
+    pallas_dense AssertionError (Pallas' JVP rule), pallas_block_sparse / pallas_tile /
+    pallas_tile_lane_dense NotImplementedError (Pallas' JVP rule, scalar prefetch), splash
+    ValueError "Need to specify backward blocks.", xla ValueError (reverse-mode of a fori_loop with
+    a dynamic trip count). An implementation with a ``backward`` must match the reference's
+    gradients."""
+    implementation = registry.get(impl)
+    mask = masks.band(LENGTH, 40)
+    q, k, v = stlib.random_qkv((2, LENGTH, 64), jnp.float32, seed=6)
+    block_q, block_kv = small_blocks(impl, mask, LENGTH)
+
+    def loss(name, q, k, v):
+        out = stlib.attention(q, k, v, mask, impl=name, block_q=block_q, block_kv=block_kv)
+        return jnp.sum(out * v)  # a cotangent that differs per element
+
+    grad = jax.grad(loss, argnums=(1, 2, 3))
+    if implementation.backward is None and impl not in DIFFERENTIABLE:
+        with pytest.raises(Exception):  # noqa: B017 (any type: see the docstring)
+            grad(impl, q, k, v)
+        return
+    want = grad("reference", q, k, v)
+    for got, ref in zip(grad(impl, q, k, v), want):
+        assert_close(got, ref, tolerance(impl, jnp.float32))
