@@ -217,8 +217,8 @@ def table(records) -> list[dict]:
     best = best_blocks(records)
     rows = []
     for (chip, family, impl), r in best.items():
-        splash = best.get((chip, "dense", "splash"))
-        if impl == "splash" or splash is None:
+        splash = best.get((chip, "dense", BASELINE))
+        if impl == BASELINE or splash is None:
             continue
         rows.append(
             {
@@ -298,7 +298,7 @@ def draw(records, path=None):
     from stlib import plotting
 
     fig = plotting.block_sweep(
-        title="pallas_tile_lane_dense block sweep, 10 x 75,600 x 128 bf16 (static estimates, not measurements)",
+        title=f"{NAME} block sweep, 10 x 75,600 x 128 bf16 (static estimates, not measurements)",
         **figure_rows(records, TARGETS),
     )
     path = path or paths.home() / FIGURE

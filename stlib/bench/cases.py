@@ -16,6 +16,7 @@ from stlib import masks, registry
 from stlib._intmath import cdiv
 from stlib.configs import DENSITIES, Workload
 from stlib.geometry import VideoGrid, tiled_order
+from stlib.kernels import block_sparse, dense, tile, tile_lane_dense
 from stlib.kernels.tile_lane_dense import tiled_blocks
 from stlib.roofline import work_summary
 
@@ -74,10 +75,11 @@ def case_study_cases(workload: Workload, tpu: bool, densities=DENSITIES) -> list
     grid, length, sta_tile = workload.grid, workload.num_tokens, workload.sta_tile
     big = {"block_q": 512, "block_kv": 1024} if tpu else {"block_q": 128, "block_kv": 128}
     tile_bq = tile_bkv = int(np.prod(sta_tile))
+    baseline = registry.baseline()
     cases = [
-        Case("splash", "dense", masks.full(length), "Splash (dense)", **big),
-        Case("pallas_dense", "dense", masks.full(length), "pallas_dense (dense)", **big),
-        Case("pallas_tile", "dense", masks.full(length), "pallas_tile (dense)", **big),
+        Case(baseline.name, "dense", masks.full(length), f"{baseline.title} (dense)", **big),
+        Case(dense.NAME, "dense", masks.full(length), f"{dense.NAME} (dense)", **big),
+        Case(tile.NAME, "dense", masks.full(length), f"{tile.NAME} (dense)", **big),
     ]
     for density in densities:
         band = masks.band(length, masks.band_width_for_density(length, density))
@@ -93,21 +95,21 @@ def case_study_cases(workload: Workload, tpu: bool, densities=DENSITIES) -> list
             continue  # the whole grid: that is the dense case
         sta = masks.sliding_tile(grid, sta_tile, window)
         cases += [
-            Case("pallas_block_sparse", "sliding tile", sta, "pallas_block_sparse (raster)", **big),
+            Case(block_sparse.NAME, "sliding tile", sta, f"{block_sparse.NAME} (raster)", **big),
             Case(
-                "pallas_tile",
+                tile.NAME,
                 "sliding tile",
                 sta.permute(order),
-                "pallas_tile (3-D tiled)",
+                f"{tile.NAME} (3-D tiled)",
                 block_q=tile_bq,
                 block_kv=tile_bkv,
                 order=order,
             ),
             Case(
-                "pallas_tile",
+                tile.NAME,
                 "sliding tile",
                 sta,
-                "pallas_tile (3-D tiled) + reordering",
+                f"{tile.NAME} (3-D tiled) + reordering",
                 block_q=tile_bq,
                 block_kv=tile_bkv,
                 order=order,
@@ -118,10 +120,10 @@ def case_study_cases(workload: Workload, tpu: bool, densities=DENSITIES) -> list
         if rows is not None:
             cases.append(
                 Case(
-                    "pallas_tile_lane_dense",
+                    tile_lane_dense.NAME,
                     "sliding tile",
                     sta.permute(order),
-                    "pallas_tile_lane_dense (rows of 3-D tiles)",
+                    f"{tile_lane_dense.NAME} (rows of 3-D tiles)",
                     block_q=rows.block_q,
                     block_kv=rows.block_kv,
                     order=order,

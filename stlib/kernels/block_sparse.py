@@ -22,6 +22,8 @@ from stlib.layout import BlockLayout, TileKind, block_layout
 from stlib.masks import Mask, full
 from stlib.registry import Implementation, register
 
+NAME = "pallas_block_sparse"
+
 SKIP, MASKED, MASK_FREE = 0, 1, 2
 
 
@@ -196,7 +198,7 @@ def block_sparse_schedule_counts(setup, attribution):
 
 IMPLEMENTATION = register(
     Implementation(
-        name="pallas_block_sparse",
+        name=NAME,
         forward=_forward,
         description="the Splash idea from scratch: full grid, a prefetched step table, skipped steps fetch nothing",
         options_type=common.FlashOptions,

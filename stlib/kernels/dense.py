@@ -17,6 +17,8 @@ from stlib.kernels import accounting, common
 from stlib.masks import DENSE_LIMIT, Mask, full
 from stlib.registry import Implementation, register
 
+NAME = "pallas_dense"
+
 
 def dense_attention(
     q,
@@ -129,7 +131,7 @@ def dense_schedule_counts(setup, attribution):
 
 IMPLEMENTATION = register(
     Implementation(
-        name="pallas_dense",
+        name=NAME,
         forward=_forward,
         description="flash attention in Pallas over every tile, masking element by element",
         options_type=common.FlashOptions,

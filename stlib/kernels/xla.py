@@ -10,6 +10,7 @@ from stlib.masks import DENSE_LIMIT, full
 from stlib.reference import reference_attention, xla_block_sparse_attention
 from stlib.registry import Capabilities, Implementation, register
 
+REFERENCE_NAME, XLA_NAME = "reference", "xla"
 #: Largest L the materialising reference accepts.
 REFERENCE_LIMIT = DENSE_LIMIT
 #: The xla implementation's default tile (capped to the sequence).
@@ -61,7 +62,7 @@ def _block_sparse_work(layout, num_heads, head_dim, options):
 
 REFERENCE = register(
     Implementation(
-        name="reference",
+        name=REFERENCE_NAME,
         forward=_reference,
         description="softmax(q k^T * scale, mask) v with the [H, L, L] scores materialised",
         work=_dense_work,
@@ -70,7 +71,7 @@ REFERENCE = register(
 )
 XLA = register(
     Implementation(
-        name="xla",
+        name=XLA_NAME,
         forward=_xla,
         description="plain JAX over the non-empty tiles of each row (no Pallas)",
         work=_block_sparse_work,
