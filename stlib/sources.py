@@ -6,10 +6,14 @@ cycles."""
 from __future__ import annotations
 
 import ast
+import threading
 from pathlib import Path
 
 #: The stlib package directory.
 ROOT = Path(__file__).resolve().parent
+#: ``ast.parse`` from several threads at once can fail in CPython 3.11 ("AST constructor recursion
+#: depth mismatch"); the estimator's tables key their compiles from a thread pool.
+_PARSE = threading.Lock()
 
 
 def module_file(module: str, root: Path = ROOT) -> Path | None:
@@ -32,7 +36,9 @@ def module_imports(module: str, root: Path = ROOT) -> set[str]:
         return set()
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    with _PARSE:
+        tree = ast.parse(path.read_text(), str(path))
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):

@@ -74,3 +74,12 @@ def test_import_stlib_loads_no_estimator_until_used():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["[]", "True"]
+
+
+def test_the_import_graph_reads_safely_from_threads():
+    """The estimator's tables key their compiles from a thread pool: reading the graph there too."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda _: sources.module_sources(["stlib.kernels.tile"]), range(32)))
+    assert all(r == results[0] for r in results) and results[0]
