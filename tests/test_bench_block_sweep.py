@@ -89,3 +89,11 @@ def test_package_data_holds_the_committed_sweeps_winners_and_the_kernel_runs_the
             assert (sizes.block_q, sizes.block_kv) == best["blocks"][:2], chip
         if "tiled_rows" in best:
             assert ld.TILED_ROWS[chip] == best["tiled_rows"], chip
+
+
+def test_a_chip_without_a_sliding_tile_sweep_takes_the_rows_of_the_chip_it_borrows():
+    unswept = [chip for chip in ("v5e", "v6e", "tpu7x") if chip not in ld.TILED_ROWS]
+    for chip in unswept:
+        assert ld.tiled_rows(chip) == ld.TILED_ROWS[ld.ROWS_FROM]
+    for chip, rows in ld.TILED_ROWS.items():
+        assert ld.tiled_rows(chip) == rows

@@ -12,7 +12,7 @@ from stlib import registry
 from stlib.bench.cases import case_function, case_inputs, case_study_cases, sta_windows
 from stlib.configs import DENSITIES, SMALL_CPU
 from stlib.geometry import VideoGrid
-from stlib.kernels.tile_lane_dense import TILED_ROWS, LaneDenseOptions, resolve_blocks
+from stlib.kernels.tile_lane_dense import LaneDenseOptions, resolve_blocks, tiled_rows
 
 IMPLS = {impl.name for impl in registry.tpu_kernels()}  # the comparisons run every registered TPU kernel
 PATTERNS = {"dense", "band", "sliding tile"}
@@ -55,8 +55,8 @@ def test_block_sizes_follow_the_backend_and_the_workload_tile(small_cases):
             assert (case.block_q, case.block_kv) == (128, 128)
         else:
             assert case.pattern == "sliding tile"
-            if case.impl == "pallas_tile_lane_dense":  # whole rows of tiles (TILED_ROWS), a tile per chunk
-                rows_q, rows_kv = TILED_ROWS["v6e"]
+            if case.impl == "pallas_tile_lane_dense":  # whole rows of tiles (tiled_rows), a tile per chunk
+                rows_q, rows_kv = tiled_rows("v6e")
                 assert (case.block_q, case.block_kv) == (rows_q * row, rows_kv * row)
                 sizes, _ = resolve_blocks(
                     case.mask,

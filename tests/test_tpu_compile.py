@@ -135,7 +135,7 @@ def test_lane_dense_sliding_tile_in_rows_of_tiles_compiles(chip):
     sizes, _ = ld.resolve_blocks(
         mask.permute(order), order.length, None, None, ld.LaneDenseOptions(chip=chip), False
     )
-    rows_q, rows_kv = ld.TILED_ROWS[chip]
+    rows_q, rows_kv = ld.tiled_rows(chip)
     assert (sizes.block_q, sizes.block_kv, sizes.block_kv_compute) == (1920 * rows_q, 1920 * rows_kv, 384)
     compiled = compile_for_tpu(
         lambda q, k, v: stlib.video_attention(

@@ -154,7 +154,7 @@ def best_blocks(records) -> dict:
 
 
 #: The families a chip's default blocks must serve together (the sliding tile has its own rule: rows
-#: of 3-D tiles, ``tile_lane_dense.TILED_ROWS``).
+#: of 3-D tiles, ``tile_lane_dense.tiled_rows``).
 DEFAULT_FAMILIES = ("dense", "band 0.25")
 
 

@@ -73,6 +73,7 @@ __all__ = [
     "region_name",
     "resolve_blocks",
     "tiled_blocks",
+    "tiled_rows",
     "vmem_bytes",
     "vmem_limit",
 ]
@@ -120,6 +121,12 @@ SWEEP_CANDIDATES = {
 }
 
 
+def tiled_rows(chip: str | None) -> tuple[int, int]:
+    """(rows of 3-D tiles per q block, per kv block) on ``chip`` (None: v6e): its sweep's winner, or
+    ``ROWS_FROM``'s where its sliding tile was not swept (one row each where nothing was)."""
+    return TILED_ROWS.get(chip or "v6e") or TILED_ROWS.get(ROWS_FROM, (1, 1))
+
+
 def tiled_blocks(mask: Mask | None, chip: str | None) -> common.BlockSizes | None:
     """Blocks of whole rows of 3-D tiles (``TILED_ROWS``) for a mask in a padded tiled order, with a
     chunk of one tile where it is a multiple of 128; None for other masks or rows off the lane tiling."""
@@ -127,7 +134,7 @@ def tiled_blocks(mask: Mask | None, chip: str | None) -> common.BlockSizes | Non
     if rows is None or (rows[0] * rows[1]) % LANES:
         return None
     volume, per_row = rows
-    rows_q, rows_kv = TILED_ROWS.get(chip or "v6e") or TILED_ROWS.get(ROWS_FROM, (1, 1))
+    rows_q, rows_kv = tiled_rows(chip)
     bkv = rows_kv * volume * per_row
     return common.BlockSizes(rows_q * volume * per_row, bkv, volume if volume % LANES == 0 else None)
 
