@@ -286,12 +286,18 @@ def pytest_sessionfinish(session, exitstatus):
         return
     changed = sorted(n for n in before.keys() | after.keys() if before.get(n) != after.get(n))
     if changed:
-        reporter = config.pluginmanager.get_plugin("terminalreporter")
-        message = (
-            "the test run changed files in the checkout (tests must write under STLIB_HOME or tmp_path): "
-            + ", ".join(changed)
-        )
-        if reporter is not None:
-            reporter.write_line(message, red=True, bold=True)
+        config.stash[_CHANGED] = changed
         if session.exitstatus == 0:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+_CHANGED = pytest.StashKey[list]()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    changed = config.stash.get(_CHANGED, None)
+    if changed:
+        terminalreporter.write_sep("!", "the test run changed files in the checkout", red=True, bold=True)
+        terminalreporter.write_line(
+            "tests must write under STLIB_HOME or tmp_path; changed: " + ", ".join(changed)
+        )
