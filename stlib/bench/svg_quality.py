@@ -64,6 +64,11 @@ def plan_work(plan: SvgPlan, head_dim: int) -> dict:
 PATTERNS = ("spatial", "temporal", "routed")
 
 
+def _mean_over(values: np.ndarray, heads: np.ndarray) -> float | None:
+    """The mean of ``values`` over the selected heads (None when none is selected)."""
+    return float(np.mean(values[heads])) if heads.any() else None
+
+
 def quality_sweep(
     grid: VideoGrid,
     kinds,
@@ -120,19 +125,11 @@ def quality_sweep(
                         "block_kv": block_kv,
                         "width": plan.width,
                         "rel_l2": float(np.sqrt(np.mean(quality["rel_l2"] ** 2))),
-                        "rel_l2_spatial_heads": float(np.mean(quality["rel_l2"][planted]))
-                        if planted.any()
-                        else None,
-                        "rel_l2_temporal_heads": float(np.mean(quality["rel_l2"][~planted]))
-                        if (~planted).any()
-                        else None,
+                        "rel_l2_spatial_heads": _mean_over(quality["rel_l2"], planted),
+                        "rel_l2_temporal_heads": _mean_over(quality["rel_l2"], ~planted),
                         "recall": float(np.mean(quality["recall"])),
-                        "recall_spatial_heads": float(np.mean(quality["recall"][planted]))
-                        if planted.any()
-                        else None,
-                        "recall_temporal_heads": float(np.mean(quality["recall"][~planted]))
-                        if (~planted).any()
-                        else None,
+                        "recall_spatial_heads": _mean_over(quality["recall"], planted),
+                        "recall_temporal_heads": _mean_over(quality["recall"], ~planted),
                         "routing_recovery": float(np.mean(np.array(routed.kinds) == np.array(kinds))),
                         "pair_ratio": float(plan.pairs.sum() / plan.exact_pairs.sum()),
                         **plan_work(plan, head_dim),

@@ -68,12 +68,17 @@ def occupancy_comparison(layouts: dict, title: str, head: int = 0):
     return fig
 
 
+def _grid(count: int, columns: int, cell: tuple[float, float]):
+    """A figure of ``count`` panels in rows of ``columns``, each ``cell`` inches (width, height)."""
+    rows = cdiv(count, columns)
+    return plt.subplots(
+        rows, columns, figsize=(cell[0] * columns, cell[1] * rows), constrained_layout=True, squeeze=False
+    )
+
+
 def mask_gallery(named_masks: dict, title: str, columns: int = 4, head: int = 0):
     """Each (small) mask as a black-and-white L x L image: row = query, column = key."""
-    rows = cdiv(len(named_masks), columns)
-    fig, axes = plt.subplots(
-        rows, columns, figsize=(3.0 * columns, 3.1 * rows), constrained_layout=True, squeeze=False
-    )
+    fig, axes = _grid(len(named_masks), columns, (3.0, 3.1))
     for ax, (name, mask) in zip(axes.flat, named_masks.items()):
         dense = mask.to_dense()
         dense = dense[head] if dense.ndim == 3 else dense
@@ -90,10 +95,7 @@ def mask_gallery(named_masks: dict, title: str, columns: int = 4, head: int = 0)
 
 def kind_gallery(named_layouts: dict, title: str, columns: int = 4, head: int = 0):
     """The tile kinds (EMPTY / PARTIAL / FULL) of several layouts, one small map each."""
-    rows = cdiv(len(named_layouts), columns)
-    fig, axes = plt.subplots(
-        rows, columns, figsize=(3.2 * columns, 3.4 * rows), constrained_layout=True, squeeze=False
-    )
+    fig, axes = _grid(len(named_layouts), columns, (3.2, 3.4))
     for ax, (name, layout) in zip(axes.flat, named_layouts.items()):
         ax.imshow(
             layout.kinds[head],
