@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from stlib._checks import check_positive_int
 from stlib.geometry import TokenOrder, VideoGrid, apply_orders, restore_orders
 from stlib.masks import Mask, per_head
-from stlib.registry import DEFAULT_IMPL, IMPLEMENTATIONS, get, register
+from stlib.registry import DEFAULT_IMPL, IMPLEMENTATIONS, choose, register
 
 
 def _check_block(name: str, value, multiple: int = 8) -> int | None:
@@ -85,13 +85,15 @@ def attention(
     q, k, v: [H, L, D] floating arrays of one dtype (bf16 / f32); mask: a stlib mask of shape (L, L),
     head-uniform or with H heads, or None (dense). ``scale`` defaults to 1/sqrt(D). Returns [H, L, D]
     in q's dtype; query rows that see no key are zeros. ``impl`` names an entry of
-    ``IMPLEMENTATIONS``; ``options``: that implementation's options (its ``options_type``, or a dict
+    ``IMPLEMENTATIONS``, or "auto" (the default): the best one for the backend and mask
+    (``stlib.registry.choose``: on a TPU the tile kernel, dense Splash without a mask; elsewhere
+    ``xla``). ``options``: that implementation's options (its ``options_type``, or a dict
     of its fields; None: defaults). Raises TypeError / ValueError on bad input (shapes, dtypes,
     heads, unknown impl or option, block sizes).
     """
     check_qkv(q, k, v)
     check_mask(mask, q.shape[0], q.shape[1])
-    implementation = get(impl)
+    implementation = choose(impl, mask)
     options = implementation.options(options)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[2])

@@ -179,6 +179,7 @@ def setup(size: str | None = None) -> NotebookConfig:
         f"tiles {config.block_q} x {config.block_kv}; "
         + ("compiled Pallas kernels" if config.on_tpu else "Pallas interpret mode (times are not TPU times)")
     )
+    print(auto_choice())
     if refuse:
         print(
             "full size off a TPU: analytic and compile-only cells run at the case-study size; Pallas kernels "
@@ -188,6 +189,16 @@ def setup(size: str | None = None) -> NotebookConfig:
     return config
 
 
+def auto_choice() -> str:
+    """What ``impl="auto"`` runs on this backend, with a mask and without one (one line)."""
+    from stlib import masks
+    from stlib.registry import AUTO, choose
+
+    masked = choose(AUTO, masks.full(8)).name
+    dense = choose(AUTO, None).name
+    return f"impl={AUTO!r} (the default) runs {masked!r} with a mask, {dense!r} without one, on {backend()}"
+
+
 def max_error(out, q, k, v, mask=None, rows: int = 384) -> float:
     """max |out - reference| for [H, L, D] attention output ``out``: over every row when L fits the
     materialising reference (``stlib.kernels.xla.REFERENCE_LIMIT``), else over ``rows`` query rows at the
@@ -195,12 +206,12 @@ def max_error(out, q, k, v, mask=None, rows: int = 384) -> float:
     import numpy as np
 
     from stlib.api import attention
-    from stlib.kernels.xla import REFERENCE_LIMIT
+    from stlib.kernels.xla import REFERENCE_LIMIT, REFERENCE_NAME
     from stlib.reference import reference_attention
 
     length, n = q.shape[1], rows // 3
     if length <= REFERENCE_LIMIT:
-        ref = attention(q, k, v, mask)
+        ref = attention(q, k, v, mask, impl=REFERENCE_NAME)
         return float(jnp.max(jnp.abs(out.astype(jnp.float32) - ref.astype(jnp.float32))))
     err = 0.0
     heads = [0] if mask is None or mask.num_heads is None else range(mask.num_heads)

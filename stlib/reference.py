@@ -46,9 +46,11 @@ def reference_attention(q, k, v, dense_mask, scale: float):
 def xla_block_sparse_attention(q, k, v, layout: BlockLayout, scale: float):
     """Flash attention in plain jnp that visits only the non-empty kv tiles of each q tile.
 
-    Sequential over (head, q tile) with a dynamic-trip-count loop over the row's kv-tile list, so
-    the work really drops with occupancy on CPU / GPU. PARTIAL (and padded) tiles take their mask
-    from a deduplicated table; FULL tiles run mask-free.
+    Sequential over (head, q tile), scanning the row's kv-tile list (as long as the longest row)
+    with a ``cond`` that skips the slots past the row's count, so the work really drops with
+    occupancy on CPU / GPU and reverse-mode differentiation works (a scan, not a loop with a
+    dynamic trip count). PARTIAL (and padded) tiles take their mask from a deduplicated table; FULL
+    tiles run mask-free.
     """
     num_heads, length, head_dim = q.shape
     bq, bkv = layout.block_q, layout.block_kv
@@ -83,7 +85,7 @@ def xla_block_sparse_attention(q, k, v, layout: BlockLayout, scale: float):
             pv = jnp.dot(p, vp[h, ki].astype(jnp.float32), precision=HIGHEST)  # [bq, D]
             return m_new, alpha * l + p.sum(axis=1), alpha[:, None] * acc + pv
 
-        def step(j, carry):
+        def visit(carry, j):
             ki = row_tiles[hl, qi, j]
             s = jnp.dot(q_tile, kp[h, ki].astype(jnp.float32).T, precision=HIGHEST)  # [bq, bkv]
             b = tile_block[hl, qi, j]
@@ -93,12 +95,16 @@ def xla_block_sparse_attention(q, k, v, layout: BlockLayout, scale: float):
                 lambda: update(carry, s, blocks[b], ki),
             )
 
+        def step(carry, j):
+            carry = jax.lax.cond(j < row_counts[hl, qi], visit, lambda c, _: c, carry, j)
+            return carry, None
+
         init = (
             jnp.full((bq,), MASK_VALUE, jnp.float32),
             jnp.zeros((bq,), jnp.float32),
             jnp.zeros((bq, head_dim), jnp.float32),
         )
-        _, l, acc = jax.lax.fori_loop(0, row_counts[hl, qi], step, init)
+        (_, l, acc), _ = jax.lax.scan(step, init, jnp.arange(row_tiles.shape[2]))
         return acc / jnp.where(l > 0, l, 1.0)[:, None]
 
     out = jax.lax.map(one_row, jnp.arange(num_heads * nq))  # [H * nq, bq, D]

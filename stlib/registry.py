@@ -86,7 +86,9 @@ class Implementation:
     k, v, plan, *, scale, options, interpret)`` runs a routed ``stlib.routing.SvgPlan`` with the
     plan's own tile layout (None: the plan's masks go through ``forward``). ``backward``: room for
     the training path (None: not differentiable through a kernel of its own). ``baseline``: the
-    dense kernel comparisons divide by (one per registry). ``probe_regions``: its two compute
+    dense kernel comparisons divide by (one per registry). ``auto_rank``: {situation of
+    ``AUTO_SITUATIONS``: rank} where ``impl="auto"`` may pick it, the lowest rank that accepts the
+    mask first (``choose``). ``probe_regions``: its two compute
     regions are told apart by a probe compiled with no masked tile. ``title`` and ``variants``
     (label -> options) say how the case-study comparisons run it.
     """
@@ -109,6 +111,7 @@ class Implementation:
     plan_runner: Callable | None = None
     backward: Callable | None = None
     baseline: bool = False
+    auto_rank: Mapping[str, int] = field(default_factory=dict)  # situation -> rank (0 first)
     probe_regions: bool = False
     title: str = ""  # how comparisons name it ("" : its name)
     variants: Mapping[str, Mapping] = field(default_factory=dict)  # labelled options comparisons run
@@ -189,8 +192,13 @@ class Implementation:
 
 
 IMPLEMENTATIONS: dict[str, Implementation] = {}
-#: What ``stlib.attention`` runs when no ``impl`` is named: the plain reference.
-DEFAULT_IMPL = "reference"
+#: ``impl="auto"``: the best registered implementation for the backend at hand and the mask
+#: (``choose``); what ``stlib.attention`` and every entry point run when no ``impl`` is named.
+AUTO = "auto"
+DEFAULT_IMPL = AUTO
+#: The situations ``auto`` tells apart: on a TPU with a mask, on a TPU without one (dense), and on
+#: any other backend (CPU, GPU), where no Pallas TPU kernel runs compiled.
+AUTO_SITUATIONS = ("tpu-masked", "tpu-dense", "elsewhere")
 
 
 def register(implementation: Implementation) -> Implementation:
@@ -209,10 +217,48 @@ def register(implementation: Implementation) -> Implementation:
 
 
 def get(name: str) -> Implementation:
-    """The registered implementation ``name``. Raises ValueError naming the known ones."""
+    """The registered implementation ``name``. Raises ValueError naming the known ones (and "auto",
+    which ``choose`` resolves)."""
     if name not in IMPLEMENTATIONS:
-        raise ValueError(f"impl={name!r} is unknown; choose one of {sorted(IMPLEMENTATIONS)}")
+        raise ValueError(f"impl={name!r} is unknown; choose one of {sorted(IMPLEMENTATIONS) + [AUTO]}")
     return IMPLEMENTATIONS[name]
+
+
+def auto_situation(mask=None, backend: str | None = None) -> str:
+    """The ``AUTO_SITUATIONS`` entry of a call with ``mask`` (None: dense) on ``backend`` (None:
+    JAX's default backend)."""
+    if backend is None:
+        import jax
+
+        backend = jax.default_backend()
+    if backend != "tpu":
+        return "elsewhere"
+    return "tpu-dense" if mask is None else "tpu-masked"
+
+
+def choose(impl: str, mask=None, *, backend: str | None = None) -> Implementation:
+    """The implementation a call with ``impl`` runs: the registered one of that name, or for
+    ``impl="auto"`` the implementation of lowest ``auto_rank`` in the call's situation
+    (``auto_situation``) that accepts ``mask``. Raises ValueError for an unknown name, or when no
+    ranked implementation accepts the mask (saying why each refused)."""
+    if impl != AUTO:
+        return get(impl)
+    situation = auto_situation(mask, backend)
+    ranked = sorted(
+        (entry.auto_rank[situation], entry.name)
+        for entry in IMPLEMENTATIONS.values()
+        if situation in entry.auto_rank
+    )
+    refusals = []
+    for _, name in ranked:
+        reason = None if mask is None else IMPLEMENTATIONS[name].unsupported(mask=mask)
+        if reason is None:
+            return IMPLEMENTATIONS[name]
+        refusals.append(reason)
+    raise ValueError(
+        f"impl='auto' ({situation}) found no implementation for this mask: "
+        + ("; ".join(refusals) if refusals else "none is ranked for it (import stlib.kernels)")
+    )
 
 
 def baseline() -> Implementation:
@@ -235,6 +281,8 @@ def owner_of_kernel(kernel: str) -> Implementation | None:
 
 
 __all__ = [
+    "AUTO",
+    "AUTO_SITUATIONS",
     "DEFAULT_IMPL",
     "IMPLEMENTATIONS",
     "Capabilities",
@@ -242,7 +290,9 @@ __all__ = [
     "Implementation",
     "NoOptions",
     "ScheduleCounts",
+    "auto_situation",
     "baseline",
+    "choose",
     "get",
     "owner_of_kernel",
     "register",

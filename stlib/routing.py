@@ -245,13 +245,14 @@ class SvgPlan:
         own layout and restores; any other runs ``self.mask`` through ``stlib.attention``. Raises
         ValueError when q's heads or length, or explicit blocks, do not match the plan."""
         from stlib.api import attention, check_qkv
-        from stlib.registry import get
+        from stlib.registry import IMPLEMENTATIONS, choose
 
         check_qkv(q, k, v)
         self.grid.check_length(q.shape[1])
         if q.shape[0] != self.num_heads:
             raise ValueError(f"the plan has {self.num_heads} heads but q has {q.shape[0]}")
-        runner = get(impl).plan_runner
+        impl = choose(impl, self.mask).name  # "auto" resolved once, for this plan's mask
+        runner = IMPLEMENTATIONS[impl].plan_runner
         if runner is None:
             return attention(
                 q, k, v, self.mask, impl=impl, scale=scale, options=options, interpret=interpret, **kwargs

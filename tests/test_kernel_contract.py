@@ -43,7 +43,7 @@ def test_random_per_head_mask_at_ragged_length_equals_reference(impl, dtype):
     assert {int(k) for k in np.unique(kinds)} == {0, 1, 2}  # the test really mixes all tile kinds
     q, k, v = stlib.random_qkv((3, LENGTH, 128), dtype, seed=1)
     block_q, block_kv = small_blocks(impl, mask, LENGTH)
-    ref = stlib.attention(q, k, v, mask)
+    ref = stlib.attention(q, k, v, mask, impl="reference")
     out = stlib.attention(q, k, v, mask, impl=impl, block_q=block_q, block_kv=block_kv)
     assert_close(out, ref, tolerance(impl, dtype), mask=mask)  # the empty head and rows 3..6 included
 
@@ -99,7 +99,7 @@ def test_shared_kv_heads_and_own_v_head_dim_run_or_are_refused(impl):
     )
     group = heads // kv_heads  # q head h reads kv head h // group
     k_rep, v_rep = jnp.repeat(k, group, axis=0), jnp.repeat(v, group, axis=0)
-    ref = stlib.attention(q, k_rep, v_rep, mask)[..., :dim_v]
+    ref = stlib.attention(q, k_rep, v_rep, mask, impl="reference")[..., :dim_v]
     assert_close(out, ref, tolerance(impl, jnp.float32), mask=mask)
 
 
@@ -128,7 +128,7 @@ def test_config_blocks_are_the_blocks_the_forward_runs(impl):
         q, k, v, mask, impl=impl, block_q=config.block_q, block_kv=config.block_kv, options=config.options
     )
     np.testing.assert_array_equal(np.asarray(pinned), np.asarray(out))
-    assert_close(out, stlib.attention(q, k, v, mask), tolerance(impl, jnp.float32))
+    assert_close(out, stlib.attention(q, k, v, mask, impl="reference"), tolerance(impl, jnp.float32))
 
 
 #: A mask above DENSE_LIMIT with no lazy Splash form (18,000 tokens), traced only (eval_shape).
@@ -171,7 +171,7 @@ def test_routed_plan_equals_reference(impl, boundary):
     plan = svg_plan(grid, ["spatial", "temporal"], 0.25, block_q=128, block_kv=128, boundary=boundary)
     q, k, v = stlib.random_qkv((2, grid.num_tokens, 64), jnp.float32, seed=5)
     out = stlib.video_attention(q, k, v, grid, plan=plan, impl=impl)
-    ref = stlib.attention(q, k, v, plan.mask)
+    ref = stlib.attention(q, k, v, plan.mask, impl="reference")
     assert_close(out, ref, tolerance(impl, jnp.float32), mask=plan.mask)
 
 

@@ -47,7 +47,7 @@ def test_lazy_masks(impl, make_mask):
     grid = stlib.VideoGrid(3, 5, 20)
     mask = make_mask(grid)
     q, k, v = stlib.random_qkv((2, grid.num_tokens, 128), jnp.float32, seed=2)
-    ref = stlib.attention(q, k, v, mask)
+    ref = stlib.attention(q, k, v, mask, impl="reference")
     out = stlib.attention(q, k, v, mask, impl=impl, block_q=BQ, block_kv=BKV)
     assert_close(out, ref, ATOL[jnp.float32], mask=mask)
 
@@ -57,7 +57,7 @@ def test_video_attention_reorders_and_restores(impl):
     grid = stlib.VideoGrid(4, 6, 16)
     q, k, v = stlib.random_qkv((2, grid.num_tokens, 128), jnp.float32, seed=3)
     for mask in (masks.temporal_band(grid, 0.3), masks.sliding_tile(grid, (2, 3, 8), (1, 1, 1))):
-        ref = stlib.attention(q, k, v, mask)
+        ref = stlib.attention(q, k, v, mask, impl="reference")
         out = stlib.video_attention(q, k, v, grid, mask, impl=impl, block_q=BQ, block_kv=BKV)
         assert_close(out, ref, ATOL[jnp.float32], mask=mask)
 
@@ -68,7 +68,7 @@ def test_video_attention_padded_tiled_order():
     order = stlib.tiled_order(grid, (2, 2, 4))
     assert order.length > grid.num_tokens
     q, k, v = stlib.random_qkv((2, grid.num_tokens, 128), jnp.float32, seed=4)
-    ref = stlib.attention(q, k, v, mask)
+    ref = stlib.attention(q, k, v, mask, impl="reference")
     for impl in PALLAS:
         out = stlib.video_attention(q, k, v, grid, mask, impl=impl, orders=order, block_q=BQ, block_kv=BKV)
         assert_close(out, ref, ATOL[jnp.float32], mask=mask)
@@ -102,7 +102,9 @@ def test_tile_forms_lse_and_chunks(form, exp2):
         expected_lse = m + np.log(np.exp(s - m[..., None]).sum(-1))
     assert np.allclose(np.asarray(lse)[seen], expected_lse[seen], atol=1e-4)
     assert np.all(np.isneginf(np.asarray(lse)[~seen]))
-    assert_close(out, stlib.attention(q, k, v, mask, scale=0.1), ATOL[jnp.float32], mask=mask)
+    assert_close(
+        out, stlib.attention(q, k, v, mask, scale=0.1, impl="reference"), ATOL[jnp.float32], mask=mask
+    )
 
 
 def test_tile_balanced_boundary_is_the_rounded_mask():
@@ -117,7 +119,12 @@ def test_tile_balanced_boundary_is_the_rounded_mask():
     rounded = np.kron(keep, np.ones((64, 128), bool))[:length, :length]
     q, k, v = stlib.random_qkv((1, length, 128), jnp.float32, seed=6)
     out = tile_attention(q, k, v, layout, scale=128**-0.5, options=TileOptions(boundary="balanced"))
-    assert_close(out, stlib.attention(q, k, v, masks.from_array(rounded)), ATOL[jnp.float32], mask=rounded)
+    assert_close(
+        out,
+        stlib.attention(q, k, v, masks.from_array(rounded), impl="reference"),
+        ATOL[jnp.float32],
+        mask=rounded,
+    )
 
 
 @pytest.mark.parametrize("impl", PALLAS)

@@ -42,7 +42,7 @@ def test_matches_reference_ragged(length, dtype, mask_name, blocks):
         "per-head": masks.per_head([masks.band(length, 40), masks.full(length)]),
     }[mask_name]
     q, k, v = stlib.random_qkv((2, length, 128), dtype, seed=length)
-    ref = stlib.attention(q, k, v, mask)
+    ref = stlib.attention(q, k, v, mask, impl="reference")
     out = stlib.attention(
         q, k, v, mask, impl=IMPL, block_q=block_q, block_kv=block_kv, options=options, interpret=True
     )
@@ -80,7 +80,7 @@ def test_sliding_tile_in_tiled_order():
     assert order.length > grid.num_tokens
     for dtype in (jnp.float32, jnp.bfloat16):
         q, k, v = stlib.random_qkv((2, grid.num_tokens, 128), dtype, seed=5)
-        ref = stlib.attention(q, k, v, mask)
+        ref = stlib.attention(q, k, v, mask, impl="reference")
         out = stlib.video_attention(
             q, k, v, grid, mask, impl=IMPL, orders=order, block_q=128, block_kv=128, interpret=True
         )
@@ -112,7 +112,7 @@ def test_sliding_tile_rows_of_tiles_run_as_patterns():
     assert off.executed_flops == 4.0 * 128 * int((steps.codes >= 0).sum()) * 640**2
     for dtype in (jnp.float32, jnp.bfloat16):
         q, k, v = stlib.random_qkv((1, grid.num_tokens, 128), dtype, seed=7)
-        ref = stlib.attention(q, k, v, mask)
+        ref = stlib.attention(q, k, v, mask, impl="reference")
         for opt in ({}, {"pattern_grain": 0}):
             out = stlib.video_attention(
                 q,
@@ -166,7 +166,7 @@ def test_band_edges_run_as_mixed_patterns(dtype):
         < ld.lane_dense_work(layout, 2, 128, {"pattern_grain": 0}).executed_flops
     )
     q, k, v = stlib.random_qkv((2, length, 128), dtype, seed=9)
-    ref = stlib.attention(q, k, v, mask)
+    ref = stlib.attention(q, k, v, mask, impl="reference")
     for options in ({}, {"pattern_grain": 0}):
         out = stlib.attention(
             q, k, v, mask, impl=IMPL, block_q=512, block_kv=512, options=options, interpret=True
@@ -178,7 +178,9 @@ def test_bf16_probabilities_error_is_within_the_bf16_tolerance():
     """bf16 p into p.v (the default) against f32 p, both on the same bf16 inputs: the rounding of p
     costs about as much as the output's own bf16 rounding (measured here: both well under 3e-2)."""
     q, k, v = stlib.random_qkv((2, 512, 128), jnp.bfloat16, seed=11)
-    ref = stlib.attention(q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32), None)
+    ref = stlib.attention(
+        q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32), None, impl="reference"
+    )
     errors = {}
     for bf16 in (True, False):
         out = stlib.attention(

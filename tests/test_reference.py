@@ -145,16 +145,16 @@ Q, K, V = qkv(0, 2, 16, 8)
 
 def _bad_cases():
     g = VideoGrid(2, 2, 4)
-    yield "rank 2", lambda: stlib.attention(Q[0], K[0], V[0]), ValueError
-    yield "rank 4", lambda: stlib.attention(Q[None], K[None], V[None]), ValueError
-    yield "heads", lambda: stlib.attention(Q, K[:1], V[:1]), ValueError
-    yield "head dims", lambda: stlib.attention(Q[..., :4], K, V), ValueError
-    yield "lengths", lambda: stlib.attention(Q[:, :8], K, V), ValueError
-    yield "k vs v", lambda: stlib.attention(Q, K, V[:, :8]), ValueError
-    yield "int q", lambda: stlib.attention(Q.astype(jnp.int32), K, V), TypeError
-    yield "int v", lambda: stlib.attention(Q, K, V.astype(jnp.int32)), TypeError
-    yield "bool k", lambda: stlib.attention(Q, K.astype(bool), V), TypeError
-    yield "list q", lambda: stlib.attention(np.asarray(Q).tolist(), K, V), TypeError
+    yield "rank 2", lambda: stlib.attention(Q[0], K[0], V[0], impl="reference"), ValueError
+    yield "rank 4", lambda: stlib.attention(Q[None], K[None], V[None], impl="reference"), ValueError
+    yield "heads", lambda: stlib.attention(Q, K[:1], V[:1], impl="reference"), ValueError
+    yield "head dims", lambda: stlib.attention(Q[..., :4], K, V, impl="reference"), ValueError
+    yield "lengths", lambda: stlib.attention(Q[:, :8], K, V, impl="reference"), ValueError
+    yield "k vs v", lambda: stlib.attention(Q, K, V[:, :8], impl="reference"), ValueError
+    yield "int q", lambda: stlib.attention(Q.astype(jnp.int32), K, V, impl="reference"), TypeError
+    yield "int v", lambda: stlib.attention(Q, K, V.astype(jnp.int32), impl="reference"), TypeError
+    yield "bool k", lambda: stlib.attention(Q, K.astype(bool), V, impl="reference"), TypeError
+    yield "list q", lambda: stlib.attention(np.asarray(Q).tolist(), K, V, impl="reference"), TypeError
     yield "unknown impl", lambda: stlib.attention(Q, K, V, impl="flash"), ValueError
     for impl in IMPLS:
         yield (
@@ -197,16 +197,20 @@ def _bad_cases():
             lambda impl=impl: stlib.attention(Q, K, V, np.ones((16, 16), bool), impl=impl),
             TypeError,
         )
-    yield "scale str", lambda: stlib.attention(Q, K, V, scale="1"), TypeError
-    yield "scale nan", lambda: stlib.attention(Q, K, V, scale=float("nan")), TypeError
-    yield "video grid L", lambda: stlib.video_attention(Q, K, V, VideoGrid(2, 2, 3)), ValueError
-    yield "video grid type", lambda: stlib.video_attention(Q, K, V, (2, 2, 4)), TypeError
+    yield "scale str", lambda: stlib.attention(Q, K, V, scale="1", impl="reference"), TypeError
+    yield "scale nan", lambda: stlib.attention(Q, K, V, scale=float("nan"), impl="reference"), TypeError
     yield (
-        "video mask grid",
-        lambda: stlib.video_attention(Q, K, V, g, masks.frame_causal(VideoGrid(2, 2, 3))),
+        "video grid L",
+        lambda: stlib.video_attention(Q, K, V, VideoGrid(2, 2, 3), impl="reference"),
         ValueError,
     )
-    yield "video int", lambda: stlib.video_attention(Q.astype(jnp.int8), K, V, g), TypeError
+    yield "video grid type", lambda: stlib.video_attention(Q, K, V, (2, 2, 4), impl="reference"), TypeError
+    yield (
+        "video mask grid",
+        lambda: stlib.video_attention(Q, K, V, g, masks.frame_causal(VideoGrid(2, 2, 3)), impl="reference"),
+        ValueError,
+    )
+    yield "video int", lambda: stlib.video_attention(Q.astype(jnp.int8), K, V, g, impl="reference"), TypeError
     yield "video unknown impl", lambda: stlib.video_attention(Q, K, V, g, impl="nope"), ValueError
 
 

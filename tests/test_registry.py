@@ -6,10 +6,12 @@ from __future__ import annotations
 import dataclasses
 
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import stlib
 from stlib import masks, registry
+from stlib.geometry import TokenOrder
 from stlib.kernels.common import FlashOptions
 from stlib.kernels.tile import BoundaryPolicy, GridForm, TileOptions
 from stlib.roofline import kernel_work
@@ -64,7 +66,7 @@ def test_attention_passes_options_to_the_kernel():
     length = 300
     q, k, v = stlib.random_qkv((2, length, 128), jnp.float32, seed=3)
     mask = masks.band(length, 45)
-    ref = stlib.attention(q, k, v, mask)
+    ref = stlib.attention(q, k, v, mask, impl="reference")
     for options in ({"form": "flat"}, TileOptions(form="rows", exp2=False), {"block_kv_compute": 128}):
         out = stlib.attention(q, k, v, mask, impl="pallas_tile", block_q=32, block_kv=128, options=options)
         assert float(jnp.abs(out - ref).max()) < 2e-5
@@ -92,7 +94,7 @@ def test_work_model_comes_from_the_registry():
 def test_empty_axes_are_named(shape, letter):
     x = jnp.zeros(shape, jnp.float32)
     with pytest.raises(ValueError, match=f"q has {letter}=0"):
-        stlib.attention(x, x, x)
+        stlib.attention(x, x, x, impl="reference")
 
 
 def test_mixed_dtypes_are_refused():
@@ -163,3 +165,41 @@ def test_the_tile_kernels_run_routed_plans_the_others_run_the_plan_mask():
     runners = {impl.name for impl in registry.IMPLEMENTATIONS.values() if impl.plan_runner is not None}
     assert runners == {"pallas_tile", "pallas_tile_lane_dense"}
     assert all(impl.backward is None for impl in registry.IMPLEMENTATIONS.values())  # the training issue
+
+
+def test_auto_picks_the_tile_kernel_on_a_tpu_splash_when_dense_and_xla_elsewhere():
+    band = masks.band(512, 64)
+    tile = registry.choose("auto", band, backend="tpu")
+    assert tile.is_pallas and not tile.baseline and tile.plan_runner is not None
+    assert tile.auto_rank["tpu-masked"] == 0
+    assert registry.choose("auto", None, backend="tpu") is registry.baseline()
+    for backend in ("cpu", "gpu"):
+        assert registry.choose("auto", band, backend=backend).name == "xla"
+        assert registry.choose("auto", None, backend=backend).name == "xla"
+    assert registry.choose("pallas_dense", band, backend="tpu").name == "pallas_dense"
+    assert registry.DEFAULT_IMPL == registry.AUTO
+    assert {s for impl in registry.IMPLEMENTATIONS.values() for s in impl.auto_rank} == set(
+        registry.AUTO_SITUATIONS
+    )
+
+
+def _shuffled_band(length: int) -> masks.Mask:
+    """A 1-D band over shuffled tokens: nearly every 128 x 128 tile is PARTIAL (a lazy mask)."""
+    perm = np.random.default_rng(0).permutation(length).astype(np.int32)
+    return masks.band(length, 4).permute(TokenOrder("shuffled", perm, length))
+
+
+def test_auto_falls_back_to_the_next_rank_when_a_mask_is_refused():
+    refused_by_xla = _shuffled_band(9_000)  # more PARTIAL tiles than xla tabulates; reference takes it
+    assert "too many to tabulate" in registry.get("xla").unsupported(mask=refused_by_xla)
+    assert registry.choose("auto", refused_by_xla, backend="cpu").name == "reference"
+    with pytest.raises(ValueError, match=r"impl='auto' \(elsewhere\) found no .*tabulate.*L=20000 > 16384"):
+        registry.choose("auto", _shuffled_band(20_000), backend="cpu")
+
+
+def test_the_default_impl_is_auto_and_an_unknown_name_lists_it():
+    q, k, v = stlib.random_qkv((2, 64, 8))
+    mask = masks.band(64, 5)
+    assert (stlib.attention(q, k, v, mask) == stlib.attention(q, k, v, mask, impl="xla")).all()
+    with pytest.raises(ValueError, match="'auto'"):
+        stlib.attention(q, k, v, mask, impl="fastest")

@@ -17,6 +17,7 @@ import numpy as np
 from stlib.geometry import VideoGrid
 from stlib.kernels.tile import NAME as TILE_KERNEL
 from stlib.kernels.tile import BoundaryPolicy
+from stlib.kernels.xla import REFERENCE_NAME
 from stlib.routing import Anchor, SvgPlan, route, svg_plan
 from stlib.synthetic import HeadKind, head_kinds
 
@@ -28,8 +29,8 @@ def attention_quality(q, k, v, plan: SvgPlan, *, scale: float | None = None) -> 
     from stlib.api import attention
 
     scale = 1.0 / math.sqrt(q.shape[2]) if scale is None else float(scale)
-    dense = attention(q, k, v, None, scale=scale)
-    sparse = attention(q, k, v, plan.mask, scale=scale)
+    dense = attention(q, k, v, None, scale=scale, impl=REFERENCE_NAME)
+    sparse = attention(q, k, v, plan.mask, scale=scale, impl=REFERENCE_NAME)
     probs = jax.nn.softmax(
         jnp.einsum(
             "hqd,hkd->hqk", q.astype(jnp.float32), k.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST

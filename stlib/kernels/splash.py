@@ -318,5 +318,6 @@ IMPLEMENTATION = register(
         capabilities=Capabilities(shared_kv_heads=True, head_dim_v=True, mask_support=mask_support),
         tuned_candidates=TUNED_CANDIDATES,
         baseline=True,
+        auto_rank={"tpu-dense": 0, "tpu-masked": 1},  # dense on a TPU; a mask the tile kernel refuses
     )
 )

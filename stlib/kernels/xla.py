@@ -67,6 +67,7 @@ REFERENCE = register(
         description="softmax(q k^T * scale, mask) v with the [H, L, L] scores materialised",
         work=_dense_work,
         capabilities=Capabilities(mask_support=lambda mask: _too_long(mask.length)),
+        auto_rank={"elsewhere": 1},  # off a TPU, for a short sequence whose mask table xla refuses
     )
 )
 XLA = register(
@@ -76,5 +77,6 @@ XLA = register(
         description="plain JAX over the non-empty tiles of each row (no Pallas)",
         work=_block_sparse_work,
         capabilities=Capabilities(mask_support=_xla_mask_support),
+        auto_rank={"elsewhere": 0, "tpu-masked": 2},  # off a TPU: no Pallas kernel runs compiled there
     )
 )

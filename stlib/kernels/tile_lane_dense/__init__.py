@@ -256,5 +256,6 @@ IMPLEMENTATION = register(
         tuned_candidates=common.TUNED_CANDIDATES,
         sweep_candidates=SWEEP_CANDIDATES,
         plan_runner=run_plan,
+        auto_rank={"tpu-masked": 0},  # the fastest kernel for a sparse mask on a TPU
     )
 )
