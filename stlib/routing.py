@@ -231,6 +231,22 @@ class SvgPlan:
             num_tokens=self.layout.num_tokens,
         )
 
+    def head_slice(self, start: int, stop: int) -> SvgPlan:
+        """The plan of heads [start, stop) alone, as ``svg_plan`` builds it (what one device of a
+        head-sharded mesh runs; ``routing`` dropped). Raises ValueError for an empty or out-of-range
+        slice."""
+        if not 0 <= start < stop <= self.num_heads:
+            raise ValueError(f"heads [{start}, {stop}) are not a slice of the plan's {self.num_heads} heads")
+        return svg_plan(
+            self.grid,
+            self.kinds[start:stop],
+            self.density,
+            block_q=self.block_q,
+            block_kv=self.block_kv,
+            anchor=self.anchor,
+            boundary=self.boundary,
+        )
+
     def in_order(self, q, k, v, kernel):
         """``kernel(q, k, v)`` on the tokens in each head's plan order (one shared order applied
         once), the output restored to raster order: how a plan runner runs a tile kernel."""

@@ -28,6 +28,11 @@ from pathlib import Path
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 # Notebooks executed by the tests always use the small configuration.
 os.environ.setdefault("STLIB_SIZE", "small")
+# Four CPU devices, so the mesh tests (stlib.parallel) shard over a real 4-device mesh.
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
+    ).strip()
 
 import jax.numpy as jnp
 import pytest

@@ -1,0 +1,204 @@
+"""Attention over a device mesh: ``parallel_attention`` shards heads ("heads") or the sequence
+("ulysses") over one mesh axis with ``jax.shard_map``.
+
+- "heads": q, k, v [H, L, D] are split over the heads; device d runs heads [d * H/N, (d + 1) * H/N)
+  on the whole sequence. No communication.
+- "ulysses": q, k, v are split over the sequence; an all-to-all turns [H, L/N, D] into
+  [H/N, L, D] (heads <-> sequence), each device runs its heads on the whole sequence, and a second
+  all-to-all turns the output back into [H, L/N, D]. Four all-to-alls per call (q, k, v, o).
+
+Either way a device runs attention on the whole sequence for H/N heads, so a per-head mask (or a
+routed SVG plan) must follow its heads to their device. A ``shard_map`` body is one program for
+every device; the mask is static (its tile tables are built on the host), so each *distinct*
+per-device head slice gets its own branch, and ``lax.switch`` on the device's ``axis_index`` picks
+it. A head-uniform mask, or heads laid out so that the devices' slices coincide, compiles once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+import jax
+import numpy as np
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+from stlib.api import attention, check_mask, video_attention
+from stlib.geometry import VideoGrid
+from stlib.masks import Mask, per_head
+from stlib.registry import DEFAULT_IMPL, choose
+
+#: The two ways of splitting attention over a mesh axis.
+STRATEGIES = ("heads", "ulysses")
+
+
+@dataclass(frozen=True)
+class DeviceBranches:
+    """The distinct per-device programs of a head-sharded call: ``branches[i]`` is a mask (None:
+    dense) or a plan for ``heads_per_device`` heads, and device d of the axis runs
+    ``branches[branch_of_device[d]]``."""
+
+    branches: tuple
+    branch_of_device: tuple[int, ...]
+    heads_per_device: int
+
+    def heads_of(self, device: int) -> range:
+        return range(device * self.heads_per_device, (device + 1) * self.heads_per_device)
+
+
+def head_slice(mask: Mask | None, start: int, stop: int) -> Mask | None:
+    """``mask`` for heads [start, stop) alone: the mask itself when head-uniform, one head-uniform
+    mask when the slice's heads share it, else a per-head mask of the slice."""
+    if mask is None or mask.num_heads is None:
+        return mask
+    heads = [mask.head(h) for h in range(start, stop)]
+    return heads[0] if len(set(heads)) == 1 else per_head(heads)
+
+
+def device_branches(mask, plan, num_heads: int, num_devices: int) -> DeviceBranches:
+    """Group the devices of an axis of ``num_devices`` by the head slice they run (``mask`` or
+    ``plan``, at most one of them not None), equal slices sharing one branch."""
+    per = num_heads // num_devices
+    branches: dict = {}
+    of_device = []
+    for d in range(num_devices):
+        start, stop = d * per, (d + 1) * per
+        if plan is not None:
+            key = plan.kinds[start:stop]
+            if key not in branches:
+                branches[key] = plan.head_slice(start, stop)
+        else:
+            key = head_slice(mask, start, stop)
+            branches.setdefault(key, key)
+        of_device.append(list(branches).index(key))
+    return DeviceBranches(tuple(branches.values()), tuple(of_device), per)
+
+
+def _mesh_platform(mesh: Mesh) -> str:
+    return mesh.devices.flat[0].platform
+
+
+def _check_mesh(mesh, axis_name, batch_axis_name) -> None:
+    if not isinstance(mesh, Mesh):
+        raise TypeError(f"mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}")
+    for label, name in (("axis_name", axis_name), ("batch_axis_name", batch_axis_name)):
+        if (name is not None or label == "axis_name") and name not in mesh.axis_names:
+            raise ValueError(f"{label}={name!r} is not an axis of the mesh (its axes: {mesh.axis_names})")
+    if batch_axis_name is not None and batch_axis_name == axis_name:
+        raise ValueError(f"batch_axis_name={batch_axis_name!r} must differ from axis_name")
+
+
+def _check_shapes(q, k, v, strategy, n, batch_size) -> None:
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not hasattr(x, "shape") or x.ndim not in (3, 4):
+            shape = getattr(x, "shape", None)
+            raise ValueError(f"{name} must be [H, L, D] or [B, H, L, D], got shape {shape}")
+    if not (q.shape == k.shape == v.shape):
+        raise ValueError(f"q {q.shape}, k {k.shape} and v {v.shape} must have one shape")
+    heads, length = q.shape[-3], q.shape[-2]
+    if heads % n:
+        raise ValueError(
+            f"H={heads} heads do not divide over the {n} devices of the axis (strategy={strategy!r})"
+        )
+    if strategy == "ulysses" and length % n:
+        raise ValueError(
+            f"L={length} tokens do not divide over the {n} devices of the axis (strategy='ulysses')"
+        )
+    if batch_size is not None:
+        if q.ndim != 4:
+            raise ValueError(f"batch_axis_name needs q, k, v [B, H, L, D], got shape {q.shape}")
+        if q.shape[0] % batch_size:
+            raise ValueError(
+                f"B={q.shape[0]} does not divide over the {batch_size} devices of the batch axis"
+            )
+
+
+def parallel_attention(
+    q,
+    k,
+    v,
+    mask: Mask | None = None,
+    *,
+    mesh: Mesh,
+    axis_name: str,
+    strategy: str = "heads",
+    grid: VideoGrid | None = None,
+    plan=None,
+    impl: str = DEFAULT_IMPL,
+    batch_axis_name: str | None = None,
+    **kwargs,
+):
+    """Attention of global q, k, v [H, L, D] (or [B, H, L, D]) sharded over ``mesh``'s axis
+    ``axis_name`` by ``strategy`` ("heads" or "ulysses", see the module docstring); returns the
+    output sharded like the input (heads: over H; ulysses: over L). Equal to ``attention`` (or, with
+    ``grid`` / ``plan``, ``video_attention``) on one device, gradients included.
+
+    ``mask``: a stlib mask [H heads or head-uniform] in raster order; ``grid``: reorder the tokens
+    per device as ``video_attention`` does; ``plan``: a routed ``stlib.routing.SvgPlan`` (instead of
+    mask and grid). ``impl="auto"`` resolves for the mesh's platform (a TPU mesh compiles the TPU
+    choice even from a CPU host; Pallas kernels are then compiled, not interpreted). A leading
+    batch axis B is split over ``batch_axis_name`` when given (else replicated). ``kwargs``: those of
+    ``stlib.attention`` (``block_q``, ``options``, ...). Raises TypeError / ValueError naming the
+    value: a mesh without ``axis_name``, H (or for "ulysses" L) not divisible by the axis size, a
+    mask or plan whose heads differ from q's, an unknown strategy."""
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy={strategy!r} must be one of {STRATEGIES}")
+    _check_mesh(mesh, axis_name, batch_axis_name)
+    n = mesh.shape[axis_name]
+    batch_size = None if batch_axis_name is None else mesh.shape[batch_axis_name]
+    _check_shapes(q, k, v, strategy, n, batch_size)
+    heads, length = q.shape[-3], q.shape[-2]
+    if plan is not None:
+        if mask is not None or grid is not None:
+            raise ValueError("give either plan or mask / grid, not both")
+        if plan.num_heads != heads:
+            raise ValueError(f"the plan has {plan.num_heads} heads but q has {heads}")
+        grid = plan.grid
+    check_mask(mask, heads, length)
+    if grid is not None:
+        grid.check_length(length)
+    platform = _mesh_platform(mesh)
+    chosen = choose(impl, mask if plan is None else plan.mask, backend=platform).name
+    if platform == "tpu" and kwargs.get("interpret") is None:
+        kwargs["interpret"] = False
+    branches = device_branches(mask, plan, heads, n)
+    run = partial(_run_branch, grid=grid, with_plan=plan is not None, impl=chosen, kwargs=kwargs)
+    fns = [partial(run, branch) for branch in branches.branches]
+    table = np.asarray(branches.branch_of_device, np.int32)
+    batched = q.ndim == 4
+    lead = (batch_axis_name,) if batched else ()
+    spec = P(*lead, axis_name, None, None) if strategy == "heads" else P(*lead, None, axis_name, None)
+
+    def local(q, k, v):
+        head_axis = 1 if batched else 0
+        if strategy == "ulysses":  # [.., H, L/N, D] -> [.., H/N, L, D]
+            q, k, v = (_all_to_all(x, axis_name, head_axis, head_axis + 1) for x in (q, k, v))
+        if len(fns) == 1:
+            body = fns[0]
+        else:
+            index = jax.numpy.asarray(table)[jax.lax.axis_index(axis_name)]
+            body = partial(jax.lax.switch, index, fns)
+        out = jax.vmap(body)(q, k, v) if batched else body(q, k, v)
+        if strategy == "ulysses":  # [.., H/N, L, D] -> [.., H, L/N, D]
+            out = _all_to_all(out, axis_name, head_axis + 1, head_axis)
+        return out
+
+    sharded = jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec, check_vma=False)
+    return sharded(q, k, v)
+
+
+def _all_to_all(x, axis_name: str, split_axis: int, concat_axis: int):
+    return jax.lax.all_to_all(x, axis_name, split_axis, concat_axis, tiled=True)
+
+
+def _run_branch(branch, q, k, v, *, grid, with_plan, impl, kwargs):
+    """One device's attention for its heads: ``branch`` is its mask (or plan)."""
+    if with_plan:
+        return video_attention(q, k, v, grid, plan=branch, impl=impl, **kwargs)
+    if grid is not None:
+        return video_attention(q, k, v, grid, branch, impl=impl, **kwargs)
+    return attention(q, k, v, branch, impl=impl, **kwargs)
+
+
+__all__ = ["STRATEGIES", "DeviceBranches", "device_branches", "head_slice", "parallel_attention"]
