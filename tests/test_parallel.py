@@ -114,7 +114,7 @@ def test_a_batch_axis_shards_over_its_own_mesh_axis():
 def test_bad_meshes_and_shapes_are_refused_by_name():
     q, k, v = qkv(0, HEADS, GRID.num_tokens, 16)
     mesh = _mesh(4)
-    call = dict(mesh=mesh, axis_name="x")
+    call = {"mesh": mesh, "axis_name": "x"}
     with pytest.raises(ValueError, match="axis_name='heads' is not an axis of the mesh"):
         parallel_attention(q, k, v, mesh=mesh, axis_name="heads")
     with pytest.raises(ValueError, match="H=6 heads do not divide over the 4 devices"):
