@@ -17,6 +17,8 @@ from stlib.geometry import (
     token_major_order,
 )
 from stlib.layout import BlockLayout, TileKind, block_layout
+from stlib.model_attention import attention_fn
+from stlib.parallel import parallel_attention
 
 __all__ = [
     "CASE_STUDY",
@@ -29,11 +31,13 @@ __all__ = [
     "VideoGrid",
     "Workload",
     "attention",
+    "attention_fn",
     "block_layout",
     "kernels",
     "masks",
     "pad_tokens",
     "padded_length",
+    "parallel_attention",
     "random_qkv",
     "raster_order",
     "register",

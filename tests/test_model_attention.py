@@ -1,0 +1,127 @@
+"""stlib inside a model: ``stlib.attention_fn`` keeps flax's ``attention_fn`` contract (flax's own
+``nnx.MultiHeadAttention`` gives the same outputs and parameter gradients as with its default
+attention and the same mask as an array), refuses what it cannot honour by name, and the Wan-style
+block runs forward and backward, sharded over a 4-device CPU mesh as on one device."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from _kernels import assert_close
+from conftest import ATOL, qkv
+from flax import nnx
+from jax.sharding import Mesh
+
+import stlib
+from stlib import masks
+from stlib.wan import WanBlock
+
+GRID = stlib.VideoGrid(2, 8, 12)  # 192 tokens
+HEADS, DIM = 4, 64
+TOL = ATOL["reference"][jnp.float32]
+
+
+def _mix(grid=GRID):
+    """Spatial and temporal heads; every query sees at least itself (no empty rows: flax's
+    attention gives an empty row uniform weights, stlib zeros)."""
+    return masks.per_head([masks.spatial(grid, 0), masks.temporal(grid, 1)] * (HEADS // 2))
+
+
+def _relative_gap(got, want) -> float:
+    """max |got - want| over every parameter's gradient, relative to the largest gradient entry (the
+    key bias's gradient is zero up to rounding: softmax ignores a shift shared by every key)."""
+    pairs = list(zip(jax.tree.leaves(got), jax.tree.leaves(want)))
+    largest = max(float(jnp.max(jnp.abs(w))) for _, w in pairs)
+    return max(float(jnp.max(jnp.abs(g - w))) for g, w in pairs) / largest
+
+
+def test_flax_multi_head_attention_equals_its_default_attention_with_the_mask_as_an_array():
+    mask = _mix()
+    dense = jnp.broadcast_to(jnp.asarray(mask.to_dense()), (2, HEADS, GRID.num_tokens, GRID.num_tokens))
+    assert bool(dense.any(axis=-1).all())
+    x = jax.random.normal(jax.random.key(1), (2, GRID.num_tokens, DIM))
+
+    def module(**kwargs):
+        return nnx.MultiHeadAttention(HEADS, DIM, decode=False, rngs=nnx.Rngs(0), **kwargs)
+
+    ours, flax_own = module(attention_fn=stlib.attention_fn(mask, grid=GRID)), module()
+    out = nnx.jit(lambda m: m(x))(ours)
+    assert_close(out, nnx.jit(lambda m: m(x, mask=dense))(flax_own), 1e-5)
+    grads = nnx.jit(nnx.grad(lambda m: jnp.sum(m(x) ** 2)))(ours)
+    want = nnx.jit(nnx.grad(lambda m: jnp.sum(m(x, mask=dense) ** 2)))(flax_own)
+    assert _relative_gap(grads, want) <= 2e-3
+
+
+def test_the_callable_takes_any_batch_dims_and_reorders_with_a_grid():
+    mask = _mix()
+    fn = stlib.attention_fn(mask, grid=GRID)
+    q, k, v = qkv(0, HEADS, GRID.num_tokens, 16)
+    ref = stlib.video_attention(q, k, v, GRID, mask, impl="reference")  # [H, L, D]
+    as_flax = [x.transpose(1, 0, 2) for x in (q, k, v)]  # [L, H, D]
+    assert_close(fn(*as_flax).transpose(1, 0, 2), ref, TOL)  # no batch dims
+    batched = [jnp.stack([jnp.stack([x, 2 * x])] * 3) for x in as_flax]  # [3, 2, L, H, D]
+    out = jax.jit(fn)(*batched)
+    assert out.shape == batched[0].shape
+    assert_close(out[2, 0].transpose(1, 0, 2), ref, TOL)
+    doubled = stlib.video_attention(2 * q, 2 * k, 2 * v, GRID, mask, impl="reference")
+    assert_close(out[1, 1].transpose(1, 0, 2), doubled, TOL)
+    assert fn(*as_flax, dtype=jnp.bfloat16).dtype == jnp.bfloat16
+
+
+def test_what_the_contract_cannot_honour_is_refused_by_name():
+    fn = stlib.attention_fn(_mix(), grid=GRID)
+    x = jnp.zeros((1, GRID.num_tokens, HEADS, 16))
+    text = jnp.zeros((1, 24, HEADS, 16))
+    cases = [
+        ({"mask": jnp.ones((1, HEADS, 192, 192), bool)}, "flax mask array"),
+        ({"bias": jnp.zeros((1, HEADS, 192, 192))}, "no attention bias"),
+        ({"dropout_rate": 0.1, "deterministic": False}, r"dropout_rate=0.1 in training mode"),
+        ({"is_causal": True}, "is_causal=True"),
+        ({"module": object()}, "sow attention weights"),
+    ]
+    for kwargs, message in cases:
+        with pytest.raises(ValueError, match=message):
+            fn(x, x, x, **kwargs)
+    fn(x, x, x, dropout_rate=0.1, deterministic=True)  # inference: no dropout to apply
+    with pytest.raises(ValueError, match=r"cross-attention \(Lq=192, Lkv=24\) with a sparse mask"):
+        fn(x, text, text)
+    with pytest.raises(ValueError, match="mesh and axis_name together"):
+        stlib.attention_fn(mesh=Mesh(np.array(jax.devices()[:1]), ("x",)))
+    with pytest.raises(TypeError, match="stlib mask"):
+        stlib.attention_fn(np.ones((4, 4), bool))
+
+
+def test_cross_attention_without_a_mask_runs_dense():
+    q = jax.random.normal(jax.random.key(0), (2, 40, HEADS, 16))
+    kv = jax.random.normal(jax.random.key(1), (2, 24, HEADS, 16))
+    out = stlib.attention_fn()(q, kv, kv)
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, kv, precision="highest") / 4.0
+    want = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s, axis=-1), kv, precision="highest")
+    assert_close(out, want, 1e-5)
+
+
+@pytest.mark.parametrize("strategy", ["heads", "ulysses"])
+def test_the_wan_block_runs_forward_and_backward_sharded_as_on_one_device(strategy):
+    mask = masks.sliding_tile(GRID, (1, 2, 4), (1, 3, 3))
+    mesh = Mesh(np.array(jax.devices()[:4]), ("x",))
+    sharded = stlib.attention_fn(mask, grid=GRID, mesh=mesh, axis_name="x", strategy=strategy)
+    one_device = stlib.attention_fn(mask, grid=GRID, impl="reference")
+    blocks = [
+        WanBlock(DIM, HEADS, 128, self_attention_fn=fn, rngs=nnx.Rngs(0)) for fn in (sharded, one_device)
+    ]
+    x = jax.random.normal(jax.random.key(1), (2, GRID.num_tokens, DIM))
+    text = jax.random.normal(jax.random.key(2), (2, 16, DIM))
+    time_embedding = 0.1 * jax.random.normal(jax.random.key(3), (2, 6, DIM))
+
+    def loss(block):
+        return jnp.sum(block(x, text, time_embedding) ** 2)
+
+    outs = [nnx.jit(lambda b: b(x, text, time_embedding))(b) for b in blocks]
+    assert outs[0].shape == x.shape
+    assert_close(outs[0], outs[1], 1e-4)
+    grads = [nnx.jit(nnx.grad(loss))(b) for b in blocks]
+    assert _relative_gap(grads[0], grads[1]) <= 2e-3
+    with pytest.raises(ValueError, match="dim=60 must be a multiple of num_heads=8"):
+        WanBlock(60, 8, 128, rngs=nnx.Rngs(0))
