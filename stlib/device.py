@@ -40,7 +40,8 @@ class Chip:
     (``pltpu.get_tpu_info_for_chip``, per device: a TPU7x chip shows its two TensorCores as two
     devices); the row adds what that table lacks: how libtpu names the chip, its deviceless
     topology, the compiler's default scoped-VMEM limit, the default kernel blocks, and the form in which
-    libtpu's bundle dump writes branches (``stlib.analysis.schedule.BRANCH_FORMS``)."""
+    libtpu's bundle dump writes branches (``stlib.analysis.schedule.BRANCH_FORMS``) and the chip's ICI
+    bandwidth where the Cloud TPU docs state it (REFERENCE.md section 7; v5e: not recorded)."""
 
     name: str  # our name: "v5e", "v6e", "tpu7x"
     jax_version: str  # tpu_info.ChipVersion value
@@ -52,6 +53,7 @@ class Chip:
     block_kv: int = 1024
     block_kv_compute: int | None = 512
     schedule_form: str = "delay4"  # how the bundle dump writes a branch's delay shadow
+    ici_bandwidth: float | None = None  # bytes/s per chip, both directions together (Cloud TPU docs)
 
     @functools.cached_property
     def _info(self):
@@ -97,8 +99,17 @@ CHIP_TABLE: dict[str, Chip] = {
     chip.name: chip
     for chip in (
         Chip("v5e", "v5e", "v5e:2x2", ("tpu v5 lite", "tpu v5e", "tpu v5litepod"), 1, 16 * _MIB),
-        Chip("v6e", "v6e", "v6e:2x2", ("tpu v6 lite", "tpu v6e"), 1, 32 * _MIB),
-        Chip("tpu7x", "7x", "tpu7x:2x2x1", ("tpu7x",), 2, 32 * _MIB, schedule_form="tpu7x"),
+        Chip("v6e", "v6e", "v6e:2x2", ("tpu v6 lite", "tpu v6e"), 1, 32 * _MIB, ici_bandwidth=800e9),
+        Chip(
+            "tpu7x",
+            "7x",
+            "tpu7x:2x2x1",
+            ("tpu7x",),
+            2,
+            32 * _MIB,
+            schedule_form="tpu7x",
+            ici_bandwidth=1200e9,
+        ),
     )
 }
 #: Chip names, in table order.

@@ -99,10 +99,12 @@ def xla_block_sparse_attention(q, k, v, layout: BlockLayout, scale: float):
             carry = jax.lax.cond(j < row_counts[hl, qi], visit, lambda c, _: c, carry, j)
             return carry, None
 
+        # ``*_like`` of the q tile: inside a shard_map the carry then varies over the mesh axes as
+        # the row's values do (its type must match what a visited step returns)
         init = (
-            jnp.full((bq,), MASK_VALUE, jnp.float32),
-            jnp.zeros((bq,), jnp.float32),
-            jnp.zeros((bq, head_dim), jnp.float32),
+            jnp.full_like(q_tile[:, 0], MASK_VALUE),
+            jnp.zeros_like(q_tile[:, 0]),
+            jnp.zeros_like(q_tile),
         )
         (_, l, acc), _ = jax.lax.scan(step, init, jnp.arange(row_tiles.shape[2]))
         return acc / jnp.where(l > 0, l, 1.0)[:, None]

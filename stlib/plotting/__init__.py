@@ -6,7 +6,7 @@ estimates are hatched. Figures take plain data: no kernel is named here.
 ``common`` (palette, ``save``, ``where_measured``) · ``layouts`` (masks, tile layouts, step tables and
 step plans) · ``timing`` (measured times and speed-ups) · ``work`` (hardware-independent work and
 rooflines) · ``blocks`` (VMEM, tile-size trade-off, block sweep) · ``estimates`` (static estimates) ·
-``quality`` (error vs work). Every figure is re-exported here: ``plotting.X`` is the import path.
+``quality`` (error vs work) · ``slices`` (per-device tables, communication beside the kernel). Every figure is re-exported here: ``plotting.X`` is the import path.
 """
 
 from stlib.plotting.blocks import block_sweep, tile_size_tradeoff, vmem_bars
@@ -22,6 +22,7 @@ from stlib.plotting.layouts import (
     step_table_map,
 )
 from stlib.plotting.quality import quality_vs_work
+from stlib.plotting.slices import communication_vs_kernel, device_tables
 from stlib.plotting.timing import latency_bars, named_bars, relative_bars, speedup_vs_density, timing_lines
 from stlib.plotting.work import cost_breakdown, roofline_chart, roofline_fraction, work_bars
 
@@ -30,8 +31,10 @@ __all__ = [
     "KIND_COLORS",
     "PALETTE",
     "block_sweep",
+    "communication_vs_kernel",
     "cost_breakdown",
     "density_vs_work",
+    "device_tables",
     "estimate_speedups",
     "estimate_vs_published",
     "kind_gallery",

@@ -1,0 +1,80 @@
+"""Figures of attention over a slice: which tile table each device runs, and what Ulysses'
+all-to-alls cost beside the kernel (a model over static estimates, never a measurement)."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.colors import ListedColormap
+from matplotlib.patches import Patch
+
+from stlib.layout import TileKind
+from stlib.plotting.common import KIND_COLORS, PALETTE
+
+
+def device_tables(device_layouts: list, title: str):
+    """Tile kinds of every head each device runs: ``device_layouts[d]`` is the BlockLayout of device
+    d's head slice (its heads [Hd, nq, nk]); one row per device, one panel per head."""
+    rows, cols = len(device_layouts), max(layout.kinds.shape[0] for layout in device_layouts)
+    fig, axes = plt.subplots(rows, cols, figsize=(2.1 * cols + 0.6, 1.9 * rows + 0.8), squeeze=False)
+    cmap = ListedColormap(KIND_COLORS)
+    for d, (row, layout) in enumerate(zip(axes, device_layouts)):
+        for h, ax in enumerate(row):
+            ax.grid(False)
+            ax.set(xticks=[], yticks=[])
+            if h >= layout.kinds.shape[0]:
+                ax.axis("off")
+                continue
+            ax.imshow(layout.kinds[h], cmap=cmap, vmin=0, vmax=2, interpolation="nearest", aspect="auto")
+            ax.set_title(f"device {d}, local head {h}", fontsize=8)
+        row[0].set_ylabel("q tile")
+    handles = [Patch(color=KIND_COLORS[k], label=k.name) for k in TileKind]
+    fig.legend(handles=handles, loc="lower center", ncol=3, fontsize=8, frameon=False)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    return fig
+
+
+def communication_vs_kernel(rows: list[dict], title: str):
+    """Per Ulysses case of ``stlib.bench.slice_compile.table``: the kernel's estimated time per
+    device against density (a line through its band 0.25 and dense estimates) and the modelled
+    all-to-all time (horizontal), with the density where they meet marked where they do."""
+    cases = [r for r in rows if r.get("all-to-alls") and r.get("kernel ms, dense (est.)") is not None]
+    fig, ax = plt.subplots(figsize=(7.4, 4.4), constrained_layout=True)
+    density = np.linspace(0.0, 1.0, 201)
+    for i, r in enumerate(cases):
+        color = PALETTE[i % len(PALETTE)]
+        band, dense = r["kernel ms, band 0.25 (est.)"], r["kernel ms, dense (est.)"]
+        kernel = band + (density - 0.25) * (dense - band) / 0.75
+        ax.plot(density, kernel, color=color, lw=1.8, label=f"{r['case']}: kernel per device (est.)")
+        ax.plot([0.25, 1.0], [band, dense], "o", color=color, ms=4)
+        ax.axhline(
+            r["all-to-all ms (model)"],
+            color=color,
+            ls="--",
+            lw=1.2,
+            label=f"{r['case']}: all-to-alls (model)",
+        )
+        crossing = r.get("density where traffic = kernel")
+        if isinstance(crossing, float) and 0 <= crossing <= 1:
+            ax.plot([crossing], [r["all-to-all ms (model)"]], "x", color=color, ms=8, mew=2)
+            ax.annotate(
+                f"d = {crossing:.3f}",
+                (crossing, r["all-to-all ms (model)"]),
+                textcoords="offset points",
+                xytext=(6, 6),
+                fontsize=8,
+                color=color,
+            )
+    ax.set_yscale("log")  # the traffic sits an order of magnitude below the kernel: a log axis shows both
+    ax.set(
+        xlabel="attention density (fraction of pairs)",
+        ylabel="ms per call per device (log)",
+        xlim=(0, 1),
+        title=title,
+    )
+    ax.legend(fontsize=7, loc="center right")
+    return fig
+
+
+__all__ = ["communication_vs_kernel", "device_tables"]
