@@ -141,7 +141,7 @@ ref = stlib.attention(q, k, v, band, impl="reference")
 err = float(jnp.max(jnp.abs(out - ref)))
 assert err < tolerance(jnp.float32), err
 print(f"PASSED  head-sharded == one-device reference (max error {err:.1e}); "
-      f"each device holds {[s.data.shape for s in out.addressable_shards][0]} of {out.shape}")
+      f"each device holds {out.addressable_shards[0].data.shape} of {out.shape}")
 
 # %% [markdown]
 # ## Ulysses: all-to-all in, attention on the whole sequence, all-to-all out
@@ -168,7 +168,7 @@ library = stlib.parallel_attention(q, k, v, band, mesh=mesh, axis_name="x", stra
 lib_err = float(jnp.max(jnp.abs(library - out_u)))
 assert lib_err < tolerance(jnp.float32), lib_err
 print(f"PASSED  Ulysses == reference (max error {err:.1e}) == stlib.parallel_attention (max gap {lib_err:.1e}); "
-      f"each device holds {[s.data.shape for s in out_u.addressable_shards][0]}")
+      f"each device holds {out_u.addressable_shards[0].data.shape}")
 
 # %% [markdown]
 # ## Per-head masks follow their heads
@@ -254,7 +254,9 @@ def loss(fn):
 
 want = jax.grad(loss(lambda q, k, v: stlib.video_attention(q, k, v, grid, mix, impl="reference")), argnums=(0, 1, 2))(q, k, v)
 for strategy in parallel.STRATEGIES:
-    sharded = lambda q, k, v: stlib.parallel_attention(q, k, v, mix, mesh=mesh, axis_name="x", strategy=strategy, grid=grid)  # noqa: E731
+    def sharded(q, k, v, strategy=strategy):
+        return stlib.parallel_attention(q, k, v, mix, mesh=mesh, axis_name="x", strategy=strategy, grid=grid)
+
     got = jax.jit(jax.grad(loss(sharded), argnums=(0, 1, 2)))(q, k, v)
     gap = max(float(jnp.max(jnp.abs(g - w)) / jnp.max(jnp.abs(w))) for g, w in zip(got, want))
     assert gap < 2e-3, (strategy, gap)

@@ -16,6 +16,7 @@ from jax.sharding import Mesh
 
 import stlib
 from stlib import masks
+from stlib.routing import svg_plan
 from stlib.wan import WanBlock
 
 GRID = stlib.VideoGrid(2, 8, 12)  # 192 tokens
@@ -93,6 +94,17 @@ def test_what_the_contract_cannot_honour_is_refused_by_name():
         stlib.attention_fn(np.ones((4, 4), bool))
 
 
+def test_a_routed_plan_runs_through_the_callable():
+    plan = svg_plan(GRID, ["spatial", "temporal"] * (HEADS // 2), 0.3, block_q=128, block_kv=128)
+    q, k, v = qkv(4, HEADS, GRID.num_tokens, 16)
+    out = stlib.attention_fn(plan=plan)(*(x.transpose(1, 0, 2)[None] for x in (q, k, v)))
+    assert_close(out[0].transpose(1, 0, 2), stlib.attention(q, k, v, plan.mask, impl="reference"), TOL)
+    with pytest.raises(ValueError, match="mask has 2 heads but q has 4"):
+        stlib.attention_fn(masks.per_head([masks.spatial(GRID, 0)] * 2))(
+            *(x.transpose(1, 0, 2) for x in (q, k, v))
+        )
+
+
 def test_cross_attention_without_a_mask_runs_dense():
     q = jax.random.normal(jax.random.key(0), (2, 40, HEADS, 16))
     kv = jax.random.normal(jax.random.key(1), (2, 24, HEADS, 16))
@@ -102,8 +114,9 @@ def test_cross_attention_without_a_mask_runs_dense():
     assert_close(out, want, 1e-5)
 
 
-@pytest.mark.parametrize("strategy", ["heads", "ulysses"])
-def test_the_wan_block_runs_forward_and_backward_sharded_as_on_one_device(strategy):
+def test_the_wan_block_runs_forward_and_backward_sharded_as_on_one_device():
+    """Ulysses (the strategy with communication; tests/test_parallel.py covers both)."""
+    strategy = "ulysses"
     mask = masks.sliding_tile(GRID, (1, 2, 4), (1, 3, 3))
     mesh = Mesh(np.array(jax.devices()[:4]), ("x",))
     sharded = stlib.attention_fn(mask, grid=GRID, mesh=mesh, axis_name="x", strategy=strategy)

@@ -158,3 +158,16 @@ def test_a_sharded_program_compiles_for_a_v6e_slice(strategy):
     tile_kernel = stlib.registry.choose("auto", mask, backend="tpu")
     kernels = {name for name in tile_kernel.kernel_names if name in text}
     assert kernels, f"no {tile_kernel.name} kernel in the compiled program"
+
+
+def test_xla_runs_inside_a_checked_shard_map():
+    """A user's own ``jax.shard_map`` (replication checks on, the default) around ``impl="xla"``."""
+    mask = masks.band(GRID.num_tokens, 30)
+    q, k, v = qkv(4, HEADS, GRID.num_tokens, 16)
+    mesh = _mesh(4)
+
+    def local(q, k, v):
+        return stlib.attention(q, k, v, mask, impl="xla")
+
+    out = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=P("x"), out_specs=P("x")))(q, k, v)
+    assert_close(out, stlib.attention(q, k, v, mask, impl="reference"), TOL)
