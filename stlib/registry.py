@@ -57,6 +57,17 @@ class Config:
 
 
 @dataclass(frozen=True)
+class Backward:
+    """The training path of an implementation: ``forward(q, k, v, mask, **call) -> (o, residuals)``
+    (the forward that also keeps what the backward needs) and ``backward(residuals, do, mask,
+    **call) -> (dq, dk, dv)``; ``call``: the keywords of ``Implementation.forward``. ``stlib.api``
+    joins them into a ``jax.custom_vjp``."""
+
+    forward: Callable
+    backward: Callable
+
+
+@dataclass(frozen=True)
 class Capabilities:
     """What an implementation accepts beyond [H, L, D] self-attention with a stlib mask:
     ``shared_kv_heads``: k / v with fewer heads than q (GQA, MQA); ``head_dim_v``: v with its own
@@ -84,8 +95,8 @@ class Implementation:
     ``tuned_candidates``: the (block_q, block_kv) a tuned static estimate sweeps;
     ``sweep_candidates``: {mask family: (block_q, block_kv, block_kv_compute)} of a block sweep. ``plan_runner(q,
     k, v, plan, *, scale, options, interpret)`` runs a routed ``stlib.routing.SvgPlan`` with the
-    plan's own tile layout (None: the plan's masks go through ``forward``). ``backward``: room for
-    the training path (None: not differentiable through a kernel of its own). ``baseline``: the
+    plan's own tile layout (None: the plan's masks go through ``forward``). ``backward``: its
+    training path (``Backward``; None: differentiable only where ``forward`` is plain JAX). ``baseline``: the
     dense kernel comparisons divide by (one per registry). ``auto_rank``: {situation of
     ``AUTO_SITUATIONS``: rank} where ``impl="auto"`` may pick it, the lowest rank that accepts the
     mask first (``choose``). ``probe_regions``: its two compute
@@ -109,7 +120,7 @@ class Implementation:
     tuned_candidates: tuple[tuple[int, int], ...] = ()
     sweep_candidates: Mapping[str, tuple] = field(default_factory=dict)  # family -> (bq, bkv, chunk)
     plan_runner: Callable | None = None
-    backward: Callable | None = None
+    backward: Backward | None = None
     baseline: bool = False
     auto_rank: Mapping[str, int] = field(default_factory=dict)  # situation -> rank (0 first)
     probe_regions: bool = False
@@ -285,6 +296,7 @@ __all__ = [
     "AUTO_SITUATIONS",
     "DEFAULT_IMPL",
     "IMPLEMENTATIONS",
+    "Backward",
     "Capabilities",
     "Config",
     "Implementation",

@@ -18,6 +18,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from stlib.kernels import accounting, common
+from stlib.kernels.backward import tile_training
+from stlib.kernels.passes import exact_passes
 from stlib.layout import BlockLayout, TileKind, block_layout
 from stlib.masks import Mask, full
 from stlib.registry import Implementation, register
@@ -50,8 +52,10 @@ def block_sparse_attention(
     interpret: bool | None = None,
     block_kv_compute: int | None = None,
     exp2: bool = False,
+    return_lse: bool = False,
 ):
-    """q, k, v [H, L, D] -> [H, L, D] with the tiles of ``layout`` (built for L, block_q, block_kv)."""
+    """q, k, v [H, L, D] -> [H, L, D] with the tiles of ``layout`` (built for L, block_q, block_kv);
+    and lse [H, L] (natural log) with ``return_lse``."""
     num_heads, length, head_dim = q.shape
     bq, bkv = layout.block_q, layout.block_kv
     sizes = common.BlockSizes(bq, bkv, block_kv_compute)
@@ -78,9 +82,11 @@ def block_sparse_attention(
 
     def kernel(table_ref, *refs):
         if plan.mode == common.MaskPlanMode.TABLE:
-            _, q_ref, k_ref, v_ref, mask_ref, o_ref, m_ref, l_ref, acc_ref = refs  # refs[0]: mask index
+            _, q_ref, k_ref, v_ref, mask_ref, o_ref, *lse_ref, m_ref, l_ref, acc_ref = (
+                refs  # refs[0]: mask index
+            )
         else:
-            q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref = refs
+            q_ref, k_ref, v_ref, o_ref, *lse_ref, m_ref, l_ref, acc_ref = refs
         h, i, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
         kind = table_ref[row_of(h, i) * nk + j] & 3
 
@@ -116,7 +122,7 @@ def block_sparse_attention(
 
         @pl.when(j == nk - 1)
         def _():
-            common.finish_row(o_ref, None, m_ref, l_ref, acc_ref, options)
+            common.finish_row(o_ref, lse_ref[0] if lse_ref else None, m_ref, l_ref, acc_ref, options)
 
     def kv_map(h, i, j, table_ref, *_):
         return (h, table_ref[row_of(h, i) * nk + j] >> 2, 0)
@@ -136,19 +142,23 @@ def block_sparse_attention(
         num_scalar_prefetch=len(prefetch),
         grid=(num_heads, nq, nk),
         in_specs=in_specs,
-        out_specs=pl.BlockSpec((None, bq, head_dim), lambda h, i, j, *_: (h, i, 0)),
+        out_specs=[pl.BlockSpec((None, bq, head_dim), lambda h, i, j, *_: (h, i, 0))]
+        + ([pl.BlockSpec((None, bq, 1), lambda h, i, j, *_: (h, i, 0))] if return_lse else []),
         scratch_shapes=common.softmax_scratch(bq, head_dim),
     )
     out = common.run_pallas(
         kernel,
         grid_spec=grid_spec,
-        out_shape=jax.ShapeDtypeStruct(qp.shape, q.dtype),
+        out_shape=[jax.ShapeDtypeStruct(qp.shape, q.dtype)]
+        + ([jax.ShapeDtypeStruct((num_heads, qp.shape[1], 1), jnp.float32)] if return_lse else []),
         interpret=interpret,
         dimension_semantics=("parallel", "parallel", "arbitrary"),
         name="stlib_block_sparse",
         operands=[*(jnp.asarray(t) for t in prefetch), *operands],
     )
-    return out[:, :length]
+    if return_lse:
+        return out[0][:, :length], out[1][:, :length, 0]
+    return out[0][:, :length]
 
 
 def block_sparse_work(layout: BlockLayout, num_heads: int, head_dim: int) -> accounting.KernelWork:
@@ -208,6 +218,21 @@ IMPLEMENTATION = register(
         schedule_counts=block_sparse_schedule_counts,
         chips=common.ALL_CHIPS,
         resolve=common.flash_resolve,
+        backward=tile_training(
+            lambda q, k, v, layout, mask, *, scale, options, interpret: block_sparse_attention(
+                q,
+                k,
+                v,
+                layout,
+                scale=scale,
+                interpret=interpret,
+                block_kv_compute=options.block_kv_compute,
+                exp2=options.exp2,
+                return_lse=True,
+            ),
+            common.flash_resolve,
+            exact_passes,
+        ),
         tuned_candidates=common.TUNED_CANDIDATES,
         probe_regions=True,  # two compute regions: which one is mask-free, a probe tells
     )

@@ -22,7 +22,7 @@ from jax.experimental.pallas import tpu as pltpu
 from stlib._checks import check_positive_int
 from stlib._intmath import cdiv, round_up
 from stlib.device import CHIPS, LANES, SUBLANES, chip_spec, current_chip, resolve_interpret, smem_limit
-from stlib.layout import BlockLayout, smem_bytes
+from stlib.layout import BlockLayout, row_tables, smem_bytes
 from stlib.masks import Mask
 from stlib.reference import MASK_VALUE
 
@@ -206,6 +206,24 @@ def carried_index(index: np.ndarray) -> np.ndarray:
     pos = np.where(flat >= 0, np.arange(flat.size), -1)
     pos = np.maximum.accumulate(pos)
     return np.where(pos >= 0, flat[np.maximum(pos, 0)], 0).astype(np.int32).reshape(index.shape)
+
+
+def row_step_tables(selected: np.ndarray, plan: MaskPlan) -> tuple[list[np.ndarray], int]:
+    """Scalar-prefetch tables of a rows-form grid (H, rows, W) over the tiles ``selected`` (bool
+    [Hl, rows, cols]): each row's tile list and count, then the mask table entry of each step (a
+    TABLE plan, whose ``index`` is [Hl, rows, cols]) or the real keys per kv tile (a PREFIX plan);
+    and W. The tile kernels' forward walks q rows; the backward's dk / dv kernel walks kv rows
+    (``selected`` and the plan's index transposed)."""
+    tiles, counts = row_tables(selected)
+    tables = [tiles.reshape(-1), counts.reshape(-1)]
+    extent = tiles.shape[2]
+    if plan.mode == MaskPlanMode.TABLE:
+        idx = np.take_along_axis(np.broadcast_to(plan.index, selected.shape), tiles, axis=2)
+        idx = np.where(np.arange(extent) < counts[:, :, None], idx, -1)
+        tables.append(carried_index(idx).reshape(-1))
+    if plan.mode == MaskPlanMode.PREFIX:
+        tables.append(plan.kv_valid.astype(np.int32))
+    return tables, extent
 
 
 def check_prefetch(tables, plan: MaskPlan, block_q: int, what: str, hint: str) -> None:

@@ -14,6 +14,8 @@ import numpy as np
 from jax.experimental import pallas as pl
 
 from stlib.kernels import accounting, common
+from stlib.kernels.backward import tile_training
+from stlib.kernels.passes import exact_passes
 from stlib.masks import DENSE_LIMIT, Mask, full
 from stlib.registry import Implementation, register
 
@@ -30,9 +32,11 @@ def dense_attention(
     block_sizes: common.BlockSizes,
     interpret: bool | None = None,
     exp2: bool = False,
+    return_lse: bool = False,
 ):
-    """q, k, v [H, L, D] -> [H, L, D]. The mask (if any) is evaluated on every tile: from iota for a
-    lazy head-uniform mask, else from a dense int8 [Hm, L, L] copy (L <= DENSE_LIMIT only)."""
+    """q, k, v [H, L, D] -> [H, L, D] (and lse [H, L], natural log, with ``return_lse``). The mask
+    (if any) is evaluated on every tile: from iota for a lazy head-uniform mask, else from a dense
+    int8 [Hm, L, L] copy (L <= DENSE_LIMIT only)."""
     num_heads, length, head_dim = q.shape
     bq, bkv, chunk = block_sizes.block_q, block_sizes.block_kv, block_sizes.kv_chunk
     qp, kp, vp = common.pad_sequence(q, bq), common.pad_sequence(k, bkv), common.pad_sequence(v, bkv)
@@ -53,10 +57,10 @@ def dense_attention(
     shared_mask_head = dense_mask is not None and dense_mask.shape[0] == 1
 
     def kernel(*refs):
-        if dense_mask is not None:
-            q_ref, k_ref, v_ref, mask_ref, o_ref, m_ref, l_ref, acc_ref = refs
-        else:
-            q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref = refs
+        refs = list(refs)
+        q_ref, k_ref, v_ref = refs[:3]
+        mask_ref = refs.pop(3) if dense_mask is not None else None
+        o_ref, *lse_ref, m_ref, l_ref, acc_ref = refs[3:]
         h, i, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
 
         @pl.when(j == 0)
@@ -78,7 +82,7 @@ def dense_attention(
 
         @pl.when(j == nk - 1)
         def _():
-            common.finish_row(o_ref, None, m_ref, l_ref, acc_ref, options)
+            common.finish_row(o_ref, lse_ref[0] if lse_ref else None, m_ref, l_ref, acc_ref, options)
 
     in_specs = [
         pl.BlockSpec((None, bq, head_dim), lambda h, i, j: (h, i, 0)),  # q [bq, D]
@@ -92,19 +96,23 @@ def dense_attention(
     grid_spec = pl.GridSpec(
         grid=(num_heads, nq, nk),
         in_specs=in_specs,
-        out_specs=pl.BlockSpec((None, bq, head_dim), lambda h, i, j: (h, i, 0)),
+        out_specs=[pl.BlockSpec((None, bq, head_dim), lambda h, i, j: (h, i, 0))]
+        + ([pl.BlockSpec((None, bq, 1), lambda h, i, j: (h, i, 0))] if return_lse else []),
         scratch_shapes=common.softmax_scratch(bq, head_dim),
     )
     out = common.run_pallas(
         kernel,
         grid_spec=grid_spec,
-        out_shape=jax.ShapeDtypeStruct(qp.shape, q.dtype),
+        out_shape=[jax.ShapeDtypeStruct(qp.shape, q.dtype)]
+        + ([jax.ShapeDtypeStruct((num_heads, qp.shape[1], 1), jnp.float32)] if return_lse else []),
         interpret=interpret,
         dimension_semantics=("parallel", "parallel", "arbitrary"),
         name="stlib_dense_flash",
         operands=operands,
     )
-    return out[:, :length]
+    if return_lse:
+        return out[0][:, :length], out[1][:, :length, 0]
+    return out[0][:, :length]
 
 
 def dense_work(layout, num_heads: int, head_dim: int) -> accounting.KernelWork:
@@ -119,6 +127,13 @@ def _forward(q, k, v, mask, *, scale, block_q, block_kv, options: common.FlashOp
     sizes, options = common.flash_resolve(mask, q.shape[1], block_q, block_kv, options, interpret)
     return dense_attention(
         q, k, v, mask, scale=scale, block_sizes=sizes, interpret=interpret, exp2=options.exp2
+    )
+
+
+def _forward_with_lse(q, k, v, layout, mask, *, scale, options: common.FlashOptions, interpret):
+    sizes = common.BlockSizes(layout.block_q, layout.block_kv, options.block_kv_compute)
+    return dense_attention(
+        q, k, v, mask, scale=scale, block_sizes=sizes, interpret=interpret, exp2=options.exp2, return_lse=True
     )
 
 
@@ -142,6 +157,7 @@ IMPLEMENTATION = register(
         chips=common.ALL_CHIPS,
         resolve=common.flash_resolve,
         tuned_candidates=common.TUNED_CANDIDATES,
+        backward=tile_training(_forward_with_lse, common.flash_resolve, exact_passes),
     )
 )
 

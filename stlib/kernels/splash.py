@@ -18,7 +18,7 @@ What the adapter does around ``make_splash_mha``:
   MHA kernel, which supports both; ``stlib.attention`` itself takes equal shapes, so only callers of
   ``splash_attention`` (the static estimate's compile) use them.
 
-Only the forward pass is built (no backward block sizes), so the result is not differentiable.
+Differentiable: the backward is Splash's own fused dk / dv / dq kernel on the forward's tiles.
 """
 
 from __future__ import annotations
@@ -74,8 +74,16 @@ class SplashBlocks:
         return round_up(length, math.lcm(self.block_q, self.block_kv))
 
     def to_splash(self) -> sa.BlockSizes:
+        """Splash's block sizes: the forward's, and the same tiles for its fused dk / dv / dq
+        backward kernel (``jax.grad`` through Splash runs it)."""
         return sa.BlockSizes(
-            block_q=self.block_q, block_kv=self.block_kv, block_kv_compute=self.block_kv_compute
+            block_q=self.block_q,
+            block_kv=self.block_kv,
+            block_kv_compute=self.block_kv_compute,
+            block_q_dkv=self.block_q,
+            block_kv_dkv=self.block_kv,
+            block_kv_dkv_compute=self.block_kv_compute,
+            use_fused_bwd_kernel=True,
         )
 
 

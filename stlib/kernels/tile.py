@@ -29,8 +29,10 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from stlib.kernels import accounting, common
-from stlib.layout import BlockLayout, TileKind, block_layout, flat_steps, row_tables
-from stlib.masks import Mask, PermutedMask, full
+from stlib.kernels.backward import tile_training
+from stlib.kernels.passes import BoundaryPolicy, Pass, PassKind, balanced_keep, split_passes
+from stlib.layout import BlockLayout, block_layout, flat_steps, row_tables
+from stlib.masks import Mask, full
 from stlib.registry import Implementation, ScheduleCounts, register
 
 NAME = "pallas_tile"
@@ -42,22 +44,6 @@ class GridForm(enum.StrEnum):
 
     ROWS = "rows"
     FLAT = "flat"
-
-
-class BoundaryPolicy(enum.StrEnum):
-    """EXACT: PARTIAL tiles run in a masked pass; BALANCED: PARTIAL tiles are rounded in or out to
-    keep the pair budget (the Sparse VideoGen TPU design; approximate)."""
-
-    EXACT = "exact"
-    BALANCED = "balanced"
-
-
-class PassKind(enum.StrEnum):
-    """The passes of a call, in merge order; each pass is one pallas_call named ``stlib_tile_<kind>``."""
-
-    FULL = "full"  # FULL tiles, mask-free
-    RAGGED = "ragged"  # FULL tiles whose kv tile ends in padding: one compare per score
-    MASKED = "masked"  # PARTIAL tiles: the mask itself
 
 
 def _enum_field(options, name: str, kind: type[enum.Enum]) -> None:
@@ -85,105 +71,13 @@ class TileOptions(common.FlashOptions):
 
 
 # --------------------------------------------------------------------------------------------
-# which tiles run in which pass
-
-
-def balanced_keep(layout: BlockLayout) -> np.ndarray:
-    """bool [Hl, nq, nk]: FULL tiles plus the fullest PARTIAL tiles, as many as bring the pairs
-    of the kept tiles closest to the allowed-pair budget of each head (balanced rounding)."""
-    keep = layout.kinds == TileKind.FULL
-    pairs = np.broadcast_to(layout.valid_pairs, layout.counts.shape)
-    for h in range(layout.num_heads):
-        h_partial = np.flatnonzero(layout.kinds[h] == TileKind.PARTIAL)
-        if h_partial.size == 0:
-            continue
-        fill = layout.counts[h].reshape(-1)[h_partial] / pairs[h].reshape(-1)[h_partial]
-        ranked = h_partial[np.argsort(-fill, kind="stable")]
-        kept_pairs = pairs[h][keep[h]].sum() + np.concatenate([[0], np.cumsum(pairs[h].reshape(-1)[ranked])])
-        take = int(np.argmin(np.abs(kept_pairs - layout.counts[h].sum())))
-        keep[h].reshape(-1)[ranked[:take]] = True
-    return keep
-
-
-@dataclass(frozen=True)
-class Pass:
-    """The tiles one pallas_call computes and how it masks them."""
-
-    name: PassKind
-    selected: np.ndarray  # bool [Hl, nq, nk]
-    plan: common.MaskPlan
-
-
-def split_passes(layout: BlockLayout, boundary: BoundaryPolicy) -> list[Pass]:
-    """The non-empty passes of a call, in merge order."""
-    padded_kv = (layout.kv_valid < layout.block_kv)[None, None, :]
-    length = layout.mask.length
-    if boundary == BoundaryPolicy.EXACT:
-        computed, partial = layout.kinds == TileKind.FULL, layout.kinds == TileKind.PARTIAL
-    else:  # balanced: kept PARTIAL tiles run as FULL, the rest are dropped
-        computed, partial = balanced_keep(layout), np.zeros(layout.kinds.shape, bool)
-    ragged = computed & padded_kv
-    if ragged.any() and not layout.kv_valid_is_prefix:
-        # padding inside kv tiles, not only at their ends: hide it with the exact mask instead
-        if boundary == BoundaryPolicy.EXACT:
-            partial, ragged = partial | ragged, np.zeros_like(ragged)
-        else:
-            validity = _validity_mask(layout.mask)
-            plan = common.plan_mask(
-                validity,
-                block_layout(validity, layout.block_q, layout.block_kv),
-                ragged.any(axis=0, keepdims=True),
-            )
-            passes = [
-                Pass(
-                    PassKind.FULL,
-                    computed & ~padded_kv,
-                    common.MaskPlan(common.MaskPlanMode.NONE, None, length),
-                ),
-                Pass(PassKind.MASKED, ragged, plan),
-            ]
-            return [p for p in passes if p.selected.any()]
-    passes = [
-        Pass(PassKind.FULL, computed & ~padded_kv, common.MaskPlan(common.MaskPlanMode.NONE, None, length)),
-        Pass(
-            PassKind.RAGGED,
-            ragged,
-            common.MaskPlan(common.MaskPlanMode.PREFIX, None, length, kv_valid=layout.kv_valid),
-        ),
-        Pass(PassKind.MASKED, partial, common.plan_mask(layout.mask, layout, partial)),
-    ]
-    return [p for p in passes if p.selected.any()]
-
-
-def _validity_mask(mask: Mask) -> Mask:
-    """A mask that allows every pair of real tokens (hides the padding slots of permuted views)."""
-    if isinstance(mask, PermutedMask):
-        return full(mask.base.length).permute(mask.order)
-    valid = mask.token_validity()
-    if valid is None:
-        return full(mask.length)
-    from stlib.masks import from_array
-
-    return from_array(np.outer(valid, valid))
-
-
-# --------------------------------------------------------------------------------------------
 # one pass
 
 
 def _pass_tables(selected: np.ndarray, plan: common.MaskPlan, form: GridForm) -> tuple[list[np.ndarray], int]:
     """Scalar-prefetch tables of one pass and its innermost grid extent (W or S)."""
     if form == GridForm.ROWS:
-        tiles, counts = row_tables(selected)
-        tables = [tiles.reshape(-1), counts.reshape(-1)]
-        extent = tiles.shape[2]
-        if plan.mode == common.MaskPlanMode.TABLE:
-            idx = np.take_along_axis(np.broadcast_to(plan.index, selected.shape), tiles, axis=2)
-            idx = np.where(np.arange(extent) < counts[:, :, None], idx, -1)
-            tables.append(common.carried_index(idx).reshape(-1))
-        if plan.mode == common.MaskPlanMode.PREFIX:
-            tables.append(plan.kv_valid.astype(np.int32))
-        return tables, extent
+        return common.row_step_tables(selected, plan)
     steps = flat_steps(selected)
     head_q = (steps["step_head"] << 16) | steps["step_q"]
     flags = steps["step_first"] | (steps["step_last"] << 1) | (steps["step_active"] << 2)
@@ -489,6 +383,28 @@ IMPLEMENTATION = register(
         resolve=common.flash_resolve,
         tuned_candidates=common.TUNED_CANDIDATES,
         plan_runner=run_plan,
+        backward=tile_training(
+            lambda q, k, v, layout, mask, **kw: tile_attention(q, k, v, layout, **kw, return_lse=True),
+            common.flash_resolve,
+            lambda layout, options: split_passes(layout, options.boundary),
+        ),
         variants={"rows": {"form": "rows"}, "flat": {"form": "flat"}, "balanced": {"boundary": "balanced"}},
     )
 )
+
+
+__all__ = [  # with the pass rules re-exported from stlib.kernels.passes, where they now live
+    "IMPLEMENTATION",
+    "NAME",
+    "BoundaryPolicy",
+    "GridForm",
+    "Pass",
+    "PassKind",
+    "TileOptions",
+    "balanced_keep",
+    "run_plan",
+    "split_passes",
+    "tile_attention",
+    "tile_schedule_counts",
+    "tile_work",
+]

@@ -20,6 +20,8 @@ from stlib._intmath import round_up
 from stlib.device import LANES, current_chip, resolve_interpret
 from stlib.geometry import tile_rows
 from stlib.kernels import accounting, common, tuned
+from stlib.kernels.backward import tile_training
+from stlib.kernels.tile import BoundaryPolicy, split_passes
 from stlib.kernels.tile_lane_dense.kernel import (
     KERNEL_PREFIX,
     NAME,
@@ -256,6 +258,12 @@ IMPLEMENTATION = register(
         tuned_candidates=common.TUNED_CANDIDATES,
         sweep_candidates=SWEEP_CANDIDATES,
         plan_runner=run_plan,
+        backward=tile_training(
+            lambda q, k, v, layout, mask, **kw: lane_dense_attention(q, k, v, layout, **kw, return_lse=True),
+            resolve_blocks,
+            lambda layout, options: split_passes(layout, BoundaryPolicy.EXACT),
+            own_blocks=True,
+        ),
         auto_rank={"tpu-masked": 0},  # the fastest kernel for a sparse mask on a TPU
     )
 )

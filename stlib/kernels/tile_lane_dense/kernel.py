@@ -12,6 +12,7 @@ code in the scalar-prefetched step table.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import jax
@@ -213,6 +214,7 @@ def _build_kernel(
     softmax: common.SoftmaxOptions,
     p_dtype,
     n_tables: int,
+    with_lse: bool = False,
 ):
     layout, length, present = steps.layout, steps.length, steps.present
     bq, bkv = layout.block_q, layout.block_kv
@@ -227,7 +229,7 @@ def _build_kernel(
         q_ref, k_ref, v_ref = rest[:3]
         mask_ref = rest.pop(3) if table else None
         valid_ref = rest.pop(3) if key_column else None
-        o_ref, m_ref, l_ref, acc_ref, qs_ref = rest[3:]
+        o_ref, *lse_ref, m_ref, l_ref, acc_ref, qs_ref = rest[3:]
         h, i, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
         row = i if shared else h * nq + i
         entry = steps_ref[row * extent + j]
@@ -332,6 +334,12 @@ def _build_kernel(
             inv = 1.0 / jnp.where(seen, l, 1.0)  # [1, bq]
             out_t = jnp.where(seen, acc_ref[...] * inv, 0.0)  # [D, bq]
             o_ref[...] = out_t.T.astype(o_ref.dtype)  # [bq, D]
+            if with_lse:  # natural log, -inf where no key was seen: lane-dense [1, bq] (the backward's)
+                log_l = (
+                    jnp.log2(jnp.where(seen, l, 1.0)) if softmax.exp2 else jnp.log(jnp.where(seen, l, 1.0))
+                )
+                lse = (m + log_l) * (math.log(2.0) if softmax.exp2 else 1.0)
+                lse_ref[0][...] = jnp.where(seen, lse, -jnp.inf)
 
     return kernel
 
@@ -345,10 +353,12 @@ def lane_dense_attention(
     scale: float,
     options: LaneDenseOptions = LaneDenseOptions(),
     interpret: bool | None = None,
+    return_lse: bool = False,
 ):
-    """q, k, v [H, L, D] -> o [H, L, D] in q's dtype. ``layout`` is the tile layout of the mask for
-    these tokens; its blocks must suit this kernel (``check_blocks``). Raises ValueError for such
-    blocks and for step tables that overflow SMEM."""
+    """q, k, v [H, L, D] -> o [H, L, D] in q's dtype (and, with ``return_lse``, lse [H, L]: natural
+    log, -inf for rows that see nothing, for the backward). ``layout`` is the tile layout of the
+    mask for these tokens; its blocks must suit this kernel (``check_blocks``). Raises ValueError
+    for such blocks and for step tables that overflow SMEM."""
     num_heads, length, head_dim = q.shape
     bq, bkv = layout.block_q, layout.block_kv
     chunk = options.block_kv_compute or bkv
@@ -371,7 +381,8 @@ def lane_dense_attention(
         key_validity=steps.key_validity,
     )
     if not present:  # nothing to compute: every row sees nothing
-        return jnp.zeros(q.shape, q.dtype)
+        o = jnp.zeros(q.shape, q.dtype)
+        return (o, jnp.full((num_heads, length), -jnp.inf, jnp.float32)) if return_lse else o
     entries, counts = steps.tables()
     extent = entries.shape[2]
     tables = [entries.reshape(-1), counts.reshape(-1)]
@@ -403,6 +414,7 @@ def lane_dense_attention(
         softmax=softmax,
         p_dtype=p_dtype,
         n_tables=len(tables),
+        with_lse=return_lse,
     )
 
     def row_of(h, i):
@@ -437,7 +449,8 @@ def lane_dense_attention(
         num_scalar_prefetch=len(tables),
         grid=(num_heads, nq, extent),
         in_specs=in_specs,
-        out_specs=pl.BlockSpec((None, bq, head_dim), q_map),  # o [bq, D]
+        out_specs=[pl.BlockSpec((None, bq, head_dim), q_map)]  # o [bq, D]
+        + ([pl.BlockSpec((None, 1, bq), lambda h, i, j, *_: (h, 0, i))] if return_lse else []),  # lse [1, bq]
         scratch_shapes=[
             pltpu.VMEM((SUBLANES, bq), jnp.float32),  # m: running max, one per query along lanes
             pltpu.VMEM((SUBLANES, bq), jnp.float32),  # l: running sum
@@ -445,13 +458,15 @@ def lane_dense_attention(
             pltpu.VMEM((bq, head_dim), q.dtype),  # q with the softmax scale folded in
         ],
     )
-    return common.run_pallas(
+    out = common.run_pallas(
         kernel,
         grid_spec=grid_spec,
-        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype)]
+        + ([jax.ShapeDtypeStruct((num_heads, 1, length), jnp.float32)] if return_lse else []),
         interpret=interpret,
         dimension_semantics=("parallel", "parallel", "arbitrary"),
         name=kernel_name(KERNEL_PREFIX, present),
         operands=[*(jnp.asarray(t) for t in tables), *operands],
         vmem_limit_bytes=limit,
     )
+    return (out[0], out[1][:, 0]) if return_lse else out[0]
