@@ -8,7 +8,6 @@ the implementation's default), its ``options`` and ``interpret`` (None: interpre
 
 from __future__ import annotations
 
-import functools
 import math
 import numbers
 
@@ -109,50 +108,12 @@ def attention(
         "options": options,
         "interpret": interpret,
     }
-    if implementation.backward is None:
-        out = implementation.forward(q, k, v, mask, **call)
-    else:
-        out = _trainable(implementation, mask, call)(q, k, v)
+    out = implementation.trainable(mask, call)(q, k, v)
     valid = None if mask is None else mask.token_validity()
     if valid is not None and not valid.all():
         # padding slots of a permuted mask see nothing: zeros, whatever a kernel computed there
         out = jnp.where(jnp.asarray(valid)[None, :, None], out, jnp.zeros((), out.dtype))
     return out
-
-
-def _trainable(implementation, mask, call):
-    """``implementation.forward`` on (q, k, v) as a ``jax.custom_vjp`` whose gradient is the
-    implementation's own backward kernels (``registry.Backward``). Differentiating that backward
-    again (a second derivative) is refused by name."""
-    import jax
-
-    @jax.custom_vjp
-    def run(q, k, v):
-        return implementation.forward(q, k, v, mask, **call)
-
-    def forward(q, k, v):
-        return implementation.backward.forward(q, k, v, mask, **call)
-
-    def backward(residuals, do):
-        return _first_order_only(implementation.name)(residuals, do)
-
-    @functools.cache
-    def _first_order_only(name):
-        @jax.custom_jvp
-        def grads(residuals, do):
-            return implementation.backward.backward(residuals, do, mask, **call)
-
-        @grads.defjvp
-        def _(primals, tangents):
-            raise NotImplementedError(
-                f"impl={name!r} has first derivatives only (its backward kernels have no derivative); "
-                'take higher-order derivatives through impl="reference" or "xla"'
-            )
-
-        return grads
-
-    run.defvjp(forward, backward)
-    return run
 
 
 def video_attention(

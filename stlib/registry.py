@@ -135,6 +135,39 @@ class Implementation:
             return [(title, {})]
         return [(f"{title} {label}", dict(options)) for label, options in self.variants.items()]
 
+    def trainable(self, mask, call: dict, primal: Callable | None = None) -> Callable:
+        """(q, k, v) -> o: ``forward`` with ``mask`` and ``call`` (its keywords) as a function whose
+        gradient is this implementation's own backward (``Backward``, joined as a
+        ``jax.custom_vjp``; without one, ``forward`` as it is, differentiable where it is plain
+        JAX). ``primal``: what runs when nothing is differentiated (default ``forward``; a plan
+        runner passes its kernel on the plan's own layout). A second derivative through the
+        backward kernels is refused by name."""
+        import jax
+
+        def forward(q, k, v):
+            return self.forward(q, k, v, mask, **call)
+
+        if self.backward is None:
+            return forward
+        run = jax.custom_vjp(primal or forward)
+
+        def keep_residuals(q, k, v):
+            return self.backward.forward(q, k, v, mask, **call)
+
+        @jax.custom_jvp
+        def gradients(residuals, do):
+            return self.backward.backward(residuals, do, mask, **call)
+
+        @gradients.defjvp
+        def _(primals, tangents):
+            raise NotImplementedError(
+                f"impl={self.name!r} has first derivatives only (its backward kernels have no derivative); "
+                'take higher-order derivatives through impl="reference" or "xla"'
+            )
+
+        run.defvjp(keep_residuals, gradients)
+        return run
+
     @property
     def is_pallas(self) -> bool:
         return bool(self.kernel_names)

@@ -315,12 +315,19 @@ def run_plan(q, k, v, plan, *, scale, options, interpret):
     if explicit is not None and BoundaryPolicy(explicit) != plan.boundary:
         raise ValueError(f"options boundary={explicit!r} differs from the plan's {plan.boundary.value!r}")
     opts = dataclasses.replace(opts, boundary=plan.boundary)
-    return plan.in_order(
-        q,
-        k,
-        v,
-        lambda *qkv: tile_attention(*qkv, plan.layout, scale=scale, options=opts, interpret=interpret),
+    call = {
+        "scale": scale,
+        "block_q": plan.block_q,
+        "block_kv": plan.block_kv,
+        "options": opts,
+        "interpret": interpret,
+    }
+    kernel = IMPLEMENTATION.trainable(
+        plan.layout.mask,
+        call,
+        primal=lambda *qkv: tile_attention(*qkv, plan.layout, scale=scale, options=opts, interpret=interpret),
     )
+    return plan.in_order(q, k, v, kernel)
 
 
 def _pass_of(kernel: str) -> PassKind:

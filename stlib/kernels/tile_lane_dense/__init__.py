@@ -177,14 +177,22 @@ def run_plan(q, k, v, plan, *, scale, options, interpret):
     """pallas_tile_lane_dense on a routed plan's kernel layout (``stlib.routing.SvgPlan``; rounded
     tiles as FULL tiles): reorder per head, run, restore."""
     opts = IMPLEMENTATION.options(options)
-    return plan.in_order(
-        q,
-        k,
-        v,
-        lambda *qkv: lane_dense_attention(
-            *qkv, plan.kernel_layout, scale=scale, options=opts, interpret=interpret
+    layout = plan.kernel_layout
+    call = {
+        "scale": scale,
+        "block_q": layout.block_q,
+        "block_kv": layout.block_kv,
+        "options": opts,
+        "interpret": interpret,
+    }
+    kernel = IMPLEMENTATION.trainable(
+        layout.mask,
+        call,
+        primal=lambda *qkv: lane_dense_attention(
+            *qkv, layout, scale=scale, options=opts, interpret=interpret
         ),
     )
+    return plan.in_order(q, k, v, kernel)
 
 
 def _plan(layout: BlockLayout, options) -> StepPlan:
