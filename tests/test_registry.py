@@ -56,8 +56,10 @@ def test_options_are_validated_and_typed():
         tile.options({"shape": "round"})
     with pytest.raises(TypeError, match="TileOptions"):
         tile.options(FlashOptions())
-    with pytest.raises(TypeError, match="NoOptions"):
+    with pytest.raises(TypeError, match="SplashOptions"):
         registry.get("splash").options(TileOptions())
+    with pytest.raises(TypeError, match="NoOptions"):
+        registry.get("xla").options(TileOptions())
 
 
 def test_attention_passes_options_to_the_kernel():

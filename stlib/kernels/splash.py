@@ -18,7 +18,8 @@ What the adapter does around ``make_splash_mha``:
   MHA kernel, which supports both; ``stlib.attention`` itself takes equal shapes, so only callers of
   ``splash_attention`` (the static estimate's compile) use them.
 
-Differentiable: the backward is Splash's own fused dk / dv / dq kernel on the forward's tiles.
+Differentiable: the backward is Splash's own, fused dk / dv / dq or split (``SplashOptions``), on
+the forward's tiles.
 """
 
 from __future__ import annotations
@@ -52,6 +53,18 @@ TUNED_CANDIDATES = ((512, 1024), (512, 2048), (1024, 1024), (1024, 2048), (2048,
 
 
 @dataclass(frozen=True)
+class SplashOptions:
+    """``fused_backward``: ``jax.grad`` runs Splash's fused dk / dv / dq kernel (True; dq summed
+    over per-kv-tile partials in HBM) or its split dq and dk / dv kernels (False)."""
+
+    fused_backward: bool = True
+
+    def __post_init__(self):
+        if not isinstance(self.fused_backward, bool):
+            raise TypeError(f"fused_backward={self.fused_backward!r} must be True or False")
+
+
+@dataclass(frozen=True)
 class SplashBlocks:
     """Splash tile sizes; every one a multiple of 128, and block_kv a multiple of block_kv_compute."""
 
@@ -73,9 +86,10 @@ class SplashBlocks:
         """Smallest Lp >= length that both block_q and block_kv divide."""
         return round_up(length, math.lcm(self.block_q, self.block_kv))
 
-    def to_splash(self) -> sa.BlockSizes:
-        """Splash's block sizes: the forward's, and the same tiles for its fused dk / dv / dq
-        backward kernel (``jax.grad`` through Splash runs it)."""
+    def to_splash(self, fused_backward: bool = True) -> sa.BlockSizes:
+        """Splash's block sizes: the forward's, and the same tiles for its backward kernels (fused
+        dk / dv / dq, or split dq and dk / dv), which ``jax.grad`` through Splash runs."""
+        split = {} if fused_backward else {"block_q_dq": self.block_q, "block_kv_dq": self.block_kv}
         return sa.BlockSizes(
             block_q=self.block_q,
             block_kv=self.block_kv,
@@ -83,7 +97,8 @@ class SplashBlocks:
             block_q_dkv=self.block_q,
             block_kv_dkv=self.block_kv,
             block_kv_dkv_compute=self.block_kv_compute,
-            use_fused_bwd_kernel=True,
+            use_fused_bwd_kernel=fused_backward,
+            **split,
         )
 
 
@@ -234,7 +249,7 @@ def splash_attention(q, k, v, mask, *, scale, block_q, block_kv, options=None, i
 
     kernel = sa.make_splash_mha(
         splash,
-        block_sizes=blocks.to_splash(),
+        block_sizes=blocks.to_splash((options or SplashOptions()).fused_backward),
         head_shards=1,
         q_seq_shards=1,
         interpret=resolve_interpret(interpret),
@@ -314,6 +329,7 @@ IMPLEMENTATION = register(
         title="Splash",
         forward=splash_attention,
         description="JAX's Splash attention on stlib masks: the baseline",
+        options_type=SplashOptions,
         work=lambda layout, num_heads, head_dim, options: splash_work(layout, num_heads, head_dim),
         kernel_names=("splash",),
         compute_regions=lambda kernel, n: ["compute"],
