@@ -150,21 +150,12 @@ class Implementation:
         if self.backward is None:
             return forward
         run = jax.custom_vjp(primal or forward)
-
-        def keep_residuals(q, k, v):
-            return self.backward.forward(q, k, v, mask, **call)
-
-        @jax.custom_jvp
-        def gradients(residuals, do):
-            return self.backward.backward(residuals, do, mask, **call)
-
-        @gradients.defjvp
-        def _(primals, tangents):
-            raise NotImplementedError(
-                f"impl={self.name!r} has first derivatives only (its backward kernels have no derivative); "
-                'take higher-order derivatives through impl="reference" or "xla"'
-            )
-
+        message = (
+            f"impl={self.name!r} has first derivatives only (its kernels have no derivative of their own); "
+            'take higher-order derivatives through impl="reference" or "xla"'
+        )
+        keep_residuals = _first_order_only(lambda q, k, v: self.backward.forward(q, k, v, mask, **call), message)
+        gradients = _first_order_only(lambda res, do: self.backward.backward(res, do, mask, **call), message)
         run.defvjp(keep_residuals, gradients)
         return run
 
@@ -233,6 +224,20 @@ class Implementation:
     def owns_kernel(self, kernel: str) -> bool:
         """Whether a compiled Pallas kernel of this name belongs to this implementation."""
         return any(kernel.startswith(prefix) for prefix in self.kernel_names)
+
+
+def _first_order_only(fn: Callable, message: str) -> Callable:
+    """``fn`` with a derivative that raises NotImplementedError(``message``): the rules of a
+    ``custom_vjp`` whose Pallas kernels have none, so that a second derivative says why it fails."""
+    import jax
+
+    wrapped = jax.custom_jvp(fn)
+
+    @wrapped.defjvp
+    def _(primals, tangents):
+        raise NotImplementedError(message)
+
+    return wrapped
 
 
 IMPLEMENTATIONS: dict[str, Implementation] = {}
