@@ -66,10 +66,10 @@ def _assert_gradients(got, want, dtype, dense, unseen_keys: bool = True):
 
 
 @pytest.mark.parametrize("impl", ALL)
-@pytest.mark.parametrize(
-    ("dtype", "jit"), [(jnp.float32, True), (jnp.bfloat16, False)], ids=["f32-jit", "bf16"]
-)
-def test_gradients_equal_the_analytic_gradient(impl, dtype, jit):
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+def test_jit_gradients_equal_the_analytic_gradient(impl, dtype):
+    """jax.jit(jax.grad(...)) of every implementation (eager jax.grad: the next test)."""
+    jit = True
     dense, mask, (q, k, v), do = _mask_and_data(dtype)
     blocks = dict(zip(("block_q", "block_kv"), small_blocks(impl, mask, LENGTH)))
     if registry.get(impl).resolve is None:
@@ -80,6 +80,18 @@ def test_gradients_equal_the_analytic_gradient(impl, dtype, jit):
 
     got = _grad_fn(loss, jit)(q, k, v)
     _assert_gradients(got, analytic_gradients(q, k, v, dense, do, DIM**-0.5), dtype, dense)
+
+
+def test_eager_grad_equals_the_analytic_gradient():
+    """jax.grad without jit, through the kernel that impl="auto" runs on a TPU."""
+    dense, mask, (q, k, v), do = _mask_and_data(jnp.float32, seed=1)
+
+    def loss(q, k, v):
+        out = stlib.attention(q, k, v, mask, impl="pallas_tile_lane_dense", block_q=128, block_kv=128)
+        return jnp.sum(out * do)
+
+    got = _grad_fn(loss, jit=False)(q, k, v)
+    _assert_gradients(got, analytic_gradients(q, k, v, dense, do, DIM**-0.5), jnp.float32, dense)
 
 
 @pytest.mark.parametrize("impl", ["xla", "pallas_tile_lane_dense"])
