@@ -154,7 +154,9 @@ class Implementation:
             f"impl={self.name!r} has first derivatives only (its kernels have no derivative of their own); "
             'take higher-order derivatives through impl="reference" or "xla"'
         )
-        keep_residuals = _first_order_only(lambda q, k, v: self.backward.forward(q, k, v, mask, **call), message)
+        keep_residuals = _first_order_only(
+            lambda q, k, v: self.backward.forward(q, k, v, mask, **call), message
+        )
         gradients = _first_order_only(lambda res, do: self.backward.backward(res, do, mask, **call), message)
         run.defvjp(keep_residuals, gradients)
         return run

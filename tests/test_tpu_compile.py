@@ -24,6 +24,7 @@ GRID = CASE_STUDY.grid
 SHAPE = jax.ShapeDtypeStruct(CASE_STUDY.qkv_shape, jnp.bfloat16)
 STA_BLOCK = CASE_STUDY.sta_tile[0] * CASE_STUDY.sta_tile[1] * CASE_STUDY.sta_tile[2]
 KERNEL_CHIPS = [(impl.name, chip) for impl in registry.tpu_kernels() for chip in impl.chips]
+AUTO_TPU_KERNEL = registry.choose("auto", masks.full(8), backend="tpu").name
 
 
 @functools.cache
@@ -148,3 +149,29 @@ def test_lane_dense_sliding_tile_in_rows_of_tiles_compiles(chip):
     )
     (name,) = set(re.findall(r"stlib_tile_ld_[a-z0-9_]+", compiled.text()))
     assert re.fullmatch(r"stlib_tile_ld(_p\d)+", name), name  # pattern regions only: no mask evaluated
+
+
+# the backward: one case-study compile per chip of the backward kernels every stlib Pallas kernel
+# shares (here through pallas_tile_lane_dense, impl="auto" on a TPU), and Splash's own on v6e; the
+# rest of the matrix: python -m stlib.bench.backward_compile (its records in data/)
+
+
+@pytest.mark.parametrize(("impl", "chip"), [(AUTO_TPU_KERNEL, chip) for chip in CHIPS] + [("splash", "v6e")])
+def test_the_backward_compiles_at_case_study_shape(impl, chip):
+    from stlib.kernels.backward import DKV_PREFIX, DQ_PREFIX
+
+    band = case_mask("band")
+
+    def grads(q, k, v):
+        def loss(q, k, v):
+            return jnp.sum(stlib.attention(q, k, v, band, impl=impl, interpret=False).astype(jnp.float32))
+
+        return jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+
+    compiled = compile_for_tpu(grads, SHAPE, SHAPE, SHAPE, chip=chip)
+    text = compiled.text()
+    assert compiled.memory()["output_size_in_bytes"] >= 3 * SHAPE.size * 2  # dq, dk, dv in bf16
+    if registry.get(impl).baseline:
+        assert "splash" in text
+    else:
+        assert DQ_PREFIX in text and DKV_PREFIX in text

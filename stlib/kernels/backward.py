@@ -10,8 +10,10 @@ gradient of o = P v under a cotangent dO is
 The dq kernel walks each q tile's kv tiles (the forward's grid) and accumulates dQ; the dk / dv
 kernel walks each kv tile's q tiles (which q tiles touch it: the transposed table) and accumulates
 dK and dV, so neither writes partials to HBM and both are deterministic. That is 7 matmuls against
-the forward's 2 (S twice, dP twice, dV, dQ, dK); a fused kernel would share S and dP. A kv tile
-that no query of a pass sees still gets one step, which writes its zeros.
+the forward's 2 (S twice, dP twice, dV, dQ, dK); a fused kernel would share S and dP. Each grid
+walks only the rows that have tiles in its pass, adding into f32 accumulators that the passes share
+(aliased buffers, zeros at the start): a kv tile that no query sees is never visited and keeps
+zero dk and dv, and a pass of few tiles (the ragged last kv tile) costs few steps.
 
 The residuals are the output and one f32 log-sum-exp per query, kept lane-dense ([H, 1, L]: queries
 on lanes); di is computed once in f32 (XLA glue) in the same form. The dk / dv kernel computes the
@@ -45,13 +47,6 @@ LOG2_E = 1.0 / math.log(2.0)
 DQ_PREFIX, DKV_PREFIX = "stlib_bwd_dq", "stlib_bwd_dkv"
 
 
-def _transposed_tables(selected: np.ndarray, plan: common.MaskPlan) -> tuple[list[np.ndarray], int]:
-    """The dk / dv kernel's tables: per kv tile, its q tiles (the forward's tables transposed)."""
-    if plan.mode == common.MaskPlanMode.TABLE:
-        plan = dataclasses.replace(plan, index=np.broadcast_to(plan.index, selected.shape).transpose(0, 2, 1))
-    return common.row_step_tables(np.ascontiguousarray(selected.transpose(0, 2, 1)), plan)
-
-
 def _mask_fn(plan: common.MaskPlan, tab, head, qi, ki, bq, bkv, *, transposed: bool):
     """bool mask of a step's tile, [bq, bkv] (or [bkv, bq] ``transposed``), or None (no mask)."""
     mode = plan.mode
@@ -75,51 +70,75 @@ def _dot(a, b, contract):
     )
 
 
-def _dq_pass(q, k, v, do, lse, di, selected, plan, *, bq, bkv, score_scale, exp, interpret):
-    """dQ / scale of one pass: [H, Lq, D] f32."""
-    num_heads, lq, head_dim = q.shape
-    nq = lq // bq
-    shared = selected.shape[0] == 1
-    tables, extent = common.row_step_tables(selected, plan)
+def _worked_rows(counts: np.ndarray, num_heads: int) -> list[np.ndarray]:
+    """[head, row, slot] int32 tables of every (head, row) of a pass with at least one tile (slot:
+    the row's index in the per-row tables, shared by every head of a head-uniform layout). Rows
+    without a tile are never visited: their accumulator keeps what earlier passes (or the zeros it
+    started from) left there, so a kv tile no query sees ends with zero dk and dv."""
+    hl, rows = counts.shape
+    if hl == 1:
+        active = np.flatnonzero(counts[0] > 0)
+        head, row = np.repeat(np.arange(num_heads), active.size), np.tile(active, num_heads)
+        slot = row
+    else:
+        head, row = np.nonzero(counts > 0)
+        slot = head * rows + row
+    return [x.astype(np.int32) for x in (head, row, slot)]
+
+
+def _grid_tables(selected, plan, num_heads, *, transposed: bool):
+    """(prefetch tables, W, worked rows) of a pass: the worked rows' head / row / slot, then the
+    per-row tile lists and counts (the forward's, or transposed: per kv tile its q tiles) and the
+    mask-table index or kv_valid a plan needs (last)."""
+    if transposed:
+        if plan.mode == common.MaskPlanMode.TABLE:
+            plan = dataclasses.replace(
+                plan, index=np.broadcast_to(plan.index, selected.shape).transpose(0, 2, 1)
+            )
+        selected = np.ascontiguousarray(selected.transpose(0, 2, 1))
+    per_row, extent = common.row_step_tables(selected, plan)
+    worked = _worked_rows(per_row[1].reshape(selected.shape[:2]), num_heads)
+    return [*worked, *per_row], extent, worked[0].size
+
+
+def _dq_pass(q, k, v, do, lse, di, dq_in, selected, plan, *, bq, bkv, score_scale, exp, interpret):
+    """dq_in + dQ / scale of one pass, [H, Lq, D] f32 (dq_in's buffer reused)."""
+    num_heads, _, head_dim = q.shape
+    tables, extent, n_rows = _grid_tables(selected, plan, num_heads, transposed=False)
     common.check_prefetch(tables, plan, bq, "the dq kernel", "use larger tiles or fewer heads per call")
     table_mask = plan.mode == common.MaskPlanMode.TABLE
 
-    def locate(h, i, j, tiles, counts, *_):
-        row = i if shared else h * nq + i
-        return tiles[row * extent + j], row * extent + j, j < counts[row]
+    def where(p, j, head, row, slot, tiles, counts, *_):
+        """(head, q tile, kv tile, table entry, active) of grid step (p, j)."""
+        entry = slot[p] * extent + j
+        return head[p], row[p], tiles[entry], entry, j < counts[slot[p]]
 
     def kernel(*refs):
-        tab = refs[: len(tables)]
-        rest = refs[len(tables) :]
-        if table_mask:
-            q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, mask_ref, dq_ref, lse_col, di_col, acc = rest
-        else:
-            q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dq_ref, lse_col, di_col, acc = rest
-        h, i, j = (pl.program_id(a) for a in range(3))
-        ki, _, active = locate(h, i, j, *tab)
+        tab, rest = refs[: len(tables)], list(refs[len(tables) :])
+        mask_ref = rest.pop(7) if table_mask else None
+        q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dq_prev, dq_ref, lse_col, di_col, acc = rest
+        p, j = pl.program_id(0), pl.program_id(1)
+        h, qi, ki, _, active = where(p, j, *tab)
 
         @pl.when(j == 0)
-        def _():
-            # the lane-dense rows of this q tile as columns, once per q tile
-            lse_col[...] = jnp.broadcast_to(
-                jnp.transpose(jnp.broadcast_to(lse_ref[...], (8, bq)))[:, :1], lse_col.shape
-            )
-            di_col[...] = jnp.broadcast_to(
-                jnp.transpose(jnp.broadcast_to(di_ref[...], (8, bq)))[:, :1], di_col.shape
-            )
-            acc[...] = jnp.zeros(acc.shape, jnp.float32)
+        def _():  # this q tile's lane-dense rows as columns, once per q tile
+            for row, col in ((lse_ref, lse_col), (di_ref, di_col)):
+                col[...] = jnp.broadcast_to(
+                    jnp.transpose(jnp.broadcast_to(row[...], (8, bq)))[:, :1], col.shape
+                )
+            acc[...] = dq_prev[...]
 
         @pl.when(active)
         def _():
             qs = (q_ref[...].astype(jnp.float32) * score_scale).astype(q_ref.dtype)
             s = _dot(qs, k_ref[...], (1, 1))  # [bq, bkv]
-            p = exp(s - common._lanes(lse_col[...], bkv))
+            p_ = exp(s - common._lanes(lse_col[...], bkv))
             dp = _dot(do_ref[...], v_ref[...], (1, 1))  # [bq, bkv]
-            ds = p * (dp - common._lanes(di_col[...], bkv))
+            ds = p_ * (dp - common._lanes(di_col[...], bkv))
             allowed = (
                 (mask_ref[...] != 0)
                 if table_mask
-                else _mask_fn(plan, tab, h, i, ki, bq, bkv, transposed=False)
+                else _mask_fn(plan, tab, h, qi, ki, bq, bkv, transposed=False)
             )
             if allowed is not None:
                 ds = jnp.where(allowed, ds, 0.0)
@@ -129,9 +148,18 @@ def _dq_pass(q, k, v, do, lse, di, selected, plan, *, bq, bkv, score_scale, exp,
         def _():
             dq_ref[...] = acc[...]
 
-    q_map = lambda h, i, j, *tab: (h, i, 0)
-    row_map = lambda h, i, j, *tab: (h, 0, i)
-    kv_map = lambda h, i, j, *tab: (h, locate(h, i, j, *tab)[0], 0)
+    def q_map(p, j, *tab):
+        h, qi, *_ = where(p, j, *tab)
+        return (h, qi, 0)
+
+    def kv_map(p, j, *tab):
+        h, _, ki, *_ = where(p, j, *tab)
+        return (h, ki, 0)
+
+    def row_map(p, j, *tab):
+        h, qi, *_ = where(p, j, *tab)
+        return (h, 0, qi)
+
     in_specs = [
         pl.BlockSpec((None, bq, head_dim), q_map),
         pl.BlockSpec((None, bkv, head_dim), kv_map),
@@ -139,16 +167,17 @@ def _dq_pass(q, k, v, do, lse, di, selected, plan, *, bq, bkv, score_scale, exp,
         pl.BlockSpec((None, bq, head_dim), q_map),
         pl.BlockSpec((None, 1, bq), row_map),  # lse, lane-dense
         pl.BlockSpec((None, 1, bq), row_map),  # di, lane-dense
+        pl.BlockSpec((None, bq, head_dim), q_map),  # dq so far (aliased to the output)
     ]
-    operands = [q, k, v, do, lse, di]
+    operands = [q, k, v, do, lse, di, dq_in]
     if table_mask:
         in_specs.append(
-            pl.BlockSpec((None, bq, bkv), lambda h, i, j, *tab: (tab[-1][locate(h, i, j, *tab)[1]], 0, 0))
+            pl.BlockSpec((None, bq, bkv), lambda p, j, *tab: (tab[-1][where(p, j, *tab)[3]], 0, 0))
         )
         operands.append(jnp.asarray(plan.table))
     grid_spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=len(tables),
-        grid=(num_heads, nq, extent),
+        grid=(n_rows, extent),
         in_specs=in_specs,
         out_specs=pl.BlockSpec((None, bq, head_dim), q_map),
         scratch_shapes=[
@@ -160,51 +189,48 @@ def _dq_pass(q, k, v, do, lse, di, selected, plan, *, bq, bkv, score_scale, exp,
     return common.run_pallas(
         kernel,
         grid_spec=grid_spec,
-        out_shape=jax.ShapeDtypeStruct((num_heads, lq, head_dim), jnp.float32),
+        out_shape=jax.ShapeDtypeStruct(dq_in.shape, jnp.float32),
         interpret=interpret,
-        dimension_semantics=("parallel", "parallel", "arbitrary"),
-        name=f"{DQ_PREFIX}",
+        dimension_semantics=("parallel", "arbitrary"),
+        name=DQ_PREFIX,
         operands=[*(jnp.asarray(t) for t in tables), *operands],
+        input_output_aliases={len(tables) + 6: 0},
     )
 
 
-def _dkv_pass(q, k, v, do, lse, di, selected, plan, *, bq, bkv, score_scale, exp, interpret):
-    """(dK / scale, dV) of one pass: [H, Lkv, D] f32 each."""
-    num_heads, lkv, head_dim = k.shape
-    nk = lkv // bkv
-    shared = selected.shape[0] == 1
-    tables, extent = _transposed_tables(selected, plan)
+def _dkv_pass(q, k, v, do, lse, di, dk_in, dv_in, selected, plan, *, bq, bkv, score_scale, exp, interpret):
+    """(dk_in + dK / scale, dv_in + dV) of one pass, [H, Lkv, D] f32 each (their buffers reused)."""
+    num_heads, _, head_dim = k.shape
+    tables, extent, n_rows = _grid_tables(selected, plan, num_heads, transposed=True)
     common.check_prefetch(tables, plan, bq, "the dk / dv kernel", "use larger tiles or fewer heads per call")
     table_mask = plan.mode == common.MaskPlanMode.TABLE
 
-    def locate(h, r, j, tiles, counts, *_):
-        row = r if shared else h * nk + r
-        return tiles[row * extent + j], row * extent + j, j < counts[row]
+    def where(p, j, head, row, slot, tiles, counts, *_):
+        """(head, kv tile, q tile, table entry, active) of grid step (p, j)."""
+        entry = slot[p] * extent + j
+        return head[p], row[p], tiles[entry], entry, j < counts[slot[p]]
 
     def kernel(*refs):
-        tab = refs[: len(tables)]
-        rest = refs[len(tables) :]
-        if table_mask:
-            q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, mask_ref, dk_ref, dv_ref, dk_acc, dv_acc = rest
-        else:
-            q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dk_ref, dv_ref, dk_acc, dv_acc = rest
-        h, r, j = (pl.program_id(a) for a in range(3))
-        qi, _, active = locate(h, r, j, *tab)
+        tab, rest = refs[: len(tables)], list(refs[len(tables) :])
+        mask_ref = rest.pop(8) if table_mask else None
+        q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dk_prev, dv_prev, dk_ref, dv_ref, dk_acc, dv_acc = rest
+        p, j = pl.program_id(0), pl.program_id(1)
+        h, ki, qi, _, active = where(p, j, *tab)
 
         @pl.when(j == 0)
         def _():
-            dk_acc[...] = jnp.zeros(dk_acc.shape, jnp.float32)
-            dv_acc[...] = jnp.zeros(dv_acc.shape, jnp.float32)
+            dk_acc[...] = dk_prev[...]
+            dv_acc[...] = dv_prev[...]
 
         @pl.when(active)
         def _():
             qs = (q_ref[...].astype(jnp.float32) * score_scale).astype(q_ref.dtype)
             s_t = _dot(k_ref[...], qs, (1, 1))  # [bkv, bq]: keys on sublanes
-            p_t = exp(s_t - lse_ref[...])  # lse row [1, bq] broadcast over the keys
+            p_t = exp(s_t - lse_ref[...])  # the lse row [1, bq] broadcasts over the keys
             allowed = (
                 (mask_ref[...] != 0)
                 if table_mask
-                else _mask_fn(plan, tab, h, qi, r, bq, bkv, transposed=True)
+                else _mask_fn(plan, tab, h, qi, ki, bq, bkv, transposed=True)
             )
             if allowed is not None:
                 p_t = jnp.where(allowed, p_t, 0.0)
@@ -220,9 +246,18 @@ def _dkv_pass(q, k, v, do, lse, di, selected, plan, *, bq, bkv, score_scale, exp
             dk_ref[...] = dk_acc[...]
             dv_ref[...] = dv_acc[...]
 
-    kv_map = lambda h, r, j, *tab: (h, r, 0)
-    q_map = lambda h, r, j, *tab: (h, locate(h, r, j, *tab)[0], 0)
-    row_map = lambda h, r, j, *tab: (h, 0, locate(h, r, j, *tab)[0])
+    def kv_map(p, j, *tab):
+        h, ki, *_ = where(p, j, *tab)
+        return (h, ki, 0)
+
+    def q_map(p, j, *tab):
+        h, _, qi, *_ = where(p, j, *tab)
+        return (h, qi, 0)
+
+    def row_map(p, j, *tab):
+        h, _, qi, *_ = where(p, j, *tab)
+        return (h, 0, qi)
+
     in_specs = [
         pl.BlockSpec((None, bq, head_dim), q_map),
         pl.BlockSpec((None, bkv, head_dim), kv_map),
@@ -230,16 +265,18 @@ def _dkv_pass(q, k, v, do, lse, di, selected, plan, *, bq, bkv, score_scale, exp
         pl.BlockSpec((None, bq, head_dim), q_map),
         pl.BlockSpec((None, 1, bq), row_map),
         pl.BlockSpec((None, 1, bq), row_map),
+        pl.BlockSpec((None, bkv, head_dim), kv_map),  # dk so far (aliased)
+        pl.BlockSpec((None, bkv, head_dim), kv_map),  # dv so far (aliased)
     ]
-    operands = [q, k, v, do, lse, di]
+    operands = [q, k, v, do, lse, di, dk_in, dv_in]
     if table_mask:
         in_specs.append(
-            pl.BlockSpec((None, bkv, bq), lambda h, r, j, *tab: (tab[-1][locate(h, r, j, *tab)[1]], 0, 0))
+            pl.BlockSpec((None, bkv, bq), lambda p, j, *tab: (tab[-1][where(p, j, *tab)[3]], 0, 0))
         )
         operands.append(jnp.asarray(np.ascontiguousarray(plan.table.transpose(0, 2, 1))))
     grid_spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=len(tables),
-        grid=(num_heads, nk, extent),
+        grid=(n_rows, extent),
         in_specs=in_specs,
         out_specs=[pl.BlockSpec((None, bkv, head_dim), kv_map)] * 2,
         scratch_shapes=[pltpu.VMEM((bkv, head_dim), jnp.float32)] * 2,
@@ -247,11 +284,12 @@ def _dkv_pass(q, k, v, do, lse, di, selected, plan, *, bq, bkv, score_scale, exp
     return common.run_pallas(
         kernel,
         grid_spec=grid_spec,
-        out_shape=[jax.ShapeDtypeStruct((num_heads, lkv, head_dim), jnp.float32)] * 2,
+        out_shape=[jax.ShapeDtypeStruct(dk_in.shape, jnp.float32)] * 2,
         interpret=interpret,
-        dimension_semantics=("parallel", "parallel", "arbitrary"),
-        name=f"{DKV_PREFIX}",
+        dimension_semantics=("parallel", "arbitrary"),
+        name=DKV_PREFIX,
         operands=[*(jnp.asarray(t) for t in tables), *operands],
+        input_output_aliases={len(tables) + 6: 0, len(tables) + 7: 1},
     )
 
 
@@ -283,15 +321,41 @@ def tile_backward(
     dq = jnp.zeros(qp.shape, jnp.float32)
     dk = jnp.zeros(kp.shape, jnp.float32)
     dv = jnp.zeros(vp.shape, jnp.float32)
-    for p in passes:
-        dq = dq + _dq_pass(qp, kp, vp, dop, lse_row, di_row, p.selected, p.plan, **args)
-        dk_p, dv_p = _dkv_pass(qp, kp, vp, dop, lse_row, di_row, p.selected, p.plan, **args)
-        dk, dv = dk + dk_p, dv + dv_p
+    for p in passes:  # each pass adds into the accumulators in place (aliased buffers)
+        dq = _dq_pass(qp, kp, vp, dop, lse_row, di_row, dq, p.selected, p.plan, **args)
+        dk, dv = _dkv_pass(qp, kp, vp, dop, lse_row, di_row, dk, dv, p.selected, p.plan, **args)
     return (
         (dq[:, :length] * scale).astype(q.dtype),
         (dk[:, :length] * scale).astype(k.dtype),
         dv[:, :length].astype(v.dtype),
     )
+
+
+#: Matmuls per computed tile: the dq kernel (S, dP, dQ) and the dk / dv kernel (S^T, dV, dP^T, dK)
+#: against the forward's 2 (S, P V); each 2 * block_q * block_kv * D flops.
+DQ_MATMULS, DKV_MATMULS, FORWARD_MATMULS = 3, 4, 2
+
+
+def backward_work(layout, passes, num_heads: int, head_dim: int) -> dict:
+    """What the split backward executes over ``passes`` (``layout``'s, as ``split_passes`` gives
+    them) for ``num_heads`` heads: grid steps of the dq and dk / dv kernels (the worked rows of each
+    pass times its widest row), computed tiles, kv tiles that no query sees, and matmul flops
+    beside the forward's on the same tiles."""
+    out = {"dq_steps": 0, "dkv_steps": 0, "computed_tiles": 0}
+    for p in passes:
+        mult = num_heads if p.selected.shape[0] == 1 else 1
+        for key, axis in (("dq_steps", 2), ("dkv_steps", 1)):
+            counts = p.selected.sum(axis=axis)
+            out[key] += mult * int((counts > 0).sum()) * max(int(counts.max()), 1)
+        out["computed_tiles"] += mult * int(p.selected.sum())
+    seen = np.zeros(layout.counts.shape[::2], bool)  # [Hl, nk]
+    for p in passes:
+        seen |= p.selected.any(axis=1)
+    out["kv_tiles_without_queries"] = (num_heads if seen.shape[0] == 1 else 1) * int((~seen).sum())
+    per_matmul = 2 * layout.block_q * layout.block_kv * head_dim * out["computed_tiles"]
+    out["forward_flops"] = FORWARD_MATMULS * per_matmul
+    out["backward_flops"] = (DQ_MATMULS + DKV_MATMULS) * per_matmul
+    return out
 
 
 def tile_training(forward_with_lse, resolve, passes_of, *, own_blocks: bool = False) -> Backward:
@@ -342,4 +406,14 @@ def tile_training(forward_with_lse, resolve, passes_of, *, own_blocks: bool = Fa
     return Backward(forward, backward)
 
 
-__all__ = ["DKV_PREFIX", "DQ_PREFIX", "residual_rows", "tile_backward", "tile_training"]
+__all__ = [
+    "DKV_MATMULS",
+    "DKV_PREFIX",
+    "DQ_MATMULS",
+    "DQ_PREFIX",
+    "FORWARD_MATMULS",
+    "backward_work",
+    "residual_rows",
+    "tile_backward",
+    "tile_training",
+]

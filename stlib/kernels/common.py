@@ -358,9 +358,11 @@ def run_pallas(
     name,
     operands,
     vmem_limit_bytes: int | None = None,
+    input_output_aliases: dict[int, int] | None = None,
 ):
     """``pl.pallas_call`` with the interpret switch (None: interpret unless on a TPU) and, when given,
-    the scoped-VMEM limit the compiled kernel may use (None: the compiler's default)."""
+    the scoped-VMEM limit the compiled kernel may use (None: the compiler's default) and the
+    operands whose buffers outputs reuse ({operand index: output index})."""
     use_interpret = resolve_interpret(interpret)
     call = pl.pallas_call(
         kernel,
@@ -371,6 +373,7 @@ def run_pallas(
         if use_interpret
         else pltpu.CompilerParams(dimension_semantics=dimension_semantics, vmem_limit_bytes=vmem_limit_bytes),
         name=name,
+        input_output_aliases=input_output_aliases or {},
     )
     return call(*operands)
 

@@ -14,6 +14,7 @@ from stlib.plotting.common import ESTIMATE_HATCH, KIND_COLORS, PALETTE, save, wh
 from stlib.plotting.estimates import estimate_speedups, estimate_vs_published
 from stlib.plotting.layouts import (
     density_vs_work,
+    forward_and_transposed_tables,
     kind_gallery,
     mask_gallery,
     occupancy_comparison,
@@ -37,6 +38,7 @@ __all__ = [
     "device_tables",
     "estimate_speedups",
     "estimate_vs_published",
+    "forward_and_transposed_tables",
     "kind_gallery",
     "latency_bars",
     "mask_gallery",

@@ -246,3 +246,35 @@ def step_codes(plan, title: str, head: int = 0):
         ax.grid(False)
     fig.suptitle(title, fontsize=10)
     return fig
+
+
+def forward_and_transposed_tables(selected: np.ndarray, title: str, head: int = 0):
+    """The tiles one pass computes (bool [Hl, nq, nk]) as the forward walks them (per q tile, its
+    kv tiles) and as the backward's dk / dv kernel walks them (per kv tile, its q tiles: the
+    transpose), each row's count beside it."""
+    forward = selected[head].astype(int)
+    fig, axes = plt.subplots(1, 2, figsize=(11.5, 4.6), constrained_layout=True)
+    panels = (
+        (axes[0], forward, "forward / dq: per q tile, its kv tiles", "kv tile", "q tile"),
+        (axes[1], forward.T, "dk / dv: per kv tile, its q tiles (transposed)", "q tile", "kv tile"),
+    )
+    for ax, table, name, xlabel, ylabel in panels:
+        ax.imshow(
+            table,
+            cmap=ListedColormap([KIND_COLORS[0], KIND_COLORS[2]]),
+            vmin=0,
+            vmax=1,
+            interpolation="nearest",
+            aspect="auto",
+        )
+        counts = table.sum(axis=1)
+        for r, count in enumerate(counts):
+            ax.text(table.shape[1] - 0.5 + 0.3, r, str(count), va="center", fontsize=7, clip_on=False)
+        ax.set(
+            title=f"{name}\nwidest row {counts.max()} of {table.shape[1]}, empty rows {int((counts == 0).sum())}",
+            xlabel=xlabel,
+            ylabel=ylabel,
+        )
+        ax.grid(False)
+    fig.suptitle(title, fontsize=10)
+    return fig

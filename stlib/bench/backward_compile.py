@@ -1,0 +1,168 @@
+"""The backward compiled for TPUs without one: ``jax.grad`` of attention at the case-study shape
+(10 heads x 75,600 tokens x 128, bf16) for every trainable TPU kernel, chip and mask of
+``MASKS``, compiled deviceless (libtpu). A record per case: whether it compiled (else the
+compiler's reason), the compile time, the program's memory (arguments, outputs, temporaries) and
+the backward's Pallas kernels in it. Nothing here is a time on a TPU.
+
+    python -m stlib.bench.backward_compile run [--chips v6e ...] [--impls ...]   # ~10-60 s a case
+    python -m stlib.bench.backward_compile table
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import time
+from pathlib import Path
+
+from stlib import paths
+
+RECORDS = "data/backward_compiles.jsonl"
+#: The case-study masks the backward compiles with (names of ``stlib.masks.catalogue``).
+MASKS = (
+    "full",
+    "band (density 0.25)",
+    "sliding tile, 3-D tiled order",
+    "per-head SVG (5 spatial, 5 temporal)",
+)
+
+
+def trainable_kernels() -> list[str]:
+    """The TPU implementations of the compile matrix: the tile kernels (their ``Backward``) and the
+    baseline (Splash's own custom_vjp). The teaching kernels (dense, block-sparse) run the same
+    backward kernels; ``--impls`` adds them."""
+    from stlib import registry
+
+    return [impl.name for impl in registry.tpu_kernels() if impl.plan_runner is not None or impl.baseline]
+
+
+def compile_backward(impl: str, mask_name: str, chip: str, options=None) -> dict:
+    """Compile ``jax.grad`` of ``stlib.attention(impl=...)`` at the case-study shape for ``chip``."""
+    import jax
+    import jax.numpy as jnp
+
+    from stlib.api import attention
+    from stlib.configs import CASE_STUDY
+    from stlib.device import compile_for_tpu
+    from stlib.kernels.backward import DKV_PREFIX, DQ_PREFIX
+    from stlib.masks.catalogue import case_study_masks
+
+    mask = case_study_masks()[mask_name]
+    shape = jax.ShapeDtypeStruct(
+        (CASE_STUDY.num_heads, CASE_STUDY.num_tokens, CASE_STUDY.head_dim), jnp.bfloat16
+    )
+
+    def loss(q, k, v):
+        out = attention(q, k, v, mask, impl=impl, options=options, interpret=False)
+        return jnp.sum(out.astype(jnp.float32))
+
+    record = {
+        "impl": impl,
+        "mask": mask_name,
+        "chip": chip,
+        "options": options or {},
+        "shape": list(shape.shape),
+    }
+    start = time.perf_counter()
+    try:
+        compiled = compile_for_tpu(jax.grad(loss, argnums=(0, 1, 2)), shape, shape, shape, chip=chip)
+    except Exception as error:  # noqa: BLE001 - a case that does not compile is recorded with its reason
+        return {**record, "compiled": False, "error": f"{type(error).__name__}: {str(error)[:400]}"}
+    text = compiled.text()
+    kernels = {
+        prefix: len(set(re.findall(rf"%({prefix}[\w.]*) = ", text))) for prefix in (DQ_PREFIX, DKV_PREFIX)
+    }
+    return {
+        **record,
+        "compiled": True,
+        "compile_s": round(time.perf_counter() - start, 1),
+        **compiled.memory(),
+        "dq_kernels": kernels[DQ_PREFIX],
+        "dkv_kernels": kernels[DKV_PREFIX],
+    }
+
+
+def cases(chips=None, impls=None) -> list[tuple[str, str, str, dict | None]]:
+    """(impl, mask, chip, options): every trainable kernel x ``MASKS`` x chip; Splash fused and
+    split."""
+    from stlib import registry
+    from stlib.device import CHIPS
+
+    out = []
+    for chip in chips or CHIPS:
+        for impl in impls or trainable_kernels():
+            variants = (
+                [{"fused_backward": True}, {"fused_backward": False}]
+                if registry.get(impl).baseline
+                else [None]
+            )
+            out += [(impl, mask, chip, options) for mask in MASKS for options in variants]
+    return out
+
+
+def run(chips=None, impls=None, path=None) -> list[dict]:
+    """Compile every case (``cases``), appending each record to ``path`` (default ``RECORDS`` under
+    ``stlib.paths.home()``) with the run's provenance."""
+    from stlib.bench.progress import progress
+    from stlib.bench.records import provenance
+
+    path = Path(path or paths.home() / RECORDS)
+    origin = provenance()
+    records = []
+    for impl, mask, chip, options in progress(cases(chips, impls), "backward compiles"):
+        record = {**compile_backward(impl, mask, chip, options), **origin}
+        with path.open("a") as handle:
+            handle.write(json.dumps(record) + "\n")
+        records.append(record)
+    return records
+
+
+def read(path=None) -> list[dict]:
+    """The latest record of each (impl, mask, chip, options) in ``path``."""
+    latest: dict = {}
+    for line in Path(path or paths.home() / RECORDS).read_text().splitlines():
+        if line.strip():
+            r = json.loads(line)
+            latest[(r["impl"], r["mask"], r["chip"], json.dumps(r["options"], sort_keys=True))] = r
+    return list(latest.values())
+
+
+def format_table(records) -> str:
+    """The records as a Markdown table (GB of temporaries per device; the error where one failed)."""
+    lines = [
+        "| chip | impl | options | mask | compiled | compile s | temp GB | dq / dkv kernels |",
+        "|" + "---|" * 8,
+    ]
+    for r in sorted(records, key=lambda r: (r["chip"], r["impl"], json.dumps(r["options"]), r["mask"])):
+        options = ", ".join(f"{k}={v}" for k, v in r["options"].items()) or "-"
+        if r["compiled"]:
+            cells = [
+                "yes",
+                f"{r['compile_s']:.0f}",
+                f"{r.get('temp_size_in_bytes', 0) / 1e9:.2f}",
+                f"{r['dq_kernels']} / {r['dkv_kernels']}",
+            ]
+        else:
+            cells = [f"no: {r['error'][:120]}", "-", "-", "-"]
+        lines.append("| " + " | ".join([r["chip"], r["impl"], options, r["mask"], *cells]) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m stlib.bench.backward_compile", description=__doc__.split("\n")[0]
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    run_parser = sub.add_parser("run", help="compile every case (no TPU needed)")
+    run_parser.add_argument("--chips", nargs="*")
+    run_parser.add_argument("--impls", nargs="*")
+    sub.add_parser("table", help="the records as a table")
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        run(args.chips, args.impls)
+    print(format_table(read()))
+
+
+if __name__ == "__main__":
+    main()
