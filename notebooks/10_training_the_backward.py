@@ -1,0 +1,331 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+
+# %% [markdown]
+# # 10 · Training: the backward pass over the same tiles, and the dk / dv kernel written in view
+#
+# Sliding Tile Attention and Video Sparse Attention are fine-tuned into video models with their sparse
+# masks, so a sparse kernel that cannot train is half a kernel. This notebook derives the backward
+# of attention and shows the tables it walks: the forward's per-q-tile lists for dq, and their
+# transpose (which q tiles touch each kv tile) for dk and dv. Then it writes the dk / dv kernel in
+# view and checks it against `jax.grad` of the reference and against stlib's own backward. Last, it
+# counts what the backward executes next to the forward.
+#
+# Terms: the **forward** computes o = softmax(q k^T * scale) v under the mask. A **cotangent** dO is
+# the gradient of the loss with respect to o, and the **backward** turns it into dq, dk, dv. The
+# **log-sum-exp** (lse) of a query row is log of the sum of exp(scores) over its allowed keys. The
+# forward already has it, and it lets the backward rebuild P without a second softmax pass.
+
+# %% tags=["parameters"]
+SIZE = None  # "full", "small" or None (automatic: case-study sizes on a TPU, small elsewhere); env STLIB_SIZE wins
+
+# numbers below measure the machinery on inputs built to be sparse, not Wan's quality.
+
+# %% tags=["parameters"]
+SIZE = None  # "full", "small" or None (automatic: case-study sizes on a TPU, small elsewhere); env STLIB_SIZE wins
+
+# %%
+# Find stlib: importable -> use it; in a clone of the repository -> put the clone on sys.path; neither
+# (Colab, a lone download) -> pip install it from STLIB_SOURCE, keeping the runtime's own jax and libtpu.
+import importlib.metadata
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+# pip source of stlib (a path, archive URL or git+URL); empty: the environment's STLIB_SOURCE, else the repository
+STLIB_SOURCE = ""  # @param {type:"string"}
+
+
+class StlibSetupError(Exception):  # IPython shows its one sentence, not a traceback
+    def _render_traceback_(self):
+        return [f"StlibSetupError: {self}"]
+
+
+if importlib.util.find_spec("stlib") is None:
+    repo = next((p for p in [Path.cwd(), *Path.cwd().parents] if (p / "stlib" / "__init__.py").is_file()), None)
+    if repo is not None:
+        sys.path.insert(0, str(repo))
+    else:
+        source = STLIB_SOURCE or os.environ.get("STLIB_SOURCE") or "git+https://github.com/stlib-video/stlib"
+        pip = [sys.executable, "-m", "pip", "install", "-q"]
+        print(f"installing stlib from {source} (the installed jax and libtpu stay) ...")
+        if subprocess.run([*pip, "--no-deps", source], capture_output=True, check=False).returncode:
+            raise StlibSetupError(f"could not pip install stlib from {source!r}: set STLIB_SOURCE to a reachable "
+                                  "clone, archive or git URL of the repository, or open the notebook inside a clone")
+        importlib.invalidate_caches()
+        missing = [r for r in importlib.metadata.requires("stlib") if not importlib.util.find_spec(re.split(r"\W", r)[0])]
+        if missing:
+            subprocess.run([*pip, *missing], check=True)
+import stlib
+
+print(f"stlib from {Path(stlib.__file__).parent}; " + ", ".join(
+    f"{d} {importlib.metadata.version(d)}" for d in ("jax", "jaxlib", "libtpu") if importlib.util.find_spec(d)))
+
+# %%
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+import stlib
+from stlib import masks, notebook, plotting
+from stlib.bench import backward_compile
+from stlib.kernels.backward import DKV_MATMULS, DQ_MATMULS, FORWARD_MATMULS, backward_work
+from stlib.kernels.passes import exact_passes
+from stlib.layout import row_tables
+from stlib.masks.catalogue import case_study_masks
+
+cfg = notebook.setup(SIZE)
+tolerance = notebook.tolerance
+L, D = 1_000, 64  # one head; ragged against 128-token tiles
+BQ = BKV = 128
+WIDTH = 150
+band = masks.band(L, WIDTH)
+q, k, v = (x[0] for x in stlib.random_qkv((1, L, D), jnp.float32, seed=0))
+do = jax.random.normal(jax.random.key(1), (L, D))
+scale = D**-0.5
+print(f"one head, L = {L:,}, D = {D}, band |q - k| <= {WIDTH}, tiles {BQ} x {BKV}")
+
+# %% [markdown]
+# ## The backward, derived
+#
+# Write S = scale * q k^T (masked entries -inf), P = softmax(S) row by row, o = P v. For a loss with
+# dO = d loss / d o:
+#
+# * dV = P^T dO (o is linear in v);
+# * dP = dO v^T;
+# * the softmax's Jacobian, row by row: dS = P * (dP - di), with di = rowsum(dP * P) = rowsum(dO * o),
+#   a number per query that the backward computes once from the output it already has;
+# * dq = scale * dS k and dk = scale * dS^T q.
+#
+# P is never stored. The forward keeps lse per query, and P = exp(S - lse) rebuilds it tile by tile.
+# A masked pair has P = 0 and contributes nothing. A row that sees no key has lse = -inf; the kernels
+# turn it into +inf so that P = exp(S - inf) = 0 there. The cell below checks the five lines against
+# `jax.grad` of the reference.
+
+# %%
+dense_mask = band.to_dense()
+
+
+def backward_by_the_formula(q, k, v, do):
+    s = jnp.where(dense_mask, (q @ k.T) * scale, -jnp.inf)
+    lse = jax.nn.logsumexp(s, axis=-1, keepdims=True)
+    p = jnp.exp(s - lse)
+    o = p @ v
+    di = jnp.sum(do * o, axis=-1, keepdims=True)
+    ds = p * (do @ v.T - di)
+    return scale * ds @ k, scale * ds.T @ q, p.T @ do
+
+
+def reference_loss(q, k, v):
+    return jnp.sum(stlib.attention(q[None], k[None], v[None], band, impl="reference")[0] * do)
+
+
+want = jax.grad(reference_loss, argnums=(0, 1, 2))(q, k, v)
+got = backward_by_the_formula(q, k, v, do)
+gap = max(float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b))) for a, b in zip(got, want))
+assert gap < 1e-4, gap
+print(f"PASSED  dq, dk, dv by the formula == jax.grad of the reference (largest gap {gap:.1e} of the largest entry)")
+
+# %% [markdown]
+# ## Two walks over the same tiles
+#
+# dq of a q tile sums over its kv tiles, the forward's own walk. dk and dv of a kv tile sum over the
+# q tiles that see it, which is the transposed walk. Splitting the backward into a dq kernel and a
+# dk / dv kernel gives each an output tile it owns for its whole row. No partial sums go to HBM, and
+# the result is deterministic. The price is recomputing S and dP in both kernels: 7 matmuls against
+# the forward's 2 (tokamax's fused kernel does it in 5, by accumulating dq across kv tiles instead).
+# For a band both walks look alike. For a causal-like or per-head mask they differ, and the
+# transposed table has its own widest row.
+
+# %%
+layout = stlib.block_layout(band, BQ, BKV)
+selected = layout.kinds != stlib.TileKind.EMPTY
+fig = plotting.forward_and_transposed_tables(selected, f"band |q - k| <= {WIDTH}, L = {L:,}, {BQ} x {BKV} tiles: the tiles computed")
+plotting.save(fig, cfg.figure("10_transposed_table"))
+causal_layout = stlib.block_layout(masks.causal(L), BQ, BKV)
+fig = plotting.forward_and_transposed_tables(causal_layout.kinds != stlib.TileKind.EMPTY,
+                                             f"causal, L = {L:,}: rows of the forward and of the transpose")
+
+# %% [markdown]
+# ### Exercise: the transposed table
+#
+# `row_tables(selected)` gives the forward's tables: for each q tile, its kv tiles (`tiles`,
+# [1, nq, W]) and how many (`counts`). Build the dk / dv kernel's tables `my_tiles_t, my_counts_t`: for
+# each kv tile, the q tiles that see it, in increasing order.
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# my_tiles_t, my_counts_t = row_tables(np.ascontiguousarray(selected.transpose(0, 2, 1)))
+# ```
+#
+# </details>
+
+# %%
+def check_transposed(tiles_t, counts_t):
+    """PASSED when every kv tile lists exactly the q tiles of the forward's tables that list it."""
+    tiles, counts = row_tables(selected)
+    want = {(int(ki), qi) for qi in range(tiles.shape[1]) for ki in tiles[0, qi, : counts[0, qi]]}
+    got = {(ki, int(qi)) for ki in range(tiles_t.shape[1]) for qi in tiles_t[0, ki, : counts_t[0, ki]]}
+    print("PASSED  the transposed table lists every (kv tile, q tile) pair once" if got == want else
+          f"NOT YET: {len(want - got)} pairs missing, {len(got - want)} extra")
+
+
+# --- your code here (the solution is in place so the notebook runs end to end) ---
+my_tiles_t, my_counts_t = row_tables(np.ascontiguousarray(selected.transpose(0, 2, 1)))
+check_transposed(my_tiles_t, my_counts_t)
+
+# %% [markdown]
+# ## The dk / dv kernel, written in view
+#
+# Grid (kv tile, step): each kv tile walks its q tiles from the transposed table, prefetched into
+# SMEM. It keeps dk and dv of its keys in f32 VMEM scratch and writes them once, at its last step.
+# The scores are computed transposed, S^T = k q^T [block_kv, block_q], with keys on sublanes and
+# queries on lanes. Then lse and di, stored lane-dense as one [1, L] row each, broadcast over the
+# keys for free: no [L, 1] column, which a TPU would pad 128-fold (a `T(8,128)` layout). The band's
+# predicate is two iotas and a compare.
+
+# %%
+def dkv_kernel(tiles_ref, counts_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dk_ref, dv_ref, dk_acc, dv_acc,
+               *, extent):
+    r, j = pl.program_id(0), pl.program_id(1)  # kv tile r, its j-th q tile
+    qi = tiles_ref[r * extent + j]
+
+    @pl.when(j == 0)
+    def _():
+        dk_acc[...] = jnp.zeros(dk_acc.shape, jnp.float32)
+        dv_acc[...] = jnp.zeros(dv_acc.shape, jnp.float32)
+
+    @pl.when(j < counts_ref[r])
+    def _():
+        q_t, k_t, v_t, do_t = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
+        s_t = jax.lax.dot_general(k_t, q_t, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale
+        keys = r * BKV + jax.lax.broadcasted_iota(jnp.int32, s_t.shape, 0)
+        queries = qi * BQ + jax.lax.broadcasted_iota(jnp.int32, s_t.shape, 1)
+        allowed = (jnp.abs(queries - keys) <= WIDTH) & (keys < L) & (queries < L)
+        p_t = jnp.where(allowed, jnp.exp(s_t - lse_ref[...]), 0.0)  # [BKV, BQ]
+        dv_acc[...] += p_t @ do_t
+        dp_t = jax.lax.dot_general(v_t, do_t, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        ds_t = jnp.where(allowed, p_t * (dp_t - di_ref[...]), 0.0)
+        dk_acc[...] += (ds_t @ q_t) * scale
+
+    @pl.when(j == extent - 1)
+    def _():
+        dk_ref[...] = dk_acc[...]
+        dv_ref[...] = dv_acc[...]
+
+
+def dk_dv(q, k, v, do, lse, di):
+    tiles_t, counts_t = row_tables(np.ascontiguousarray(selected.transpose(0, 2, 1)))
+    extent = tiles_t.shape[2]
+    nk = tiles_t.shape[1]
+    pad = lambda x, n: jnp.pad(x, ((0, n - x.shape[0]),) + ((0, 0),) * (x.ndim - 1))
+    lq, lk = layout.grid_shape[0] * BQ, nk * BKV
+    qp, dop, kp, vp = pad(q, lq), pad(do, lq), pad(k, lk), pad(v, lk)
+    lse_row = jnp.pad(lse, (0, lq - L), constant_values=jnp.inf)[None]  # [1, Lq]: padding rows see nothing
+    di_row = jnp.pad(di, (0, lq - L))[None]
+    q_spec = pl.BlockSpec((BQ, D), lambda r, j, tiles, counts: (tiles[r * extent + j], 0))
+    kv_spec = pl.BlockSpec((BKV, D), lambda r, j, tiles, counts: (r, 0))
+    row_spec = pl.BlockSpec((1, BQ), lambda r, j, tiles, counts: (0, tiles[r * extent + j]))
+    grid_spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=2,
+        grid=(nk, extent),
+        in_specs=[q_spec, kv_spec, kv_spec, q_spec, row_spec, row_spec],
+        out_specs=[kv_spec, kv_spec],
+        scratch_shapes=[pltpu.VMEM((BKV, D), jnp.float32)] * 2,
+    )
+    dk, dv = pl.pallas_call(
+        lambda *refs: dkv_kernel(*refs, extent=extent),
+        grid_spec=grid_spec,
+        out_shape=[jax.ShapeDtypeStruct((lk, D), jnp.float32)] * 2,
+        interpret=cfg.interpret,
+    )(jnp.asarray(tiles_t.reshape(-1)), jnp.asarray(counts_t.reshape(-1)), qp, kp, vp, dop, lse_row, di_row)
+    return dk[:L], dv[:L]
+
+
+# the residuals the forward keeps: the output and one lse per query (from stlib's tile kernel)
+o, lse = stlib.kernels.tile.tile_attention(q[None], k[None], v[None], layout, scale=scale, interpret=cfg.interpret,
+                                           return_lse=True)
+di = jnp.sum(do * o[0], axis=-1)
+dk_mine, dv_mine = dk_dv(q, k, v, do, lse[0], di)
+library = jax.grad(lambda q, k, v: jnp.sum(stlib.attention(q[None], k[None], v[None], band, impl="pallas_tile",
+                                                           block_q=BQ, block_kv=BKV)[0] * do), argnums=(1, 2))(q, k, v)
+for name, mine, ref, lib in (("dk", dk_mine, want[1], library[0]), ("dv", dv_mine, want[2], library[1])):
+    err = float(jnp.max(jnp.abs(mine - ref)) / jnp.max(jnp.abs(ref)))
+    lib_err = float(jnp.max(jnp.abs(mine - lib)) / jnp.max(jnp.abs(ref)))
+    assert err < 1e-4 and lib_err < 1e-4, (name, err, lib_err)
+    print(f"PASSED  {name}: the kernel in view == jax.grad of the reference (gap {err:.1e}) "
+          f"== stlib's backward (gap {lib_err:.1e})")
+
+# %% [markdown]
+# stlib's version (`stlib/kernels/backward.py`) is this kernel and its dq twin with what a library
+# needs besides: heads and per-head tables, the forward's passes (mask-free FULL tiles, the ragged
+# last kv tile, PARTIAL tiles with the mask's predicate or its int8 tile table read transposed),
+# base-2 exponentials when the forward used them, and grids that visit only the rows a pass has
+# tiles in, adding into accumulators the passes share. Every stlib Pallas kernel trains through it
+# (`jax.grad`, `jax.jit(jax.grad(...))`, `video_attention` and routed plans), and Splash through its
+# own backward.
+
+# %% [markdown]
+# ## What the backward executes, at the case-study shape
+#
+# Counted from the layouts (`stlib.kernels.backward.backward_work`), not timed: 10 heads x 75,600 x
+# 128 with 512 x 1,024 tiles. The dq and dk / dv grids visit about as many steps as the forward
+# computes tiles, and each step runs its matmuls on a whole tile. So the backward executes 7 / 2 of
+# the forward's flops on every pattern. A static time estimate of the backward kernels, like
+# notebook 07's for the forward, is not built yet: the estimator reads only forward kernels so far.
+
+# %%
+rows = []
+for name in ("full", "band (density 0.25)", "sliding tile, 3-D tiled order"):
+    lay = stlib.block_layout(case_study_masks()[name], 512, 1024)
+    work = backward_work(lay, exact_passes(lay), 10, 128)
+    rows.append({"mask": name, "tiles computed": work["computed_tiles"], "dq steps": work["dq_steps"],
+                 "dk/dv steps": work["dkv_steps"], "forward TFLOP": work["forward_flops"] / 1e12,
+                 "backward TFLOP": work["backward_flops"] / 1e12,
+                 "backward / forward": work["backward_flops"] / work["forward_flops"]})
+print(f"matmuls per computed tile: forward {FORWARD_MATMULS}, dq kernel {DQ_MATMULS}, dk / dv kernel {DKV_MATMULS}")
+for r in rows:
+    print(f"{r['mask']:32s} tiles {r['tiles computed']:>7,}  dq steps {r['dq steps']:>7,}  dk/dv steps "
+          f"{r['dk/dv steps']:>7,}  forward {r['forward TFLOP']:5.1f} TFLOP  backward {r['backward TFLOP']:6.1f} TFLOP  "
+          f"ratio {r['backward / forward']:.2f}")
+
+# %% [markdown]
+# The backward also compiles for real chips without one. `python -m stlib.bench.backward_compile
+# run` compiles `jax.grad` at the case-study shape for v5e, v6e and TPU7x, for each tile kernel and
+# for Splash (fused and split), with four masks. The records below are committed. Compare the
+# temporaries: Splash's fused backward sums dq over per-kv-tile partials in HBM, and the split
+# kernels here keep only the f32 accumulators.
+
+# %%
+print(backward_compile.format_table(backward_compile.read(cfg.data / "backward_compiles.jsonl")))
+
+# %% [markdown]
+# ## Takeaways
+#
+# * The backward needs nothing the forward does not already have: the output and one log-sum-exp
+#   per query rebuild P tile by tile.
+# * dq walks the forward's table. dk / dv walk its transpose. Split, each owns its output tile, so
+#   no partial sums go to HBM and the result is deterministic. It costs 7 matmuls per tile against
+#   the forward's 2. A fused kernel (5) is the next step.
+# * Lane-dense residuals: lse and di as [1, L] rows broadcast over the keys of the transposed scores.
+# * Every stlib Pallas kernel now trains, and so does everything built on them (`video_attention`,
+#   routed plans, `stlib.attention_fn`, `parallel_attention`).
