@@ -42,13 +42,6 @@
 # %% tags=["parameters"]
 SIZE = None  # "full", "small" or None (automatic: case-study sizes on a TPU, small elsewhere); env STLIB_SIZE wins
 
-# %%
-# Four host devices for the mesh when no TPU slice is at hand: set before JAX starts its backends.
-import os
-
-if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4").strip()
-
 # numbers below measure the machinery on inputs built to be sparse, not Wan's quality.
 
 # %% tags=["parameters"]
@@ -95,6 +88,11 @@ print(f"stlib from {Path(stlib.__file__).parent}; " + ", ".join(
     f"{d} {importlib.metadata.version(d)}" for d in ("jax", "jaxlib", "libtpu") if importlib.util.find_spec(d)))
 
 # %%
+# Four host devices for the mesh when no TPU slice is at hand: set before JAX starts its backends
+# (importing stlib above started none).
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4").strip()
+
 import jax
 import jax.numpy as jnp
 import numpy as np

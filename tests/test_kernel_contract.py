@@ -1,7 +1,8 @@
 """The contract every registered implementation keeps (``stlib.registry.IMPLEMENTATIONS``: a new
 kernel is picked up here with no edit), after tokamax's ``attention/test_base.py``: one set of cases,
 each run on every implementation, what a case does decided by the implementation's registry entry
-(``capabilities``, ``config``, ``plan_runner``, ``backward``, ``is_pallas``), never by its name.
+(``capabilities``, ``config``, ``plan_runner``, ``is_pallas``), never by its name. Gradients:
+``tests/test_gradients.py``.
 
 Small shapes in interpret mode on CPU (L = 300, ragged against every block; H 2-3; D 128 or 64;
 32 x 128 tiles, 128 x 128 where an implementation takes no smaller: ``_kernels.small_blocks``).
@@ -173,36 +174,3 @@ def test_routed_plan_equals_reference(impl, boundary):
     out = stlib.video_attention(q, k, v, grid, plan=plan, impl=impl)
     ref = stlib.attention(q, k, v, plan.mask, impl="reference")
     assert_close(out, ref, tolerance(impl, jnp.float32), mask=plan.mask)
-
-
-#: Implementations differentiable without a ``backward`` of their own: the plain reference (jnp).
-DIFFERENTIABLE = {"reference"}
-
-
-@pytest.mark.parametrize("impl", IMPLS)
-def test_gradient_only_where_there_is_a_backward(impl):
-    """``backward is None`` (every implementation today): ``jax.grad`` through
-    ``stlib.attention(impl=...)`` raises, except for the reference, which is differentiable
-    through jnp. Today's exceptions, all from JAX rather than a message of stlib's own:
-    pallas_dense AssertionError (Pallas' JVP rule), pallas_block_sparse / pallas_tile /
-    pallas_tile_lane_dense NotImplementedError (Pallas' JVP rule, scalar prefetch), splash
-    ValueError "Need to specify backward blocks.", xla ValueError (reverse-mode of a fori_loop with
-    a dynamic trip count). An implementation with a ``backward`` must match the reference's
-    gradients."""
-    implementation = registry.get(impl)
-    mask = masks.band(LENGTH, 40)
-    q, k, v = stlib.random_qkv((2, LENGTH, 64), jnp.float32, seed=6)
-    block_q, block_kv = small_blocks(impl, mask, LENGTH)
-
-    def loss(name, q, k, v):
-        out = stlib.attention(q, k, v, mask, impl=name, block_q=block_q, block_kv=block_kv)
-        return jnp.sum(out * v)  # a cotangent that differs per element
-
-    grad = jax.grad(loss, argnums=(1, 2, 3))
-    if implementation.backward is None and impl not in DIFFERENTIABLE:
-        with pytest.raises(Exception):  # noqa: B017 (any type: see the docstring)
-            grad(impl, q, k, v)
-        return
-    want = grad("reference", q, k, v)
-    for got, ref in zip(grad(impl, q, k, v), want):
-        assert_close(got, ref, tolerance(impl, jnp.float32))
