@@ -13,7 +13,6 @@
 #     name: python3
 # ---
 
-
 # %% [markdown]
 # # 10 · Training: the backward pass over the same tiles, and the dk / dv kernel written in view
 #
@@ -28,11 +27,6 @@
 # the gradient of the loss with respect to o, and the **backward** turns it into dq, dk, dv. The
 # **log-sum-exp** (lse) of a query row is log of the sum of exp(scores) over its allowed keys. The
 # forward already has it, and it lets the backward rebuild P without a second softmax pass.
-
-# %% tags=["parameters"]
-SIZE = None  # "full", "small" or None (automatic: case-study sizes on a TPU, small elsewhere); env STLIB_SIZE wins
-
-# numbers below measure the machinery on inputs built to be sparse, not Wan's quality.
 
 # %% tags=["parameters"]
 SIZE = None  # "full", "small" or None (automatic: case-study sizes on a TPU, small elsewhere); env STLIB_SIZE wins

@@ -13,7 +13,6 @@
 #     name: python3
 # ---
 
-
 # %% [markdown]
 # # 11 · From one chip to a slice: heads and Ulysses attention over a device mesh, and the model block
 #
@@ -38,11 +37,6 @@
 #
 # Off a TPU slice this notebook runs on four CPU devices (`--xla_force_host_platform_device_count=4`,
 # set in the next cell before JAX starts). The mesh logic is the same; the times are not TPU times.
-
-# %% tags=["parameters"]
-SIZE = None  # "full", "small" or None (automatic: case-study sizes on a TPU, small elsewhere); env STLIB_SIZE wins
-
-# numbers below measure the machinery on inputs built to be sparse, not Wan's quality.
 
 # %% tags=["parameters"]
 SIZE = None  # "full", "small" or None (automatic: case-study sizes on a TPU, small elsewhere); env STLIB_SIZE wins
