@@ -37,24 +37,47 @@ def trainable_kernels() -> list[str]:
     return [impl.name for impl in registry.tpu_kernels() if impl.plan_runner is not None or impl.baseline]
 
 
+def _raster_mask_and_orders(mask_name: str):
+    """The raster-order mask of a ``MASKS`` entry and the token order(s) ``video_attention`` runs
+    it in: the sliding tile in its 3-D tiled order, the SVG heads each in their own (spatial: raster,
+    temporal: token-major), the rest in raster order."""
+    from stlib.configs import CASE_STUDY
+    from stlib.geometry import raster_order, tiled_order, token_major_order
+    from stlib.masks import sliding_tile
+    from stlib.masks.catalogue import case_study_masks
+
+    grid = CASE_STUDY.grid
+    if mask_name.startswith("sliding tile"):
+        return sliding_tile(grid, CASE_STUDY.sta_tile, CASE_STUDY.sta_window), tiled_order(
+            grid, CASE_STUDY.sta_tile
+        )
+    mask = case_study_masks()[mask_name]
+    if mask_name.startswith("per-head SVG"):
+        half = CASE_STUDY.num_heads // 2
+        return mask, [raster_order(grid)] * half + [token_major_order(grid)] * (CASE_STUDY.num_heads - half)
+    return mask, raster_order(grid)
+
+
 def compile_backward(impl: str, mask_name: str, chip: str, options=None) -> dict:
-    """Compile ``jax.grad`` of ``stlib.attention(impl=...)`` at the case-study shape for ``chip``."""
+    """Compile ``jax.grad`` of ``stlib.video_attention(impl=...)`` (raster-order tokens, the mask's
+    own token order inside) at the case-study shape for ``chip``."""
     import jax
     import jax.numpy as jnp
 
-    from stlib.api import attention
+    from stlib.api import video_attention
     from stlib.configs import CASE_STUDY
     from stlib.device import compile_for_tpu
     from stlib.kernels.backward import DKV_PREFIX, DQ_PREFIX
-    from stlib.masks.catalogue import case_study_masks
 
-    mask = case_study_masks()[mask_name]
     shape = jax.ShapeDtypeStruct(
         (CASE_STUDY.num_heads, CASE_STUDY.num_tokens, CASE_STUDY.head_dim), jnp.bfloat16
     )
+    mask, orders = _raster_mask_and_orders(mask_name)
 
     def loss(q, k, v):
-        out = attention(q, k, v, mask, impl=impl, options=options, interpret=False)
+        out = video_attention(
+            q, k, v, CASE_STUDY.grid, mask, impl=impl, orders=orders, options=options, interpret=False
+        )
         return jnp.sum(out.astype(jnp.float32))
 
     record = {
