@@ -101,6 +101,37 @@ def _grid_tables(selected, plan, num_heads, *, transposed: bool):
     return [*worked, *per_row], extent, worked[0].size
 
 
+def _block_maps(where, *, q_at: int, kv_at: int):
+    """Index maps from a grid step's ``where`` (head first, then the q and kv tiles at ``q_at`` and
+    ``kv_at``): q-side blocks (q, dO, dq), kv-side blocks (k, v, dk, dv), lane-dense rows (lse, di)."""
+
+    def q_map(p, j, *tab):
+        w = where(p, j, *tab)
+        return (w[0], w[q_at], 0)
+
+    def kv_map(p, j, *tab):
+        w = where(p, j, *tab)
+        return (w[0], w[kv_at], 0)
+
+    def row_map(p, j, *tab):
+        w = where(p, j, *tab)
+        return (w[0], 0, w[q_at])
+
+    return q_map, kv_map, row_map
+
+
+def _operand_specs(q_map, kv_map, row_map, bq: int, bkv: int, head_dim: int) -> list:
+    """BlockSpecs of q, k, v, dO, lse, di (the operands both backward kernels read, in that order)."""
+    return [
+        pl.BlockSpec((None, bq, head_dim), q_map),
+        pl.BlockSpec((None, bkv, head_dim), kv_map),
+        pl.BlockSpec((None, bkv, head_dim), kv_map),
+        pl.BlockSpec((None, bq, head_dim), q_map),
+        pl.BlockSpec((None, 1, bq), row_map),  # lse, lane-dense
+        pl.BlockSpec((None, 1, bq), row_map),  # di, lane-dense
+    ]
+
+
 def _dq_pass(q, k, v, do, lse, di, dq_in, selected, plan, *, bq, bkv, score_scale, exp, interpret):
     """dq_in + dQ / scale of one pass, [H, Lq, D] f32 (dq_in's buffer reused)."""
     num_heads, _, head_dim = q.shape
@@ -148,25 +179,9 @@ def _dq_pass(q, k, v, do, lse, di, dq_in, selected, plan, *, bq, bkv, score_scal
         def _():
             dq_ref[...] = acc[...]
 
-    def q_map(p, j, *tab):
-        h, qi, *_ = where(p, j, *tab)
-        return (h, qi, 0)
-
-    def kv_map(p, j, *tab):
-        h, _, ki, *_ = where(p, j, *tab)
-        return (h, ki, 0)
-
-    def row_map(p, j, *tab):
-        h, qi, *_ = where(p, j, *tab)
-        return (h, 0, qi)
-
+    q_map, kv_map, row_map = _block_maps(where, q_at=1, kv_at=2)
     in_specs = [
-        pl.BlockSpec((None, bq, head_dim), q_map),
-        pl.BlockSpec((None, bkv, head_dim), kv_map),
-        pl.BlockSpec((None, bkv, head_dim), kv_map),
-        pl.BlockSpec((None, bq, head_dim), q_map),
-        pl.BlockSpec((None, 1, bq), row_map),  # lse, lane-dense
-        pl.BlockSpec((None, 1, bq), row_map),  # di, lane-dense
+        *_operand_specs(q_map, kv_map, row_map, bq, bkv, head_dim),
         pl.BlockSpec((None, bq, head_dim), q_map),  # dq so far (aliased to the output)
     ]
     operands = [q, k, v, do, lse, di, dq_in]
@@ -246,25 +261,9 @@ def _dkv_pass(q, k, v, do, lse, di, dk_in, dv_in, selected, plan, *, bq, bkv, sc
             dk_ref[...] = dk_acc[...]
             dv_ref[...] = dv_acc[...]
 
-    def kv_map(p, j, *tab):
-        h, ki, *_ = where(p, j, *tab)
-        return (h, ki, 0)
-
-    def q_map(p, j, *tab):
-        h, _, qi, *_ = where(p, j, *tab)
-        return (h, qi, 0)
-
-    def row_map(p, j, *tab):
-        h, _, qi, *_ = where(p, j, *tab)
-        return (h, 0, qi)
-
+    q_map, kv_map, row_map = _block_maps(where, q_at=2, kv_at=1)
     in_specs = [
-        pl.BlockSpec((None, bq, head_dim), q_map),
-        pl.BlockSpec((None, bkv, head_dim), kv_map),
-        pl.BlockSpec((None, bkv, head_dim), kv_map),
-        pl.BlockSpec((None, bq, head_dim), q_map),
-        pl.BlockSpec((None, 1, bq), row_map),
-        pl.BlockSpec((None, 1, bq), row_map),
+        *_operand_specs(q_map, kv_map, row_map, bq, bkv, head_dim),
         pl.BlockSpec((None, bkv, head_dim), kv_map),  # dk so far (aliased)
         pl.BlockSpec((None, bkv, head_dim), kv_map),  # dv so far (aliased)
     ]
