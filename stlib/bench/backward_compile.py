@@ -40,7 +40,7 @@ def trainable_kernels() -> list[str]:
 def _raster_mask_and_orders(mask_name: str):
     """The raster-order mask of a ``MASKS`` entry and the token order(s) ``video_attention`` runs
     it in: the sliding tile in its 3-D tiled order, the SVG heads each in their own (spatial: raster,
-    temporal: token-major), the rest in raster order."""
+    temporal: token-major), the rest as they are (None: no reordering)."""
     from stlib.configs import CASE_STUDY
     from stlib.geometry import raster_order, tiled_order, token_major_order
     from stlib.masks import sliding_tile
@@ -55,16 +55,16 @@ def _raster_mask_and_orders(mask_name: str):
     if mask_name.startswith("per-head SVG"):
         half = CASE_STUDY.num_heads // 2
         return mask, [raster_order(grid)] * half + [token_major_order(grid)] * (CASE_STUDY.num_heads - half)
-    return mask, raster_order(grid)
+    return mask, None
 
 
 def compile_backward(impl: str, mask_name: str, chip: str, options=None) -> dict:
-    """Compile ``jax.grad`` of ``stlib.video_attention(impl=...)`` (raster-order tokens, the mask's
-    own token order inside) at the case-study shape for ``chip``."""
+    """Compile ``jax.grad`` of ``stlib.attention(impl=...)`` at the case-study shape for ``chip``
+    (``video_attention`` with the mask's own token order where it has one)."""
     import jax
     import jax.numpy as jnp
 
-    from stlib.api import video_attention
+    from stlib.api import attention, video_attention
     from stlib.configs import CASE_STUDY
     from stlib.device import compile_for_tpu
     from stlib.kernels.backward import DKV_PREFIX, DQ_PREFIX
@@ -75,9 +75,12 @@ def compile_backward(impl: str, mask_name: str, chip: str, options=None) -> dict
     mask, orders = _raster_mask_and_orders(mask_name)
 
     def loss(q, k, v):
-        out = video_attention(
-            q, k, v, CASE_STUDY.grid, mask, impl=impl, orders=orders, options=options, interpret=False
-        )
+        if orders is None:
+            out = attention(q, k, v, mask, impl=impl, options=options, interpret=False)
+        else:
+            out = video_attention(
+                q, k, v, CASE_STUDY.grid, mask, impl=impl, orders=orders, options=options, interpret=False
+            )
         return jnp.sum(out.astype(jnp.float32))
 
     record = {
