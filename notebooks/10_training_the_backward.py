@@ -146,17 +146,23 @@ print(f"PASSED  dq, dk, dv by the formula == jax.grad of the reference (largest 
 # dk / dv kernel gives each an output tile it owns for its whole row. No partial sums go to HBM, and
 # the result is deterministic. The price is recomputing S and dP in both kernels: 7 matmuls against
 # the forward's 2 (tokamax's fused kernel does it in 5, by accumulating dq across kv tiles instead).
-# For a band both walks look alike. For a causal-like or per-head mask they differ, and the
-# transposed table has its own widest row.
+# For a band both walks look alike. For a mask whose keys are not seen alike they differ: below,
+# the band plus an attention sink (the first keys, seen by every query), whose first kv tile
+# is touched by every q tile. The transposed table then has its own widest row, and the dk / dv
+# grid its own extent.
 
 # %%
 layout = stlib.block_layout(band, BQ, BKV)
 selected = layout.kinds != stlib.TileKind.EMPTY
-fig = plotting.forward_and_transposed_tables(selected, f"band |q - k| <= {WIDTH}, L = {L:,}, {BQ} x {BKV} tiles: the tiles computed")
+rows, cols = np.arange(L)[:, None], np.arange(L)[None, :]
+sink = masks.from_array((np.abs(rows - cols) <= WIDTH) | (cols < BKV))  # the band, and the first keys seen by all
+sink_layout = stlib.block_layout(sink, BQ, BKV)
+fig = plotting.forward_and_transposed_tables(
+    sink_layout.kinds != stlib.TileKind.EMPTY,
+    f"band |q - k| <= {WIDTH} plus the first {BKV} keys seen by every query, L = {L:,}, {BQ} x {BKV} tiles")
 plotting.save(fig, cfg.figure("10_transposed_table"))
-causal_layout = stlib.block_layout(masks.causal(L), BQ, BKV)
-fig = plotting.forward_and_transposed_tables(causal_layout.kinds != stlib.TileKind.EMPTY,
-                                             f"causal, L = {L:,}: rows of the forward and of the transpose")
+print(f"band alone: widest forward row {int(selected.sum(axis=2).max())}, widest transposed row "
+      f"{int(selected.sum(axis=1).max())} (a symmetric mask: both walks alike)")
 
 # %% [markdown]
 # ### Exercise: the transposed table
