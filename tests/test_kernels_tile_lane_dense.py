@@ -327,8 +327,11 @@ def test_attribution_with_copy_regions_beside_the_step():
 
 
 @pytest.mark.tpu_compile
-@pytest.mark.parametrize("shape", [(41, 45, 80), (21, 68, 120)], ids=["720p-161f", "1080p"])
+@pytest.mark.parametrize("shape", [(21, 68, 120)], ids=["1080p"])
 def test_per_head_svg_mix_compiles_at_long_videos(shape):
+    """The longest video (1080p, 171,360 tokens), whose step tables are the largest: 720p at 161
+    frames (147,600 tokens) has fewer tiles per row and per column, so its tables fit if these do
+    (one long-video compile per test run)."""
     from stlib.device import compile_for_tpu
 
     grid = stlib.VideoGrid(*shape)
