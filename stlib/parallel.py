@@ -82,8 +82,13 @@ def _mesh_platform(mesh: Mesh) -> str:
 def _check_mesh(mesh, axis_name, batch_axis_name) -> None:
     if not isinstance(mesh, Mesh):
         raise TypeError(f"mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}")
-    for label, name in (("axis_name", axis_name), ("batch_axis_name", batch_axis_name)):
-        if (name is not None or label == "axis_name") and name not in mesh.axis_names:
+    named = (
+        {"axis_name": axis_name}
+        if batch_axis_name is None
+        else {"axis_name": axis_name, "batch_axis_name": batch_axis_name}
+    )
+    for label, name in named.items():
+        if name not in mesh.axis_names:
             raise ValueError(f"{label}={name!r} is not an axis of the mesh (its axes: {mesh.axis_names})")
     if batch_axis_name is not None and batch_axis_name == axis_name:
         raise ValueError(f"batch_axis_name={batch_axis_name!r} must differ from axis_name")
