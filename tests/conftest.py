@@ -201,6 +201,7 @@ KNOWN_LONG = {
     "tests/test_kernels_tile_lane_dense.py::test_per_head_svg_mix_compiles_at_long_videos": 110,
     "tests/test_notebooks.py::test_runs_at_small_configuration[0": 50,
     "tests/test_notebooks.py::test_runs_at_small_configuration[11_": 60,
+    "tests/test_notebooks.py::test_runs_at_small_configuration[10_": 30,
     "tests/test_routing.py::test_plan_compiles_for_v6e_at_case_study_shape": 60,
     "tests/test_analysis_estimate.py::test_estimate_is_deterministic_and_cached": 60,
     "tests/test_tpu_compile.py::test_compiles_at_case_study_shape[pallas_tile_lane_dense-": 45,
