@@ -170,7 +170,7 @@ def format_table(records) -> str:
                 f"{r['dq_kernels']} / {r['dkv_kernels']}",
             ]
         else:
-            cells = [f"no: {r['error'][:120]}", "-", "-", "-"]
+            cells = ["no: " + r["error"][:120].replace("|", "\\|"), "-", "-", "-"]  # a mask's repr holds "|"
         lines.append("| " + " | ".join([r["chip"], r["impl"], options, r["mask"], *cells]) + " |")
     return "\n".join(lines)
 
