@@ -117,8 +117,11 @@ def main(argv=None) -> int:
     if not chosen:
         print(f"no notebooks found in {NOTEBOOKS}", file=sys.stderr)
         return 1
+    from stlib.analysis.cache import SEED_FOLDER, export_seed, seed_cache
     from stlib.bench.progress import Progress
 
+    seed = paths.data_dir() / SEED_FOLDER
+    seed_cache(seed)  # the static estimates of the last main job, where the kernel sources still match
     executed = executed_dir()
     rows = []
     tracker = Progress(len(chosen), "notebooks")  # in a log, each notebook's line has the time left
@@ -142,9 +145,11 @@ def main(argv=None) -> int:
     for name, status, seconds, written in rows:
         print(f"{name:<{width}}  {status:<7}{seconds:>9.1f}  {', '.join(written) or '-'}")
     failed = [r for r in rows if r[1] != "ok"]
+    kept = export_seed(seed)  # for the next run, and for the tests (a copy of data/)
     print(
         f"\n{len(rows) - len(failed)} of {len(rows)} notebooks ran; total {sum(r[2] for r in rows):.0f} s; "
-        f"executed notebooks (with their outputs) in {_shown(executed)}/"
+        f"executed notebooks (with their outputs) in {_shown(executed)}/; {kept} static estimates kept in "
+        f"{_shown(seed)}/ for the next run"
     )
     return 1 if failed else 0
 

@@ -4,7 +4,9 @@
   no test, notebook or benchmark writes into the checkout; ``pytest_sessionfinish`` fails the run if
   one did anyway (files under data/, figures/ or notebooks/ changed during the run);
 - one estimate cache (``STLIB_CACHE_DIR``) for the whole run, every xdist worker included (an
-  ``STLIB_CACHE_DIR`` set before the run is kept: point it at ``~/.cache/stlib`` to reuse a warm cache);
+  ``STLIB_CACHE_DIR`` set before the run is kept: point it at ``~/.cache/stlib`` to reuse a warm cache),
+  seeded with the committed ``data/estimate_cache`` (the last main job's estimates; an entry whose
+  kernel sources changed since is never read);
 - each notebook executed once per run by the main job (``notebook_run``), whichever tests read it;
 - hypothesis profiles ("ci", the default: few examples, no deadline; "dev": more; ``HYPOTHESIS_PROFILE``);
 - ``run``: a subprocess whose stdout and stderr a failure shows;
@@ -99,6 +101,9 @@ def stlib_home(tmp_path_factory):
     os.environ["STLIB_HOME"] = str(home)
     if not saved["STLIB_CACHE_DIR"]:
         os.environ["STLIB_CACHE_DIR"] = str(_shared_root(tmp_path_factory) / "stlib-cache")
+    from stlib.analysis.cache import SEED_FOLDER, seed_cache
+
+    seed_cache(home / "data" / SEED_FOLDER)  # the last main job's estimates where the sources still match
     yield home
     for key, value in saved.items():
         if value is None:

@@ -71,3 +71,31 @@ def test_the_real_kernels_keys_leave_out_the_other_kernels_and_the_plots():
     tile = {p.name for p in cache.source_files("pallas_tile")}
     assert {"tile.py", "common.py", "_intmath.py", "_checks.py", "registry.py", "configs.py"} <= tile
     assert not {"splash.py", "plotting.py", "routing.py", "block_sweep.py"} & tile
+
+
+def test_the_seed_keeps_current_entries_and_drops_stale_ones(tmp_path, monkeypatch):
+    """``export_seed`` writes the cache's entries whose kernel sources are current; ``seed_cache``
+    copies a seed into an empty cache without overwriting."""
+    import json
+
+    from stlib.analysis import cache
+
+    monkeypatch.setenv("STLIB_CACHE_DIR", str(tmp_path / "cache"))
+    version = cache.check_libtpu()
+    folder = cache.cache_dir() / version
+    folder.mkdir(parents=True)
+    key = {
+        "format": cache.FORMAT_VERSION,
+        "libtpu": version,
+        "jax": __import__("importlib").metadata.version("jax"),
+        "source": cache.source_hash("pallas_tile"),
+        "config": {"impl": "pallas_tile"},
+    }
+    (folder / "current.json").write_text(json.dumps({"key": key}))
+    (folder / "stale.json").write_text(json.dumps({"key": {**key, "source": "0" * 16}}))
+    seed = tmp_path / "seed"
+    assert cache.export_seed(seed) == 1
+    assert sorted(p.name for p in seed.glob("*/*.json")) == ["current.json"]
+    monkeypatch.setenv("STLIB_CACHE_DIR", str(tmp_path / "fresh"))
+    assert cache.seed_cache(seed) == 1 and cache.seed_cache(seed) == 0
+    assert (cache.cache_dir() / version / "current.json").exists()

@@ -40,6 +40,59 @@ def cache_dir() -> Path:
     return Path(os.environ.get("STLIB_CACHE_DIR", Path.home() / ".cache" / "stlib")) / "estimate"
 
 
+#: The seed of the estimate cache, under ``stlib.paths.data_dir()``: the main job writes there the
+#: estimates it used whose kernel sources are current (``export_seed``); the main job and the tests
+#: start their caches from it (``seed_cache``). An entry is keyed by libtpu, jax, the kernel
+#: sources and the call, so a seed entry that no longer matches is never read.
+SEED_FOLDER = "estimate_cache"
+
+
+def seed_cache(seed: Path) -> int:
+    """Copy the seed's entries (``seed/<libtpu>/<key>.json``) into ``cache_dir()`` where missing;
+    returns how many were copied."""
+    copied = 0
+    for entry in sorted(Path(seed).glob("*/*.json")):
+        target = cache_dir() / entry.parent.name / entry.name
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_bytes(entry.read_bytes())
+            tmp.replace(target)
+            copied += 1
+    return copied
+
+
+def _is_current(record: dict) -> bool:
+    """Whether a cache entry was computed with this libtpu, jax and the kernel sources as they are."""
+    key = record.get("key", {})
+    try:
+        return (
+            key.get("format") == FORMAT_VERSION
+            and key.get("libtpu") == check_libtpu()
+            and key.get("jax") == importlib.metadata.version("jax")
+            and key.get("source") == source_hash(key["config"]["impl"])
+        )
+    except (KeyError, ValueError):  # an implementation that is gone
+        return False
+
+
+def export_seed(seed: Path) -> int:
+    """Replace the seed with the cache's current entries (``_is_current``); returns how many."""
+    seed = Path(seed)
+    current = [p for p in sorted(cache_dir().glob("*/*.json")) if _is_current(json.loads(p.read_text()))]
+    keep = {(p.parent.name, p.name) for p in current}
+    for old in seed.glob("*/*.json"):
+        if (old.parent.name, old.name) not in keep:
+            old.unlink(missing_ok=True)  # several main jobs (the tests' notebook runs) may export at once
+    for entry in current:
+        target = seed / entry.parent.name / entry.name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_bytes(entry.read_bytes())
+        tmp.replace(target)
+    return len(current)
+
+
 def implementation_module(impl: str) -> str:
     """The stlib module (path relative to the package, no suffix) that defines ``impl``'s forward."""
     from stlib.registry import get
