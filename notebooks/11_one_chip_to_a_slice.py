@@ -328,7 +328,7 @@ plotting.save(fig, cfg.figure("11_ulysses_traffic"))
 from stlib.wan import WanBlock
 
 tile_mask = masks.sliding_tile(grid, (1, 4, 16), (1, 1, 3))
-dim, batch = 128, 2
+dim, batch = 64, 1
 sharded_fn = stlib.attention_fn(tile_mask, grid=grid, mesh=mesh, axis_name="x", strategy="ulysses")
 one_device_fn = stlib.attention_fn(tile_mask, grid=grid, impl="reference")
 blocks = [WanBlock(dim, H, 4 * dim, self_attention_fn=fn, rngs=nnx.Rngs(0)) for fn in (sharded_fn, one_device_fn)]
