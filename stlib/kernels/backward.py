@@ -29,7 +29,6 @@ with a NaN or inf input makes its gradient entries NaN or inf.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import jax
 import jax.numpy as jnp
@@ -42,7 +41,6 @@ from stlib.layout import block_layout
 from stlib.masks import full
 from stlib.registry import Backward
 
-LOG2_E = 1.0 / math.log(2.0)
 #: Name prefixes of the backward's Pallas kernels in a compiled program.
 DQ_PREFIX, DKV_PREFIX = "stlib_bwd_dq", "stlib_bwd_dkv"
 
@@ -56,7 +54,9 @@ def _mask_fn(plan: common.MaskPlan, tab, head, qi, ki, bq, bkv, *, transposed: b
     q_axis, k_axis = (1, 0) if transposed else (0, 1)
     if mode == common.MaskPlanMode.PREFIX:
         return jax.lax.broadcasted_iota(jnp.int32, shape, k_axis) < tab[-1][ki]
-    if mode == common.MaskPlanMode.IOTA:
+    if mode == common.MaskPlanMode.IOTA and not transposed:
+        return common.iota_mask(plan, qi * bq, ki * bkv, shape, head)
+    if mode == common.MaskPlanMode.IOTA:  # the forward's predicate on S^T's iotas (keys on sublanes)
         rows = qi * bq + jax.lax.broadcasted_iota(jnp.int32, shape, q_axis)
         cols = ki * bkv + jax.lax.broadcasted_iota(jnp.int32, shape, k_axis)
         return plan.mask.mask_function(rows, cols, head) & (cols < plan.length)
@@ -132,7 +132,9 @@ def _operand_specs(q_map, kv_map, row_map, bq: int, bkv: int, head_dim: int) -> 
     ]
 
 
-def _dq_pass(q, k, v, do, lse, di, dq_in, selected, plan, *, bq, bkv, score_scale, exp, interpret):
+def _dq_pass(
+    q, k, v, do, lse, di, dq_in, selected, plan, *, bq, bkv, softmax: common.SoftmaxOptions, interpret
+):
     """dq_in + dQ / scale of one pass, [H, Lq, D] f32 (dq_in's buffer reused)."""
     num_heads, _, head_dim = q.shape
     tables, extent, n_rows = _grid_tables(selected, plan, num_heads, transposed=False)
@@ -161,9 +163,9 @@ def _dq_pass(q, k, v, do, lse, di, dq_in, selected, plan, *, bq, bkv, score_scal
 
         @pl.when(active)
         def _():
-            qs = (q_ref[...].astype(jnp.float32) * score_scale).astype(q_ref.dtype)
+            qs = common.scaled_q(q_ref, softmax)
             s = _dot(qs, k_ref[...], (1, 1))  # [bq, bkv]
-            p_ = exp(s - common._lanes(lse_col[...], bkv))
+            p_ = softmax.exp(s - common._lanes(lse_col[...], bkv))
             dp = _dot(do_ref[...], v_ref[...], (1, 1))  # [bq, bkv]
             ds = p_ * (dp - common._lanes(di_col[...], bkv))
             allowed = (
@@ -213,7 +215,9 @@ def _dq_pass(q, k, v, do, lse, di, dq_in, selected, plan, *, bq, bkv, score_scal
     )
 
 
-def _dkv_pass(q, k, v, do, lse, di, dk_in, dv_in, selected, plan, *, bq, bkv, score_scale, exp, interpret):
+def _dkv_pass(
+    q, k, v, do, lse, di, dk_in, dv_in, selected, plan, *, bq, bkv, softmax: common.SoftmaxOptions, interpret
+):
     """(dk_in + dK / scale, dv_in + dV) of one pass, [H, Lkv, D] f32 each (their buffers reused)."""
     num_heads, _, head_dim = k.shape
     tables, extent, n_rows = _grid_tables(selected, plan, num_heads, transposed=True)
@@ -239,9 +243,9 @@ def _dkv_pass(q, k, v, do, lse, di, dk_in, dv_in, selected, plan, *, bq, bkv, sc
 
         @pl.when(active)
         def _():
-            qs = (q_ref[...].astype(jnp.float32) * score_scale).astype(q_ref.dtype)
+            qs = common.scaled_q(q_ref, softmax)
             s_t = _dot(k_ref[...], qs, (1, 1))  # [bkv, bq]: keys on sublanes
-            p_t = exp(s_t - lse_ref[...])  # the lse row [1, bq] broadcasts over the keys
+            p_t = softmax.exp(s_t - lse_ref[...])  # the lse row [1, bq] broadcasts over the keys
             allowed = (
                 (mask_ref[...] != 0)
                 if table_mask
@@ -312,11 +316,10 @@ def tile_backward(
     qp, dop = common.pad_sequence(q, block_q), common.pad_sequence(do, block_q)
     kp, vp = common.pad_sequence(k, block_kv), common.pad_sequence(v, block_kv)
     lse_row, di_row = residual_rows(lse, do, o, length, qp.shape[1])
-    score_scale = scale * LOG2_E if exp2 else scale
+    softmax = common.SoftmaxOptions(scale, exp2)  # the forward's scaling and exponential
     if exp2:
-        lse_row = lse_row * LOG2_E
-    exp = jnp.exp2 if exp2 else jnp.exp
-    args = {"bq": block_q, "bkv": block_kv, "score_scale": score_scale, "exp": exp, "interpret": interpret}
+        lse_row = lse_row * common.LOG2_E
+    args = {"bq": block_q, "bkv": block_kv, "softmax": softmax, "interpret": interpret}
     dq = jnp.zeros(qp.shape, jnp.float32)
     dk = jnp.zeros(kp.shape, jnp.float32)
     dv = jnp.zeros(vp.shape, jnp.float32)
