@@ -175,10 +175,10 @@ class CompiledKernel:
 
 
 def compile_for_tpu(fn, *shapes, chip: str = "v6e") -> CompiledKernel:
-    """Compile ``fn`` for a TPU ``chip`` from abstract inputs (``jax.ShapeDtypeStruct``), on any
-    machine. Raises whatever the Mosaic / XLA compiler raises (VMEM or SMEM overflow, bad tiling)."""
+    """Compile ``fn`` for a TPU ``chip`` from abstract inputs (``jax.ShapeDtypeStruct``, or pytrees
+    of them), on any machine. Raises whatever the Mosaic / XLA compiler raises (VMEM or SMEM overflow, bad tiling)."""
     from jax.sharding import SingleDeviceSharding
 
     sharding = SingleDeviceSharding(tpu_device(chip))
-    args = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding) for s in shapes]
+    args = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding), shapes)
     return CompiledKernel(chip, jax.jit(fn).lower(*args).compile())

@@ -39,6 +39,12 @@ class ScheduleCounts:
     block_kv: int
     out_itemsize: int
     writes_lse: bool
+    #: A kernel whose operands are not a forward's q, k, v, o (a backward kernel) states its HBM
+    #: bytes itself: per row start (``q_rows``), per step fetch (``kv_fetches``), and bytes its DMAs
+    #: move while the kernel waits (never hidden). None: derived from q, k, v, o as laid out.
+    row_bytes: int | None = None
+    fetch_bytes: int | None = None
+    waited_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -61,10 +67,14 @@ class Backward:
     """The training path of an implementation: ``forward(q, k, v, mask, **call) -> (o, residuals)``
     (the forward that also keeps what the backward needs) and ``backward(residuals, do, mask,
     **call) -> (dq, dk, dv)``; ``call``: the keywords of ``Implementation.forward``. ``stlib.api``
-    joins them into a ``jax.custom_vjp``."""
+    joins them into a ``jax.custom_vjp``. ``kernel_names``, ``compute_regions`` and
+    ``schedule_counts``: as ``Implementation``'s, for the backward's own Pallas kernels."""
 
     forward: Callable
     backward: Callable
+    kernel_names: tuple[str, ...] = ()
+    compute_regions: Callable | None = None
+    schedule_counts: Callable | None = None
 
 
 @dataclass(frozen=True)
@@ -224,8 +234,18 @@ class Implementation:
             raise ValueError(reason)
 
     def owns_kernel(self, kernel: str) -> bool:
-        """Whether a compiled Pallas kernel of this name belongs to this implementation."""
-        return any(kernel.startswith(prefix) for prefix in self.kernel_names)
+        """Whether a compiled Pallas kernel of this name belongs to this implementation (its
+        forward's or its backward's)."""
+        backward = self.backward.kernel_names if self.backward else ()
+        return any(kernel.startswith(prefix) for prefix in (*self.kernel_names, *backward))
+
+    def schedule_rules(self, kernel: str) -> tuple[Callable | None, Callable | None]:
+        """(compute_regions, schedule_counts) of the compiled kernel ``kernel``: the backward's for
+        one of its backward's kernels, else the implementation's."""
+        backward = self.backward
+        if backward and any(kernel.startswith(prefix) for prefix in backward.kernel_names):
+            return backward.compute_regions, backward.schedule_counts
+        return self.compute_regions, self.schedule_counts
 
 
 def _first_order_only(fn: Callable, message: str) -> Callable:

@@ -169,7 +169,7 @@ def test_lane_dense_sliding_tile_in_rows_of_tiles_compiles(chip):
 
 @pytest.mark.parametrize(("impl", "chip"), [(AUTO_TPU_KERNEL, chip) for chip in CHIPS] + [("splash", "v6e")])
 def test_the_backward_compiles_at_case_study_shape(impl, chip):
-    from stlib.kernels.backward import DKV_PREFIX, DQ_PREFIX
+    from stlib.kernels.backward import DKV_PREFIX, DQ_PREFIX, FUSED_PREFIX
 
     band = case_mask("band")
 
@@ -185,4 +185,5 @@ def test_the_backward_compiles_at_case_study_shape(impl, chip):
     if registry.get(impl).baseline:
         assert "splash" in text
     else:
-        assert DQ_PREFIX in text and DKV_PREFIX in text
+        assert FUSED_PREFIX in text, "the fused dk / dv / dq kernel (its dq window fits VMEM here)"
+        assert DQ_PREFIX not in text and DKV_PREFIX not in text

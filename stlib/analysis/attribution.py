@@ -126,10 +126,10 @@ def _compute_names(impl: str, kernel: str, n: int) -> list[str]:
     Raises ScheduleFormatError when the entry expects another number of regions."""
     from stlib import registry
 
-    implementation = registry.get(impl)
-    if implementation.compute_regions is None:
-        raise ValueError(f"no attribution rules for impl={impl!r}")
-    expected = implementation.compute_regions(kernel, n)
+    compute_regions, _ = registry.get(impl).schedule_rules(kernel)
+    if compute_regions is None:
+        raise ValueError(f"no attribution rules for impl={impl!r}, kernel {kernel!r}")
+    expected = compute_regions(kernel, n)
     if len(expected) != n:
         raise ScheduleFormatError(
             f"{kernel}: {n} conditional compute regions, expected {len(expected)} for {impl}"

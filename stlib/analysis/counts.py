@@ -28,6 +28,7 @@ class PathCounts:
     kv_fetches: int = 0
     q_block_bytes: int = 0  # one q block in + one output (and LSE) block out, laid out
     kv_block_bytes: int = 0  # one k block + one v block, laid out
+    waited_bytes: int = 0  # copies the kernel starts and waits for (ScheduleCounts.waited_bytes)
 
     def exposed_seconds(self, step_seconds: float, bandwidth: float) -> float:
         """DMA time the pipeline does not hide behind compute (module docstring), given the time of
@@ -39,6 +40,7 @@ class PathCounts:
             prologue
             + self.kv_fetches * max(0.0, kv - step_seconds)
             + self.q_rows * max(0.0, row - step_seconds)
+            + self.waited_bytes / bandwidth
         )
 
 
@@ -80,6 +82,9 @@ def _layout(mask, block_q: int, block_kv: int):
     return _LAYOUTS[key]
 
 
+_FLOATS = ("bf16", "f16", "f32")
+
+
 def _hbm_roles(
     att: Attribution, head_dim: int, head_dim_v: int | None = None, layouts: list[str] | None = None
 ) -> dict[str, tuple[bool, int]]:
@@ -92,8 +97,8 @@ def _hbm_roles(
     inputs = [
         (i, op)
         for i, op in enumerate(att.operands)
-        if op[3] == "input" and len(op[2]) == 3 and op[2][-1] in (head_dim, dv)
-    ]
+        if op[3] == "input" and len(op[2]) == 3 and op[2][-1] in (head_dim, dv) and op[1] in _FLOATS
+    ]  # integer operands of the same shape (Splash's int8 mask blocks) are tables, never data
     outputs = [(i, op) for i, op in enumerate(att.operands) if op[3] == "output" and len(op[2]) == 3]
     o = [(i, op) for i, op in outputs if op[2][-1] == dv]
     lse = [(i, op) for i, op in outputs if op[2][-1] == 1]
@@ -120,13 +125,18 @@ def path_counts(setup: Setup, att: Attribution, layouts: list[str] | None = None
     from stlib import registry
 
     d, item = setup.head_dim, setup.itemsize
-    implementation = registry.get(setup.impl)
-    if implementation.schedule_counts is None:
-        raise ValueError(f"no path counts for impl={setup.impl!r}")
+    _, schedule_counts = registry.get(setup.impl).schedule_rules(att.kernel)
+    if schedule_counts is None:
+        raise ValueError(f"no path counts for impl={setup.impl!r}, kernel {att.kernel!r}")
     try:
-        c = implementation.schedule_counts(setup, att)
+        c = schedule_counts(setup, att)
     except ValueError as error:  # the layout and the compiled grid disagree
         raise ScheduleFormatError(str(error)) from error
+    if c.row_bytes is not None:  # a kernel that states its bytes (a backward kernel)
+        nbytes = c.q_rows * c.row_bytes + c.kv_fetches * c.fetch_bytes + c.waited_bytes
+        return PathCounts(
+            c.paths, c.grid_steps, int(nbytes), c.q_rows, c.kv_fetches, c.row_bytes, c.fetch_bytes, c.waited_bytes
+        )
     hbm = _hbm_roles(att, d, setup.head_dim_v, layouts)
     moved = {name: minor * on for name, (on, minor) in hbm.items()}  # laid-out row elements in HBM
     q_block = c.block_q * (item * moved["q"] + c.out_itemsize * moved["o"] + 4 * moved["lse"] * c.writes_lse)

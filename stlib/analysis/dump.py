@@ -42,7 +42,8 @@ class KernelConfig:
     "band (density X)" or "band (width W)" on ``length`` tokens (default: the case study's);
     ``mask_file``: a pickled stlib mask used instead of ``mask``. ``num_kv_heads`` (q heads sharing
     k / v heads) and ``head_dim_v`` (v / output head dim) are compiled where the implementation
-    ``supports`` them."""
+    ``supports`` them. ``backward``: the program compiled is the call's backward alone (``jax.vjp``'s
+    gradient function, from the forward's residuals as inputs)."""
 
     impl: str
     mask: str = "none"
@@ -57,6 +58,7 @@ class KernelConfig:
     mask_file: str | None = None
     num_kv_heads: int | None = None  # None: num_heads (multi-head attention)
     head_dim_v: int | None = None  # None: head_dim
+    backward: bool = False  # compile the backward alone: the gradient from the forward's residuals
 
 
 def resolve_mask(config: KernelConfig):
@@ -149,7 +151,13 @@ def _build_and_compile(config: KernelConfig) -> float:
             )
 
     start = time.perf_counter()
-    compile_for_tpu(fn, q_shape, k_shape, v_shape, chip=config.chip)
+    if config.backward:
+        # the residuals as the forward leaves them (shapes only), then the gradient from them
+        gradient = jax.eval_shape(lambda q, k, v: jax.vjp(fn, q, k, v)[1], q_shape, k_shape, v_shape)
+        do_shape = jax.ShapeDtypeStruct((config.num_heads, length, dv), dtype)
+        compile_for_tpu(lambda vjp, do: vjp(do), gradient, do_shape, chip=config.chip)
+    else:
+        compile_for_tpu(fn, q_shape, k_shape, v_shape, chip=config.chip)
     return time.perf_counter() - start
 
 

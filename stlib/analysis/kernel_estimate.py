@@ -102,6 +102,11 @@ class Estimate:
         return self.seconds + self.glue_seconds
 
     @property
+    def direction(self) -> str:
+        """"backward" for the estimate of a call's backward alone, else "forward"."""
+        return "backward" if self.config.get("backward") else "forward"
+
+    @property
     def blocks(self) -> dict:
         """The blocks the kernels ran with (resolved: defaults filled in)."""
         return dict(self.config.get("resolved_blocks") or {})
@@ -128,6 +133,7 @@ class Estimate:
             "estimate_method": self.method,
             "estimate_static": True,
             "estimate_chip": self.chip,
+            "estimate_direction": self.direction,
             "estimate_ms": self.seconds * 1e3,
             "estimate_compute_ms": self.compute_seconds * 1e3,
             "estimate_memory_floor_ms": self.memory_seconds * 1e3,
@@ -146,7 +152,7 @@ class Estimate:
     def __str__(self) -> str:
         lines = [
             (
-                f"STATIC ESTIMATE (not a measurement) {self.impl} / {self.mask} on {self.chip}: "
+                f"STATIC ESTIMATE (not a measurement) {self.direction} {self.impl} / {self.mask} on {self.chip}: "
                 f"{self.total_seconds * 1e3:.2f} ms total = kernels {self.seconds * 1e3:.2f} ms + glue "
                 f"{self.glue_seconds * 1e3:.3f} ms; blocks {self.blocks}"
             ),
@@ -218,8 +224,10 @@ def make_config(
     length: int | None = None,
     num_kv_heads: int | None = None,
     head_dim_v: int | None = None,
+    backward: bool = False,
 ) -> tuple[KernelConfig, bytes | None]:
-    """The KernelConfig (and pickled mask, for a mask object) of an estimate request."""
+    """The KernelConfig (and pickled mask, for a mask object) of an estimate request (``backward``:
+    of the call's backward alone)."""
     from stlib.masks import Mask
 
     mask_bytes = None
@@ -257,6 +265,7 @@ def make_config(
         length=length,
         num_kv_heads=num_kv_heads,
         head_dim_v=head_dim_v,
+        backward=bool(backward),
     )
     fields = {f.name for f in dataclasses.fields(implementation.options_type)}
     if "chip" in fields:  # a kernel that sizes itself per chip is sized for the chip estimated
@@ -287,6 +296,7 @@ def estimate_at_clock(
     length: int | None = None,
     num_kv_heads: int | None = None,
     head_dim_v: int | None = None,
+    backward: bool = False,
     clock_hz: float,
     clock_assumption: str,
     use_cache: bool = True,
@@ -298,6 +308,8 @@ def estimate_at_clock(
     length, head_dim], k [num_kv_heads, length, head_dim], v [num_kv_heads, length, head_dim_v]
     (length defaults to the case study's; kv heads and head_dim_v other than q's: where the
     implementation ``supports`` them). ``options``: fields of the implementation's options.
+    ``backward``: the estimate of the call's backward alone (its kernels from the forward's
+    residuals, and their glue: di, padding, the final scaling), at the same clock.
 
     Raises ScheduleFormatError when the libtpu or its dump is not the one this parser knows,
     RuntimeError when the kernel does not compile."""
@@ -317,11 +329,16 @@ def estimate_at_clock(
         length=length,
         num_kv_heads=num_kv_heads,
         head_dim_v=head_dim_v,
+        backward=backward,
     )
     compiled = compiled_attributions(impl, config, mask_bytes, use_cache)
     setup = setup_for(impl, config, pickle.loads(mask_bytes) if mask_bytes else resolve_mask(config))
     attributions = [Attribution(**{**k, "grid": k["grid"] and tuple(k["grid"])}) for k in compiled["kernels"]]
-    if registry.get(impl).probe_regions and sum(p.startswith("compute") for p in attributions[0].paths) == 2:
+    if (
+        registry.get(impl).probe_regions
+        and not backward
+        and sum(p.startswith("compute") for p in attributions[0].paths) == 2
+    ):
         _check_region_probe(impl, attributions[0], config, setup, use_cache)
     hz, assumption = clock_hz, clock_assumption
     bandwidth = chip_spec(chip).hbm_bandwidth

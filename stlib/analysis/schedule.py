@@ -54,6 +54,9 @@ _REGION = re.compile(r"(Start/End empty region|Start region|End region) (\d+)")
 _BRANCH = re.compile(r"sbr\.rel \((!?)(%p\w+)\) target = \$region(\d+)")
 _GUARD = re.compile(r"[^(;]*?\((!?%p\w+)[,)]")  # an op's predicate: the first (%p..) after its opcode
 _EXIT = re.compile(r"(%p\w+) = scmp\.ge\.s32\.totalorder %s\w+, (\d+) /\* loop exit test \*/")
+# a loop the compiler makes of a large VMEM copy (a [1024, 128] f32 accumulator copied in a kernel)
+# tests its counter against the trip count without the comment
+_EXIT_UNMARKED = re.compile(r"(%p\w+) = scmp\.ge\.s32\.totalorder %s\w+, (\d+)(?= \}|  ;;)")
 _CONTROL = ("sbr", "sjmp", "scall", "sret", "br.", "jmp", "call", "ret")
 _OP = re.compile(r"%[\w.]+ = ([a-z_][\w.\-]*)")
 _COMMENT = re.compile(r"/\*.*?\*/", re.DOTALL)
@@ -285,6 +288,9 @@ def _loop(bundles, target: int, branch: int, negated: str, predicate: str, delay
     if bundles[target].marker != "LB":
         raise ScheduleFormatError(f"backward branch at {branch:#x} targets {target:#x}, not a loop body (LB)")
     exits = [m for b in bundles[target : branch + 1] for m in _EXIT.findall(b.text) if m[0] == predicate]
+    if not exits:
+        body = bundles[target : branch + 1]
+        exits = [m for b in body for m in _EXIT_UNMARKED.findall(b.text) if m[0] == predicate]
     if negated != "!" or len(exits) != 1:
         raise ScheduleFormatError(
             f"loop {target:#x}..{branch:#x}: expected one 'loop exit test' defining "

@@ -58,6 +58,7 @@ def static_estimate(
     dtype: str = "bfloat16",
     block_sizes=None,
     options=None,
+    backward: bool = False,
     clock="calibrated",
     use_cache: bool = True,
 ) -> Estimate:
@@ -68,7 +69,10 @@ def static_estimate(
     "full", "causal", "band (density X)", "band (width W)", a case-study catalogue name, or an stlib
     mask; ``chip``: one of ``ESTIMATE_CHIPS`` ("v6e", "v5e", "tpu7x"). ``block_sizes``: None (the
     kernel's defaults), {"block_q": .., "block_kv": ..}, or "tuned" (the best total of a small sweep;
-    the result's ``sweep`` lists every candidate). Shared kv heads and head_dim_v != head_dim:
+    the result's ``sweep`` lists every candidate; the backward sweeps the same candidates, its
+    tiles being the forward's). ``backward``: the estimate of the call's backward alone
+    (its Pallas kernels from the forward's residuals, and their XLA glue), with the forward's
+    calibrated clock: nothing is fitted to backward timings. Shared kv heads and head_dim_v != head_dim:
     where the implementation ``supports`` them. Returns an ``Estimate``: ``seconds`` (kernels), ``glue_seconds``,
     ``total_seconds``, ``blocks`` and the per-path breakdown in ``kernels``.
 
@@ -83,6 +87,7 @@ def static_estimate(
         "length": length,
         "dtype": dtype,
         "options": dict(options) if options else None,
+        "backward": backward,
         "clock": clock,
         "use_cache": use_cache,
     }

@@ -67,7 +67,7 @@ def compile_backward(impl: str, mask_name: str, chip: str, options=None) -> dict
     from stlib.api import attention, video_attention
     from stlib.configs import CASE_STUDY
     from stlib.device import compile_for_tpu
-    from stlib.kernels.backward import DKV_PREFIX, DQ_PREFIX
+    from stlib.kernels.backward import DKV_PREFIX, DQ_PREFIX, FUSED_PREFIX
 
     shape = jax.ShapeDtypeStruct(
         (CASE_STUDY.num_heads, CASE_STUDY.num_tokens, CASE_STUDY.head_dim), jnp.bfloat16
@@ -97,7 +97,7 @@ def compile_backward(impl: str, mask_name: str, chip: str, options=None) -> dict
         return {**record, "compiled": False, "error": f"{type(error).__name__}: {str(error)[:400]}"}
     text = compiled.text()
     kernels = {
-        prefix: len(set(re.findall(rf"%({prefix}[\w.]*) = ", text))) for prefix in (DQ_PREFIX, DKV_PREFIX)
+        prefix: len(set(re.findall(rf"%({prefix}[\w.]*) = ", text))) for prefix in (DQ_PREFIX, DKV_PREFIX, FUSED_PREFIX)
     }
     return {
         **record,
@@ -106,6 +106,7 @@ def compile_backward(impl: str, mask_name: str, chip: str, options=None) -> dict
         **compiled.memory(),
         "dq_kernels": kernels[DQ_PREFIX],
         "dkv_kernels": kernels[DKV_PREFIX],
+        "fused_kernels": kernels[FUSED_PREFIX],
     }
 
 
@@ -157,7 +158,7 @@ def read(path=None) -> list[dict]:
 def format_table(records) -> str:
     """The records as a Markdown table (GB of temporaries per device; the error where one failed)."""
     lines = [
-        "| chip | impl | options | mask | compiled | compile s | temp GB | dq / dkv kernels |",
+        "| chip | impl | options | mask | compiled | compile s | temp GB | dq / dk-dv / fused kernels |",
         "|" + "---|" * 8,
     ]
     for r in sorted(records, key=lambda r: (r["chip"], r["impl"], json.dumps(r["options"]), r["mask"])):
@@ -167,7 +168,7 @@ def format_table(records) -> str:
                 "yes",
                 f"{r['compile_s']:.0f}",
                 f"{r.get('temp_size_in_bytes', 0) / 1e9:.2f}",
-                f"{r['dq_kernels']} / {r['dkv_kernels']}",
+                f"{r['dq_kernels']} / {r['dkv_kernels']} / {r.get('fused_kernels', 0)}",
             ]
         else:
             cells = ["no: " + r["error"][:120].replace("|", "\\|"), "-", "-", "-"]  # a mask's repr holds "|"

@@ -29,6 +29,7 @@ with a NaN or inf input makes its gradient entries NaN or inf.
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import jax
 import jax.numpy as jnp
@@ -36,13 +37,15 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from stlib.device import current_chip
 from stlib.kernels import common
 from stlib.layout import block_layout
 from stlib.masks import full
 from stlib.registry import Backward
 
 #: Name prefixes of the backward's Pallas kernels in a compiled program.
-DQ_PREFIX, DKV_PREFIX = "stlib_bwd_dq", "stlib_bwd_dkv"
+DQ_PREFIX, DKV_PREFIX, FUSED_PREFIX = "stlib_bwd_dq", "stlib_bwd_dkv", "stlib_bwd_fused"
+BACKWARD_PREFIXES = (DQ_PREFIX, DKV_PREFIX, FUSED_PREFIX)
 
 
 def _mask_fn(plan: common.MaskPlan, tab, head, qi, ki, bq, bkv, *, transposed: bool):
@@ -133,7 +136,7 @@ def _operand_specs(q_map, kv_map, row_map, bq: int, bkv: int, head_dim: int) -> 
 
 
 def _dq_pass(
-    q, k, v, do, lse, di, dq_in, selected, plan, *, bq, bkv, softmax: common.SoftmaxOptions, interpret
+    q, k, v, do, lse, di, dq_in, selected, plan, *, name, bq, bkv, softmax: common.SoftmaxOptions, interpret
 ):
     """dq_in + dQ / scale of one pass, [H, Lq, D] f32 (dq_in's buffer reused)."""
     num_heads, _, head_dim = q.shape
@@ -209,14 +212,29 @@ def _dq_pass(
         out_shape=jax.ShapeDtypeStruct(dq_in.shape, jnp.float32),
         interpret=interpret,
         dimension_semantics=("parallel", "arbitrary"),
-        name=DQ_PREFIX,
+        name=name,
         operands=[*(jnp.asarray(t) for t in tables), *operands],
         input_output_aliases={len(tables) + 6: 0},
     )
 
 
 def _dkv_pass(
-    q, k, v, do, lse, di, dk_in, dv_in, selected, plan, *, bq, bkv, softmax: common.SoftmaxOptions, interpret
+    q,
+    k,
+    v,
+    do,
+    lse,
+    di,
+    dk_in,
+    dv_in,
+    selected,
+    plan,
+    *,
+    name,
+    bq,
+    bkv,
+    softmax: common.SoftmaxOptions,
+    interpret,
 ):
     """(dk_in + dK / scale, dv_in + dV) of one pass, [H, Lkv, D] f32 each (their buffers reused)."""
     num_heads, _, head_dim = k.shape
@@ -290,10 +308,171 @@ def _dkv_pass(
         out_shape=[jax.ShapeDtypeStruct(dk_in.shape, jnp.float32)] * 2,
         interpret=interpret,
         dimension_semantics=("parallel", "arbitrary"),
-        name=DKV_PREFIX,
+        name=name,
         operands=[*(jnp.asarray(t) for t in tables), *operands],
         input_output_aliases={len(tables) + 6: 0, len(tables) + 7: 1},
     )
+
+
+def _fused_pass(
+    q,
+    k,
+    v,
+    do,
+    lse,
+    di,
+    dq_in,
+    dk_in,
+    dv_in,
+    selected,
+    plan,
+    *,
+    name,
+    window,
+    bq,
+    bkv,
+    softmax,
+    interpret,
+    vmem_limit,
+):
+    """(dq_in + dQ / scale, dk_in + dK / scale, dv_in + dV) of one pass restricted to the q tiles
+    ``window`` = (first, end): the dk / dv grid (kv rows, head by head) that also forms dQ = dS K
+    from the dS^T it has, accumulating the window's dq of the current head in a VMEM scratch. That
+    scratch is read from HBM when a head's first kv row starts and written back after its last, by
+    DMAs the kernel waits for (the bytes are small beside the steps'); rows of one head are
+    consecutive in the grid, so the scratch is whole when it is written. Heads without a row in
+    the pass are never visited and keep their dq (aliased buffers)."""
+    num_heads, _, head_dim = k.shape
+    first_tile, end_tile = window
+    rows = (end_tile - first_tile) * bq
+    tables, extent, n_rows = _grid_tables(selected, plan, num_heads, transposed=True)
+    common.check_prefetch(
+        tables, plan, bq, "the fused backward kernel", "use larger tiles or fewer heads per call"
+    )
+    table_mask = plan.mode == common.MaskPlanMode.TABLE
+
+    def where(p, j, head, row, slot, tiles, counts, *_):
+        """(head, kv tile, q tile, table entry, active) of grid step (p, j)."""
+        entry = slot[p] * extent + j
+        return head[p], row[p], tiles[entry], entry, j < counts[slot[p]]
+
+    def kernel(*refs):
+        tab, rest = refs[: len(tables)], list(refs[len(tables) :])
+        mask_ref = rest.pop(9) if table_mask else None
+        (q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dk_prev, dv_prev, dq_hbm_in,
+         dk_ref, dv_ref, dq_hbm, dk_acc, dv_acc, dq_acc, sem) = rest  # fmt: skip
+        p, j = pl.program_id(0), pl.program_id(1)
+        h, ki, qi, _, active = where(p, j, *tab)
+        heads = tab[0]
+        head_rows = dq_hbm.at[h, pl.ds(first_tile * bq, rows)]  # this window of the head's dq in HBM
+
+        @pl.when((j == 0) & ((p == 0) | (heads[jnp.maximum(p - 1, 0)] != h)))
+        def _():  # the head's first kv row: its dq so far into VMEM
+            pltpu.async_copy(dq_hbm_in.at[h, pl.ds(first_tile * bq, rows)], dq_acc, sem).wait()
+
+        @pl.when(j == 0)
+        def _():
+            dk_acc[...] = dk_prev[...]
+            dv_acc[...] = dv_prev[...]
+
+        @pl.when(active)
+        def _():
+            qs = common.scaled_q(q_ref, softmax)
+            s_t = _dot(k_ref[...], qs, (1, 1))  # [bkv, bq]: keys on sublanes
+            p_t = softmax.exp(s_t - lse_ref[...])
+            allowed = (
+                (mask_ref[...] != 0)
+                if table_mask
+                else _mask_fn(plan, tab, h, qi, ki, bq, bkv, transposed=True)
+            )
+            if allowed is not None:
+                p_t = jnp.where(allowed, p_t, 0.0)
+            dv_acc[...] += _dot(p_t.astype(do_ref.dtype), do_ref[...], (1, 0))  # [bkv, D]
+            dp_t = _dot(v_ref[...], do_ref[...], (1, 1))  # [bkv, bq]
+            ds_t = p_t * (dp_t - di_ref[...])
+            if allowed is not None:
+                ds_t = jnp.where(allowed, ds_t, 0.0)
+            ds_t = ds_t.astype(q_ref.dtype)
+            dk_acc[...] += _dot(ds_t, q_ref[...], (1, 0))  # [bkv, D]
+            at = pl.ds(pl.multiple_of((qi - first_tile) * bq, bq), bq)
+            dq_acc[at, :] += _dot(ds_t, k_ref[...], (0, 0))  # [bq, D] = dS K
+
+        @pl.when(j == extent - 1)
+        def _():
+            dk_ref[...] = dk_acc[...]
+            dv_ref[...] = dv_acc[...]
+
+        @pl.when((j == extent - 1) & ((p == n_rows - 1) | (heads[jnp.minimum(p + 1, n_rows - 1)] != h)))
+        def _():  # the head's last kv row: its dq back to HBM
+            pltpu.async_copy(dq_acc, head_rows, sem).wait()
+
+    q_map, kv_map, row_map = _block_maps(where, q_at=2, kv_at=1)
+    in_specs = [
+        *_operand_specs(q_map, kv_map, row_map, bq, bkv, head_dim),
+        pl.BlockSpec((None, bkv, head_dim), kv_map),  # dk so far (aliased)
+        pl.BlockSpec((None, bkv, head_dim), kv_map),  # dv so far (aliased)
+        pl.BlockSpec(memory_space=pl.ANY),  # dq so far, in HBM (aliased)
+    ]
+    operands = [q, k, v, do, lse, di, dk_in, dv_in, dq_in]
+    if table_mask:
+        in_specs.append(
+            pl.BlockSpec((None, bkv, bq), lambda p, j, *tab: (tab[-1][where(p, j, *tab)[3]], 0, 0))
+        )
+        operands.append(jnp.asarray(np.ascontiguousarray(plan.table.transpose(0, 2, 1))))
+    grid_spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=len(tables),
+        grid=(n_rows, extent),
+        in_specs=in_specs,
+        out_specs=[
+            pl.BlockSpec((None, bkv, head_dim), kv_map),
+            pl.BlockSpec((None, bkv, head_dim), kv_map),
+            pl.BlockSpec(memory_space=pl.ANY),
+        ],
+        scratch_shapes=[
+            pltpu.VMEM((bkv, head_dim), jnp.float32),
+            pltpu.VMEM((bkv, head_dim), jnp.float32),
+            pltpu.VMEM((rows, head_dim), jnp.float32),
+            pltpu.SemaphoreType.DMA,
+        ],
+    )
+    base = len(tables)
+    return common.run_pallas(
+        kernel,
+        grid_spec=grid_spec,
+        out_shape=[
+            jax.ShapeDtypeStruct(dk_in.shape, jnp.float32),
+            jax.ShapeDtypeStruct(dv_in.shape, jnp.float32),
+            jax.ShapeDtypeStruct(dq_in.shape, jnp.float32),
+        ],
+        interpret=interpret,
+        dimension_semantics=("arbitrary", "arbitrary"),  # a head's kv rows all add into one dq scratch
+        name=name,
+        operands=[*(jnp.asarray(t) for t in tables), *operands],
+        input_output_aliases={base + 6: 0, base + 7: 1, base + 8: 2},
+        vmem_limit_bytes=vmem_limit,
+    )
+
+
+def fused_vmem_bytes(block_q: int, block_kv: int, head_dim: int, itemsize: int) -> int:
+    """VMEM the fused kernel needs besides its dq scratch (upper estimate): double-buffered q, dO, k,
+    v blocks and lse / di rows, double-buffered f32 dk / dv blocks in and out, the dk / dv
+    accumulators, and about five [block_kv, block_q] f32 intermediates (S^T, P^T, dP^T, dS^T, mask)."""
+    blocks = 2 * itemsize * head_dim * (2 * block_q + 2 * block_kv) + 2 * 2 * block_q * 4
+    accumulators = 2 * 2 * 2 * block_kv * head_dim * 4 + 2 * block_kv * head_dim * 4
+    return blocks + accumulators + 5 * block_kv * block_q * 4
+
+
+def dq_windows(num_q_tiles: int, block_q: int, block_kv: int, head_dim: int, itemsize: int, chip=None):
+    """The q-tile windows (first, end) of the fused kernel: as few as let a window's f32 dq scratch
+    ([tiles x block_q, D]) fit beside ``fused_vmem_bytes`` in ``common.vmem_limit(chip)``; empty
+    when not even one q tile fits (then the backward runs split)."""
+    room = common.vmem_limit(chip) - fused_vmem_bytes(block_q, block_kv, head_dim, itemsize)
+    per_window = room // (block_q * head_dim * 4)
+    if per_window < 1:
+        return []
+    count = -(-num_q_tiles // per_window)
+    size = -(-num_q_tiles // count)  # windows of near-equal size
+    return [(w, min(w + size, num_q_tiles)) for w in range(0, num_q_tiles, size)]
 
 
 def residual_rows(lse, do, o, length: int, padded: int):
@@ -306,15 +485,100 @@ def residual_rows(lse, do, o, length: int, padded: int):
     return jnp.pad(lse, pad, constant_values=jnp.inf)[:, None, :], jnp.pad(di, pad)[:, None, :]
 
 
+#: How the backward runs: "fused" (one dk / dv / dq kernel per pass and dq window, 5 matmuls per
+#: tile), "split" (a dq kernel and a dk / dv kernel per pass, 7 matmuls: the oracle) or "auto" (fused
+#: where a dq window of at least one q tile fits in VMEM, else split).
+BACKWARD_METHODS = ("auto", "fused", "split")
+
+
+def _window_selected(selected: np.ndarray, window) -> np.ndarray:
+    """``selected`` ([Hl, nq, nk]) with the q tiles outside ``window`` dropped."""
+    keep = np.zeros(selected.shape[1], bool)
+    keep[window[0] : window[1]] = True
+    return selected & keep[None, :, None]
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelCall:
+    """One Pallas call of the backward: its kernel ``name``, ``kind`` ("fused", "dq" or "dkv"), the
+    tiles it computes (``selected``, [Hl, nq, nk]), the pass's mask plan and, fused, its q-tile
+    ``window``."""
+
+    name: str
+    kind: str
+    selected: np.ndarray
+    plan: common.MaskPlan
+    window: tuple[int, int] | None = None
+
+
+def kernel_calls(passes, method: str, *, num_q_tiles, block_q, block_kv, head_dim, itemsize, chip):
+    """The backward's Pallas calls over the forward's ``passes``, in order: per pass, the fused
+    kernel once per dq window with tiles in it (``dq_windows``), or the dq then the dk / dv kernel
+    (``method`` "split", or "auto" where no window fits). Raises ValueError for ``method``
+    "fused" where no window fits, and for an unknown method."""
+    if method not in BACKWARD_METHODS:
+        raise ValueError(f"method={method!r} must be one of {BACKWARD_METHODS}")
+    windows = []
+    if method != "split":
+        windows = dq_windows(num_q_tiles, block_q, block_kv, head_dim, itemsize, chip)
+        if not windows and method == "fused":
+            raise ValueError(
+                f"the fused backward's dq scratch of one {block_q}-row q tile does not fit in VMEM "
+                f"beside {block_q}x{block_kv} tiles on {chip or 'the smallest chip'}; use method='split'"
+            )
+    calls = []
+    for p in passes:
+        if not windows:
+            calls += [
+                KernelCall(f"{DQ_PREFIX}_{p.name}", "dq", p.selected, p.plan),
+                KernelCall(f"{DKV_PREFIX}_{p.name}", "dkv", p.selected, p.plan),
+            ]
+            continue
+        for i, window in enumerate(windows):
+            selected = _window_selected(p.selected, window)
+            if selected.any():
+                calls.append(KernelCall(f"{FUSED_PREFIX}_{p.name}_w{i}", "fused", selected, p.plan, window))
+    return calls
+
+
 def tile_backward(
-    q, k, v, o, lse, do, passes, *, block_q: int, block_kv: int, scale: float, exp2: bool, interpret=None
+    q,
+    k,
+    v,
+    o,
+    lse,
+    do,
+    passes,
+    *,
+    block_q: int,
+    block_kv: int,
+    scale: float,
+    exp2: bool,
+    interpret=None,
+    method: str = "auto",
+    chip: str | None = None,
 ):
     """(dq, dk, dv) of tile attention: q, k, v, o, do [H, L, D], lse [H, L] (natural log, -inf for
-    rows that saw nothing) and the forward's ``passes`` (``stlib.kernels.tile.split_passes``). Each
-    in its input's dtype."""
+    rows that saw nothing) and the forward's ``passes`` (``stlib.kernels.tile.split_passes``), or
+    the backward's ``KernelCall`` list itself (``kernel_calls``). Each in its input's dtype.
+    ``method``: one of ``BACKWARD_METHODS`` (for passes); ``chip``: the chip whose VMEM sizes the
+    fused kernel's dq windows (None: the current TPU's, else the smallest chip's)."""
     length = q.shape[1]
     qp, dop = common.pad_sequence(q, block_q), common.pad_sequence(do, block_q)
     kp, vp = common.pad_sequence(k, block_kv), common.pad_sequence(v, block_kv)
+    chip = chip or current_chip()
+    calls = list(passes)
+    if not all(isinstance(c, KernelCall) for c in calls):
+        calls = kernel_calls(
+            calls,
+            method,
+            num_q_tiles=qp.shape[1] // block_q,
+            block_q=block_q,
+            block_kv=block_kv,
+            head_dim=q.shape[2],
+            itemsize=q.dtype.itemsize,
+            chip=chip,
+        )
     lse_row, di_row = residual_rows(lse, do, o, length, qp.shape[1])
     softmax = common.SoftmaxOptions(scale, exp2)  # the forward's scaling and exponential
     if exp2:
@@ -323,9 +587,18 @@ def tile_backward(
     dq = jnp.zeros(qp.shape, jnp.float32)
     dk = jnp.zeros(kp.shape, jnp.float32)
     dv = jnp.zeros(vp.shape, jnp.float32)
-    for p in passes:  # each pass adds into the accumulators in place (aliased buffers)
-        dq = _dq_pass(qp, kp, vp, dop, lse_row, di_row, dq, p.selected, p.plan, **args)
-        dk, dv = _dkv_pass(qp, kp, vp, dop, lse_row, di_row, dk, dv, p.selected, p.plan, **args)
+    data = (qp, kp, vp, dop, lse_row, di_row)
+    for call in calls:  # each call adds into the accumulators in place (aliased buffers)
+        named = {"name": call.name, **args}
+        if call.kind == "fused":
+            limit = common.vmem_limit(chip)
+            dk, dv, dq = _fused_pass(
+                *data, dq, dk, dv, call.selected, call.plan, window=call.window, vmem_limit=limit, **named
+            )
+        elif call.kind == "dq":
+            dq = _dq_pass(*data, dq, call.selected, call.plan, **named)
+        else:
+            dk, dv = _dkv_pass(*data, dk, dv, call.selected, call.plan, **named)
     return (
         (dq[:, :length] * scale).astype(q.dtype),
         (dk[:, :length] * scale).astype(k.dtype),
@@ -333,88 +606,186 @@ def tile_backward(
     )
 
 
-#: Matmuls per computed tile: the dq kernel (S, dP, dQ) and the dk / dv kernel (S^T, dV, dP^T, dK)
-#: against the forward's 2 (S, P V); each 2 * block_q * block_kv * D flops.
-DQ_MATMULS, DKV_MATMULS, FORWARD_MATMULS = 3, 4, 2
+#: Matmuls per computed tile: the dq kernel (S, dP, dQ), the dk / dv kernel (S^T, dV, dP^T, dK), the
+#: fused kernel (S^T, dV, dP^T, dK, dQ) against the forward's 2 (S, P V); each 2 * block_q *
+#: block_kv * D flops.
+DQ_MATMULS, DKV_MATMULS, FUSED_MATMULS, FORWARD_MATMULS = 3, 4, 5, 2
+_MATMULS = {"dq": DQ_MATMULS, "dkv": DKV_MATMULS, "fused": FUSED_MATMULS}
 
 
-def backward_work(layout, passes, num_heads: int, head_dim: int) -> dict:
-    """What the split backward executes over ``passes`` (``layout``'s, as ``split_passes`` gives
-    them) for ``num_heads`` heads: grid steps of the dq and dk / dv kernels (the worked rows of each
-    pass times its widest row), computed tiles, kv tiles that no query sees, and matmul flops
-    beside the forward's on the same tiles."""
-    out = {"dq_steps": 0, "dkv_steps": 0, "computed_tiles": 0}
-    for p in passes:
-        mult = num_heads if p.selected.shape[0] == 1 else 1
-        for key, axis in (("dq_steps", 2), ("dkv_steps", 1)):
-            counts = p.selected.sum(axis=axis)
-            out[key] += mult * int((counts > 0).sum()) * max(int(counts.max()), 1)
-        out["computed_tiles"] += mult * int(p.selected.sum())
+def _call_grid(call: KernelCall, num_heads: int) -> tuple[int, int]:
+    """(worked rows, widest row) of a backward call's grid, as its kernel builds it."""
+    _, extent, n_rows = _grid_tables(call.selected, call.plan, num_heads, transposed=call.kind != "dq")
+    return n_rows, extent
+
+
+def backward_work(layout, passes, num_heads: int, head_dim: int, calls=None) -> dict:
+    """What the backward executes over ``passes`` (``layout``'s, as ``split_passes`` gives them) for
+    ``num_heads`` heads: ``calls`` (``kernel_calls``; default: split) with their grid steps by
+    kind, computed tiles, kv tiles that no query sees, and matmul flops beside the forward's on
+    the same tiles."""
+    if calls is None:
+        calls = kernel_calls(
+            passes, "split", num_q_tiles=layout.grid_shape[0], block_q=layout.block_q,
+            block_kv=layout.block_kv, head_dim=head_dim, itemsize=2, chip=None,
+        )  # fmt: skip
+    out = {"dq_steps": 0, "dkv_steps": 0, "fused_steps": 0, "computed_tiles": 0, "backward_matmuls": 0}
+    for call in calls:
+        mult = num_heads if call.selected.shape[0] == 1 else 1
+        rows, extent = _call_grid(call, num_heads)
+        out[f"{call.kind}_steps"] += rows * extent
+        tiles = mult * int(call.selected.sum())
+        out["backward_matmuls"] += _MATMULS[call.kind] * tiles
+        if call.kind != "dq":  # every tile passes one dk / dv-forming kernel
+            out["computed_tiles"] += tiles
     seen = np.zeros(layout.counts.shape[::2], bool)  # [Hl, nk]
     for p in passes:
         seen |= p.selected.any(axis=1)
     out["kv_tiles_without_queries"] = (num_heads if seen.shape[0] == 1 else 1) * int((~seen).sum())
-    per_matmul = 2 * layout.block_q * layout.block_kv * head_dim * out["computed_tiles"]
-    out["forward_flops"] = FORWARD_MATMULS * per_matmul
-    out["backward_flops"] = (DQ_MATMULS + DKV_MATMULS) * per_matmul
+    per_matmul = 2 * layout.block_q * layout.block_kv * head_dim
+    out["forward_flops"] = FORWARD_MATMULS * per_matmul * out["computed_tiles"]
+    out["backward_flops"] = per_matmul * out.pop("backward_matmuls")
     return out
+
+
+def call_schedule_counts(call: KernelCall, num_heads: int, head_dim: int, itemsize: int, bq: int, bkv: int):
+    """``registry.ScheduleCounts`` of one backward call: its grid, each worked row's init and
+    finalise, one compute per tile it computes, and the HBM bytes its blocks move (the kernel
+    states them: its lse / di rows are lane-dense, its [block, D] blocks lane-exact at D = 128).
+    Per row start: the row's own blocks in (and their f32 accumulators in and out); per computed
+    step: the other side's blocks; fused, the dq window of each head it visits, in and out, while
+    the kernel waits."""
+    from stlib.registry import ScheduleCounts
+
+    rows, extent = _call_grid(call, num_heads)
+    mult = num_heads if call.selected.shape[0] == 1 else 1
+    computed = mult * int(call.selected.sum())
+    table = bq * bkv if call.plan.mode == common.MaskPlanMode.TABLE else 0  # int8 mask block per step
+    rows_f32 = 2 * bq * 4  # lse and di rows
+    if call.kind == "dq":
+        row_bytes = bq * head_dim * (2 * itemsize + 2 * 4) + rows_f32  # q, dO; dq in and out (f32)
+        fetch_bytes = 2 * bkv * head_dim * itemsize + table  # k, v
+    else:
+        row_bytes = bkv * head_dim * (2 * itemsize + 4 * 4)  # k, v; dk, dv in and out (f32)
+        fetch_bytes = 2 * bq * head_dim * itemsize + rows_f32 + table  # q, dO, lse, di
+    waited = 0
+    if call.kind == "fused":
+        heads = len(np.unique(_worked_rows(call.selected.sum(axis=1), num_heads)[0]))
+        waited = heads * 2 * (call.window[1] - call.window[0]) * bq * head_dim * 4
+    return ScheduleCounts(
+        {"init": rows, "compute": computed, "finalise": rows},
+        rows * extent,
+        rows,
+        computed,
+        bq,
+        bkv,
+        4,
+        writes_lse=False,
+        row_bytes=row_bytes,
+        fetch_bytes=fetch_bytes,
+        waited_bytes=waited,
+    )
 
 
 def tile_training(forward_with_lse, resolve, passes_of, *, own_blocks: bool = False) -> Backward:
     """The ``registry.Backward`` of a flash kernel whose ``forward_with_lse(q, k, v, layout, mask, *,
     scale, options, interpret) -> (o, lse)`` runs the call's ``mask`` (None: dense) on a layout of
-    the blocks ``resolve`` (its block rule) picks: the forward keeps (q, k, v, o, lse); the backward runs ``tile_backward`` over
-    ``passes_of(layout, options)`` (``stlib.kernels.tile.split_passes`` with the boundary policy the
-    forward ran), so the gradient is that of what the forward computed. ``own_blocks``: the backward
-    takes the chip's default blocks where the forward's are larger (a forward tuned to big tiles,
-    whose [block_q, block_kv] f32 scores the backward's several intermediates would not fit beside
-    in VMEM); only for a forward whose passes are exact, since the backward's tiles then differ."""
+    the blocks ``resolve`` (its block rule) picks: the forward keeps (q, k, v, o, lse); the backward
+    runs ``tile_backward`` over ``passes_of(layout, options)`` (``stlib.kernels.tile.split_passes``
+    with the boundary policy the forward ran), so the gradient is that of what the forward computed.
+    ``own_blocks``: the backward takes the chip's default blocks where the forward's are larger (a
+    forward tuned to big tiles, whose [block_q, block_kv] f32 scores the backward's several
+    intermediates would not fit beside in VMEM); only for a forward whose passes are exact, since
+    the backward's tiles then differ. The entry also names, attributes and counts the backward's
+    kernels for the static estimate."""
 
-    def layout_of(q, mask, block_q, block_kv, options, interpret):
-        sizes, options = resolve(mask, q.shape[1], block_q, block_kv, options, interpret)
+    def layout_of(mask, length, block_q, block_kv, options, interpret):
+        sizes, options = resolve(mask, length, block_q, block_kv, options, interpret)
         return block_layout(
-            mask if mask is not None else full(q.shape[1]), sizes.block_q, sizes.block_kv
+            mask if mask is not None else full(length), sizes.block_q, sizes.block_kv
         ), options
 
+    def backward_plan(mask, length, head_dim, itemsize, block_q, block_kv, options, interpret):
+        """(layout, options, calls, chip) of the backward: the forward's layout (or the default
+        blocks, ``own_blocks``) and its kernel calls, sized for the chip the forward was."""
+        layout, options = layout_of(mask, length, block_q, block_kv, options, interpret)
+        if own_blocks:
+            default = common.block_sizes_for(length, None, None, interpret=interpret)
+            sizes = (min(layout.block_q, default.block_q), min(layout.block_kv, default.block_kv))
+            if sizes != (layout.block_q, layout.block_kv):
+                layout = block_layout(layout.mask, *sizes)
+        chip = getattr(options, "chip", None) or current_chip()  # a kernel sized for a chip: its backward too
+        calls = kernel_calls(
+            passes_of(layout, options),
+            "auto",
+            num_q_tiles=-(-length // layout.block_q),
+            block_q=layout.block_q,
+            block_kv=layout.block_kv,
+            head_dim=head_dim,
+            itemsize=itemsize,
+            chip=chip,
+        )
+        return layout, options, calls, chip
+
     def forward(q, k, v, mask, *, scale, block_q, block_kv, options, interpret):
-        layout, options = layout_of(q, mask, block_q, block_kv, options, interpret)
+        layout, options = layout_of(mask, q.shape[1], block_q, block_kv, options, interpret)
         o, lse = forward_with_lse(q, k, v, layout, mask, scale=scale, options=options, interpret=interpret)
         return o, (q, k, v, o, lse)
 
     def backward(residuals, do, mask, *, scale, block_q, block_kv, options, interpret):
         q, k, v, o, lse = residuals
-        layout, options = layout_of(q, mask, block_q, block_kv, options, interpret)
-        if own_blocks:
-            default = common.block_sizes_for(q.shape[1], None, None, interpret=interpret)
-            sizes = (min(layout.block_q, default.block_q), min(layout.block_kv, default.block_kv))
-            if sizes != (layout.block_q, layout.block_kv):
-                layout = block_layout(layout.mask, *sizes)
-        passes = passes_of(layout, options)
+        shape = (q.shape[1], q.shape[2], q.dtype.itemsize)
+        layout, options, calls, chip = backward_plan(mask, *shape, block_q, block_kv, options, interpret)
         return tile_backward(
-            q,
-            k,
-            v,
-            o,
-            lse,
-            do,
-            passes,
-            block_q=layout.block_q,
-            block_kv=layout.block_kv,
-            scale=scale,
-            exp2=options.exp2,
-            interpret=interpret,
+            q, k, v, o, lse, do, calls,
+            block_q=layout.block_q, block_kv=layout.block_kv, scale=scale, exp2=options.exp2,
+            interpret=interpret, chip=chip,
+        )  # fmt: skip
+
+    def schedule_counts(setup, attribution):
+        """The counts of the compiled backward kernel ``attribution.kernel`` of ``setup``'s call."""
+        from stlib import registry
+
+        options = registry.get(setup.impl).options(setup.options or None)
+        layout, _, calls, _ = backward_plan(
+            setup.mask, setup.length, setup.head_dim, setup.itemsize,
+            setup.block_q, setup.block_kv, options, False,
+        )  # fmt: skip
+        name = re.sub(r"\.\d+$", "", attribution.kernel)  # the compiled program's ".N" suffix
+        call = next((c for c in calls if c.name == name), None)
+        if call is None:
+            raise ValueError(
+                f"{attribution.kernel}: not one of the backward's calls {[c.name for c in calls]}"
+            )
+        return call_schedule_counts(
+            call, setup.num_heads, setup.head_dim, setup.itemsize, layout.block_q, layout.block_kv
         )
 
-    return Backward(forward, backward)
+    return Backward(
+        forward,
+        backward,
+        kernel_names=BACKWARD_PREFIXES,
+        compute_regions=lambda kernel, n: ["compute"],
+        schedule_counts=schedule_counts,
+    )
 
 
 __all__ = [
+    "BACKWARD_METHODS",
+    "BACKWARD_PREFIXES",
     "DKV_MATMULS",
     "DKV_PREFIX",
     "DQ_MATMULS",
     "DQ_PREFIX",
     "FORWARD_MATMULS",
+    "FUSED_MATMULS",
+    "FUSED_PREFIX",
+    "KernelCall",
     "backward_work",
+    "call_schedule_counts",
+    "dq_windows",
+    "fused_vmem_bytes",
+    "kernel_calls",
     "residual_rows",
     "tile_backward",
     "tile_training",

@@ -348,6 +348,17 @@ def softmax_scratch(block_q: int, head_dim: int):
 # pallas_call wrapper and padding
 
 
+#: Share of a chip's VMEM a call may ask for (the rest: Mosaic's internal scratch, headroom).
+VMEM_SHARE = 0.75
+
+
+def vmem_limit(chip: str | None) -> int:
+    """Bytes of VMEM a call may ask for on ``chip`` (None: the smallest in the chip table, for a
+    kernel traced off a TPU that may be compiled for any of them)."""
+    chips = [chip_spec(chip)] if chip else [chip_spec(c) for c in CHIPS]
+    return int(min(c.vmem_bytes for c in chips) * VMEM_SHARE)
+
+
 def run_pallas(
     kernel,
     *,

@@ -23,8 +23,9 @@ from jax.experimental.pallas import tpu as pltpu
 
 from stlib._checks import check_positive_int
 from stlib._intmath import round_up
-from stlib.device import CHIP_TABLE, LANES, SUBLANES, chip_spec, current_chip, resolve_interpret
+from stlib.device import LANES, SUBLANES, chip_spec, current_chip, resolve_interpret
 from stlib.kernels import common
+from stlib.kernels.common import VMEM_SHARE, vmem_limit  # noqa: F401 - re-exported by the package
 from stlib.kernels.tile_lane_dense.steps import (
     CODE_BITS,
     FIRST_PATTERN,
@@ -38,8 +39,6 @@ from stlib.reference import MASK_VALUE
 
 NAME = "pallas_tile_lane_dense"
 KERNEL_PREFIX = "stlib_tile_ld"
-#: Share of a chip's VMEM a call may ask for (the rest: Mosaic's internal scratch, headroom).
-VMEM_SHARE = 0.75
 
 
 @dataclass(frozen=True)
@@ -84,12 +83,6 @@ class LaneDenseOptions:
 
 # --------------------------------------------------------------------------------------------
 # blocks and VMEM
-
-
-def vmem_limit(chip: str | None) -> int:
-    """Bytes of VMEM a call may ask for on ``chip`` (None: the smallest in the chip table)."""
-    chips = [chip_spec(chip)] if chip else list(CHIP_TABLE.values())
-    return int(min(c.vmem_bytes for c in chips) * VMEM_SHARE)
 
 
 def vmem_bytes(
