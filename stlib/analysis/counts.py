@@ -135,7 +135,14 @@ def path_counts(setup: Setup, att: Attribution, layouts: list[str] | None = None
     if c.row_bytes is not None:  # a kernel that states its bytes (a backward kernel)
         nbytes = c.q_rows * c.row_bytes + c.kv_fetches * c.fetch_bytes + c.waited_bytes
         return PathCounts(
-            c.paths, c.grid_steps, int(nbytes), c.q_rows, c.kv_fetches, c.row_bytes, c.fetch_bytes, c.waited_bytes
+            c.paths,
+            c.grid_steps,
+            int(nbytes),
+            c.q_rows,
+            c.kv_fetches,
+            c.row_bytes,
+            c.fetch_bytes,
+            c.waited_bytes,
         )
     hbm = _hbm_roles(att, d, setup.head_dim_v, layouts)
     moved = {name: minor * on for name, (on, minor) in hbm.items()}  # laid-out row elements in HBM

@@ -103,7 +103,7 @@ class Estimate:
 
     @property
     def direction(self) -> str:
-        """"backward" for the estimate of a call's backward alone, else "forward"."""
+        """ "backward" for the estimate of a call's backward alone, else "forward"."""
         return "backward" if self.config.get("backward") else "forward"
 
     @property

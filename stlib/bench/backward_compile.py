@@ -97,7 +97,8 @@ def compile_backward(impl: str, mask_name: str, chip: str, options=None) -> dict
         return {**record, "compiled": False, "error": f"{type(error).__name__}: {str(error)[:400]}"}
     text = compiled.text()
     kernels = {
-        prefix: len(set(re.findall(rf"%({prefix}[\w.]*) = ", text))) for prefix in (DQ_PREFIX, DKV_PREFIX, FUSED_PREFIX)
+        prefix: len(set(re.findall(rf"%({prefix}[\w.]*) = ", text)))
+        for prefix in (DQ_PREFIX, DKV_PREFIX, FUSED_PREFIX)
     }
     return {
         **record,
