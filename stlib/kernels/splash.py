@@ -281,11 +281,8 @@ def splash_work(layout, num_heads: int, head_dim: int):
     return work_from_counts(layout, num_heads, head_dim, num_heads * nq * width, computed, masked)
 
 
-def splash_schedule_counts(setup, attribution) -> ScheduleCounts:
-    """Splash's grid (named in the dump) is H x q tiles x (widest row of non-empty kv tiles); every
-    non-empty tile of its padded mask is computed (its masking is branch-free), and a kv tile is
-    fetched once per non-empty tile (data_next); q heads sharing a kv head (G per kv head, Splash's
-    index map h // G) fetch it again at every head. Knows full, causal and band masks."""
+def _padded_layout(setup):
+    """The tile layout of Splash's padded mask at its blocks (full, causal and band masks)."""
     blocks = splash_blocks(setup.length, setup.block_q, setup.block_kv)
     padded = blocks.padded_length(setup.length)
     mask = setup.mask
@@ -297,9 +294,20 @@ def splash_schedule_counts(setup, attribution) -> ScheduleCounts:
         padded_mask = M.band(padded, mask.width)
     else:
         raise NotImplementedError(f"the Splash estimate knows full, causal and band masks, not {mask!r}")
+    return blocks, block_layout(padded_mask, blocks.block_q, blocks.block_kv)
+
+
+def splash_schedule_counts(setup, attribution) -> ScheduleCounts:
+    """Splash's grid (named in the dump) is H x q tiles x (widest row of non-empty kv tiles); every
+    non-empty tile of its padded mask is computed (its masking is branch-free), and a kv tile is
+    fetched once per non-empty tile (data_next); q heads sharing a kv head (G per kv head, Splash's
+    index map h // G) fetch it again at every head. Knows full, causal and band masks. Its backward
+    kernels (``_dkv`` and ``_dq`` in their names): ``_backward_counts``."""
+    blocks, layout = _padded_layout(setup)
     if attribution.grid is None:
         raise ValueError(f"{attribution.kernel}: the dump does not name Splash's grid")
-    layout = block_layout(padded_mask, blocks.block_q, blocks.block_kv)
+    if "_dkv" in attribution.kernel or "_dq" in attribution.kernel:
+        return _backward_counts(setup, attribution, blocks, layout)
     nq, nk = layout.grid_shape
     h = setup.num_heads
     if tuple(attribution.grid[:2]) != (h, nq):
@@ -320,6 +328,49 @@ def splash_schedule_counts(setup, attribution) -> ScheduleCounts:
         blocks.block_kv,
         setup.itemsize,
         writes_lse=False,
+    )
+
+
+def _backward_counts(setup, attribution, blocks: SplashBlocks, layout) -> ScheduleCounts:
+    """Splash's backward kernels on the forward's tiles (``SplashBlocks.to_splash``). The dk / dv
+    kernel's grid is kv tiles x H x (widest column of non-empty q tiles); it inits and writes dk, dv
+    once per (kv tile, head), fetches q, dO and the lse / di rows at every non-empty tile (and,
+    fused, writes that tile's dq partial, [bq, D] in q's dtype, which XLA sums afterwards: glue).
+    The split dq kernel's grid is the forward's; it fetches k, v at every non-empty tile. The lse /
+    di rows are counted lane-dense ([1, bq] f32)."""
+    nq, nk = layout.grid_shape
+    h, d, item = setup.num_heads, setup.head_dim, setup.itemsize
+    bq, bkv = blocks.block_q, blocks.block_kv
+    computed = int(np.sum(layout.kinds != TileKind.EMPTY)) * h
+    rows_f32 = 2 * bq * 4
+    if "_dkv" in attribution.kernel:
+        if tuple(attribution.grid[:2]) != (nk, h):
+            raise ValueError(
+                f"{attribution.kernel}: grid {attribution.grid} does not start with (kv tiles, heads) = {(nk, h)}"
+            )
+        rows = nk * h
+        fused = (setup.options or {}).get("fused_backward", True)
+        row_bytes = 4 * bkv * d * item  # k, v in; dk, dv out
+        fetch_bytes = 2 * bq * d * item + rows_f32 + (bq * d * item if fused else 0)
+    else:
+        if tuple(attribution.grid[:2]) != (h, nq):
+            raise ValueError(
+                f"{attribution.kernel}: grid {attribution.grid} does not start with (heads, q tiles) = {(h, nq)}"
+            )
+        rows = h * nq
+        row_bytes = 3 * bq * d * item + rows_f32  # q, dO in; dq out
+        fetch_bytes = 2 * bkv * d * item  # k, v
+    return ScheduleCounts(
+        {"init": rows, "finalise": rows, "compute": computed},
+        attribution.grid_steps,
+        rows,
+        computed,
+        bq,
+        bkv,
+        item,
+        writes_lse=False,
+        row_bytes=row_bytes,
+        fetch_bytes=fetch_bytes,
     )
 
 

@@ -1,0 +1,228 @@
+"""The backward in the static estimate: forward and backward of the best tile kernel
+(``pallas_tile_lane_dense``) against dense Splash at its tuned blocks, at the case-study shape (10
+heads x 75,600 tokens x 128, bf16), glue included, per chip. Static estimates with the forward's
+calibrated clock (nothing fitted to backward timings), never measurements.
+
+    python -m stlib.bench.backward_estimate run [--chips v6e tpu7x]   # ~1-4 min a case, cached
+    python -m stlib.bench.backward_estimate table
+
+Records: ``data/backward_estimates.jsonl``, one per (chip, impl, mask, direction, options); Splash's
+backward is the better of its fused and split kernels, each at the best of its tuned candidates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from stlib import paths
+
+RECORDS = "data/backward_estimates.jsonl"
+TILE_KERNEL = "pallas_tile_lane_dense"
+#: The tile kernel's masks (case-study catalogue names); Splash runs dense.
+MASKS = ("band (density 0.25)", "sliding tile, 3-D tiled order", "full")
+CHIPS = ("v6e", "tpu7x")
+#: The issue's targets: backward / forward of the tile kernel (band 0.25, v6e), and its forward +
+#: backward over dense Splash's at its tuned blocks.
+TARGETS = {"backward / forward": 2.5, "train / dense Splash train": 0.25}
+
+
+def cases(chips=None) -> list[dict]:
+    """The estimates of the table: per chip, the tile kernel forward and backward on every mask
+    of ``MASKS`` at its default blocks, and dense Splash forward (tuned) and backward (tuned, fused
+    and split)."""
+    out = []
+    for chip in chips or CHIPS:
+        for mask in MASKS:
+            for backward in (False, True):
+                out.append({"chip": chip, "impl": TILE_KERNEL, "mask": mask, "backward": backward})
+        out.append({"chip": chip, "impl": "splash", "mask": "none", "backward": False, "blocks": "tuned"})
+        for fused in (True, False):
+            out.append(
+                {
+                    "chip": chip,
+                    "impl": "splash",
+                    "mask": "none",
+                    "backward": True,
+                    "blocks": "tuned",
+                    "options": {"fused_backward": fused},
+                }
+            )
+    return out
+
+
+def estimate_case(case: dict) -> dict:
+    """The record of one case: total, kernel and glue ms, blocks, and per kernel its compute,
+    exposed DMA and DMA floor (ms) and grid steps; a case that does not compile records why."""
+    from stlib.analysis import static_estimate
+    from stlib.configs import CASE_STUDY
+
+    try:
+        est = static_estimate(
+            case["impl"],
+            case["mask"],
+            case["chip"],
+            num_heads=CASE_STUDY.num_heads,
+            head_dim=CASE_STUDY.head_dim,
+            length=CASE_STUDY.num_tokens,
+            block_sizes=case.get("blocks"),
+            options=case.get("options"),
+            backward=case["backward"],
+        )
+    except (RuntimeError, ValueError, NotImplementedError) as error:
+        return {**case, "estimated": False, "error": f"{type(error).__name__}: {str(error)[-300:]}"}
+    return {
+        **case,
+        "estimated": True,
+        "total_ms": est.total_seconds * 1e3,
+        "kernels_ms": est.seconds * 1e3,
+        "glue_ms": est.glue_seconds * 1e3,
+        "blocks": est.blocks,
+        "sweep": [list(s) for s in getattr(est, "sweep", ())],
+        "kernels": [
+            {
+                "kernel": k.kernel,
+                "grid_steps": k.grid_steps,
+                "compute_ms": k.compute_seconds * 1e3,
+                "exposed_dma_ms": k.exposed_dma_seconds * 1e3,
+                "dma_floor_ms": k.memory_seconds * 1e3,
+                "bundles": {p: v["bundles"] for p, v in k.breakdown.items()},
+            }
+            for k in est.kernels
+        ],
+        "clock": est.clock_assumption,
+        "static_estimate": True,
+    }
+
+
+def run(chips=None, path=None) -> list[dict]:
+    """Estimate every case (``cases``), appending each record to ``path`` (default ``RECORDS``)."""
+    from stlib.bench.progress import progress
+    from stlib.bench.records import provenance
+
+    path = Path(path or paths.home() / RECORDS)
+    origin = provenance()
+    records = []
+    for case in progress(cases(chips), "backward estimates"):
+        record = {**estimate_case(case), **origin}
+        with path.open("a") as handle:
+            handle.write(json.dumps(record) + "\n")
+        records.append(record)
+    return records
+
+
+def _key(record: dict) -> tuple:
+    return (
+        record["chip"],
+        record["impl"],
+        record["mask"],
+        record["backward"],
+        json.dumps(record.get("options") or {}, sort_keys=True),
+    )
+
+
+def read(path=None) -> dict[tuple, dict]:
+    """The latest record of each case in ``path``, by (chip, impl, mask, backward, options)."""
+    latest: dict = {}
+    for line in Path(path or paths.home() / RECORDS).read_text().splitlines():
+        if line.strip():
+            record = json.loads(line)
+            latest[_key(record)] = record
+    return latest
+
+
+def targets(records: dict[tuple, dict]) -> list[dict]:
+    """Per chip and tile-kernel mask: forward, backward and their ratio, and forward + backward over
+    dense Splash's (its forward tuned, its backward the better of fused and split, each tuned)."""
+    rows = []
+    for chip in sorted({k[0] for k in records}):
+        splash_fwd = records.get((chip, "splash", "none", False, "{}"))
+        splash_bwd = [
+            records.get((chip, "splash", "none", True, json.dumps({"fused_backward": f})))
+            for f in (True, False)
+        ]
+        splash_bwd = [r for r in splash_bwd if r and r["estimated"]]
+        best_bwd = min(splash_bwd, key=lambda r: r["total_ms"]) if splash_bwd else None
+        splash_train = (
+            splash_fwd["total_ms"] + best_bwd["total_ms"]
+            if splash_fwd and splash_fwd["estimated"] and best_bwd
+            else None
+        )
+        for mask in MASKS:
+            fwd = records.get((chip, TILE_KERNEL, mask, False, "{}"))
+            bwd = records.get((chip, TILE_KERNEL, mask, True, "{}"))
+            if not (fwd and bwd and fwd["estimated"] and bwd["estimated"]):
+                continue
+            train = fwd["total_ms"] + bwd["total_ms"]
+            rows.append(
+                {
+                    "chip": chip,
+                    "mask": mask,
+                    "forward_ms": fwd["total_ms"],
+                    "backward_ms": bwd["total_ms"],
+                    "backward / forward": bwd["total_ms"] / fwd["total_ms"],
+                    "train / dense Splash train": train / splash_train if splash_train else None,
+                    "splash_forward_ms": splash_fwd["total_ms"] if splash_fwd else None,
+                    "splash_backward_ms": best_bwd["total_ms"] if best_bwd else None,
+                    "splash_backward_kind": (
+                        ("fused" if best_bwd["options"]["fused_backward"] else "split") if best_bwd else None
+                    ),
+                    "splash backward / forward": (
+                        best_bwd["total_ms"] / splash_fwd["total_ms"] if best_bwd and splash_fwd else None
+                    ),
+                }
+            )
+    return rows
+
+
+def format_table(records: dict[tuple, dict]) -> str:
+    """The targets as a Markdown table (static estimates, ms), then every case that failed."""
+    lines = [
+        (
+            "STATIC ESTIMATES (not measurements), 10 x 75,600 x 128 bf16, glue included; "
+            f"targets: backward / forward <= {TARGETS['backward / forward']}, "
+            f"train / dense Splash train <= {TARGETS['train / dense Splash train']}"
+        ),
+        "",
+        (
+            "| chip | tile-kernel mask | forward ms | backward ms | backward / forward | dense Splash forward + "
+            "backward ms | Splash backward / forward | train / dense Splash train |"
+        ),
+        "|" + "---|" * 8,
+    ]
+    for row in targets(records):
+
+        def cell(value, fmt="{:.2f}"):
+            return "-" if value is None else fmt.format(value)
+
+        lines.append(
+            f"| {row['chip']} | {row['mask']} | {row['forward_ms']:.2f} | {row['backward_ms']:.2f} | "
+            f"{row['backward / forward']:.2f} | {cell(row['splash_forward_ms'])} + "
+            f"{cell(row['splash_backward_ms'])} ({row['splash_backward_kind']}) | "
+            f"{cell(row['splash backward / forward'])} | {cell(row['train / dense Splash train'], '{:.3f}')} |"
+        )
+    failed = [r for r in records.values() if not r["estimated"]]
+    for r in failed:
+        lines.append(
+            f"not estimated: {r['chip']} {r['impl']} {r['mask']} backward={r['backward']}: {r['error']}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m stlib.bench.backward_estimate", description=__doc__.split("\n")[0]
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    run_parser = sub.add_parser("run", help="estimate every case (no TPU needed)")
+    run_parser.add_argument("--chips", nargs="*")
+    sub.add_parser("table", help="the records as the targets table")
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        run(args.chips)
+    print(format_table(read()))
+
+
+if __name__ == "__main__":
+    main()
