@@ -283,37 +283,73 @@ for name, mine, ref, lib in (("dk", dk_mine, want[1], library[0]), ("dv", dv_min
 # tiles in, adding into accumulators the passes share. Every stlib Pallas kernel trains through it
 # (`jax.grad`, `jax.jit(jax.grad(...))`, `video_attention` and routed plans), and Splash through its
 # own backward.
+#
+# ## One kernel instead of two: the fused backward
+#
+# The dk / dv kernel above already holds dS^T for its tile; dQ = dS K is one more matmul on it. The
+# split pair recomputes S and dP in the dq kernel (7 matmuls per tile); a fused kernel does 5. Its
+# problem is where dq adds up: the grid walks kv rows, so each q tile's dq receives a contribution
+# from every kv row that sees it. stlib's fused kernel (`method="fused"`, the default where it fits)
+# keeps a whole window of one head's dq rows, f32, in VMEM: read from HBM when the head's first kv
+# row starts, written back after its last (rows of one head are consecutive in the grid). At the
+# case-study shape one window holds all 75,776 padded rows of a head (38.8 MB) on v6e; a chip with
+# less VMEM (TPU7x) gets two windows. The split kernels stay, as the oracle the tests compare with.
 
 # %% [markdown]
 # ## What the backward executes, at the case-study shape
 #
 # Counted from the layouts (`stlib.kernels.backward.backward_work`), not timed: 10 heads x 75,600 x
-# 128 with 512 x 1,024 tiles. The dq and dk / dv grids visit about as many steps as the forward
-# computes tiles, and each step runs its matmuls on a whole tile. So the backward executes 7 / 2 of
-# the forward's flops on every pattern. A static time estimate of the backward kernels, like
-# notebook 07's for the forward, is not built yet: the estimator reads only forward kernels so far.
+# 128 with 512 x 1,024 tiles, split and fused (one dq window).
 
 # %%
+from stlib.kernels.backward import FUSED_MATMULS, kernel_calls
+
 rows = []
 for name in ("full", "band (density 0.25)", "sliding tile, 3-D tiled order"):
     lay = stlib.block_layout(case_study_masks()[name], 512, 1024)
-    work = backward_work(lay, exact_passes(lay), 10, 128)
-    rows.append({"mask": name, "tiles computed": work["computed_tiles"], "dq steps": work["dq_steps"],
-                 "dk/dv steps": work["dkv_steps"], "forward TFLOP": work["forward_flops"] / 1e12,
-                 "backward TFLOP": work["backward_flops"] / 1e12,
-                 "backward / forward": work["backward_flops"] / work["forward_flops"]})
-print(f"matmuls per computed tile: forward {FORWARD_MATMULS}, dq kernel {DQ_MATMULS}, dk / dv kernel {DKV_MATMULS}")
-for r in rows:
-    print(f"{r['mask']:32s} tiles {r['tiles computed']:>7,}  dq steps {r['dq steps']:>7,}  dk/dv steps "
-          f"{r['dk/dv steps']:>7,}  forward {r['forward TFLOP']:5.1f} TFLOP  backward {r['backward TFLOP']:6.1f} TFLOP  "
-          f"ratio {r['backward / forward']:.2f}")
+    passes = exact_passes(lay)
+    fused = kernel_calls(passes, "fused", num_q_tiles=lay.grid_shape[0], block_q=512, block_kv=1024,
+                         head_dim=128, itemsize=2, chip="v6e")
+    for method, calls in (("split", None), ("fused", fused)):
+        work = backward_work(lay, passes, 10, 128, calls)
+        steps = work["fused_steps"] if method == "fused" else work["dq_steps"] + work["dkv_steps"]
+        rows.append((name, method, work["computed_tiles"], steps, work["forward_flops"] / 1e12,
+                     work["backward_flops"] / 1e12, work["backward_flops"] / work["forward_flops"]))
+print(f"matmuls per computed tile: forward {FORWARD_MATMULS}, dq kernel {DQ_MATMULS}, dk / dv kernel "
+      f"{DKV_MATMULS}, fused {FUSED_MATMULS}")
+for name, method, tiles, steps, fwd, bwd, ratio in rows:
+    print(f"{name:32s} {method:5s} tiles {tiles:>7,}  grid steps {steps:>7,}  forward {fwd:5.1f} TFLOP  "
+          f"backward {bwd:6.1f} TFLOP  ratio {ratio:.2f}")
+
+# %% [markdown]
+# ## The backward in the static estimate
+#
+# `stlib.static_estimate(..., backward=True)` compiles a call's backward alone (the gradient from
+# the forward's residuals) and reads its schedule as notebook 07 reads the forward's, with the same
+# calibrated clock: nothing is fitted to backward timings. `python -m stlib.bench.backward_estimate
+# run` estimates the tile kernel forward and backward on three masks and dense Splash (forward at
+# its tuned blocks; backward the better of fused and split, each at its tuned blocks) for v6e and
+# TPU7x; the committed records are printed here. These are static estimates, not measurements.
+
+# %%
+from stlib.bench import backward_estimate
+
+print(backward_estimate.format_table(backward_estimate.read(cfg.data / "backward_estimates.jsonl")))
+
+# %% [markdown]
+# Read the table against its targets: the issue asks for a backward within 2.5x its forward (the
+# fused kernel's flops are exactly 2.5x) and forward + backward within a quarter of dense Splash's.
+# Where a row misses, the per-kernel breakdown in the records (`bundles` per path) says why: a
+# grid step's fixed cost beside a 512 x 1,024 tile, and, for the sliding tile in its 3-D tiled
+# order, the mask evaluated from indices in every PARTIAL tile (the forward uses precomputed tile
+# patterns instead).
 
 # %% [markdown]
 # The backward also compiles for real chips without one. `python -m stlib.bench.backward_compile
 # run` compiles `jax.grad` at the case-study shape for v5e, v6e and TPU7x, for each tile kernel and
 # for Splash (fused and split), with four masks. The records below are committed. Compare the
-# temporaries: Splash's fused backward sums dq over per-kv-tile partials in HBM, and the split
-# kernels here keep only the f32 accumulators.
+# temporaries: Splash's fused backward sums dq over per-kv-tile partials in HBM (bf16, one per kv
+# tile), and stlib's kernels keep only f32 accumulators.
 
 # %%
 print(backward_compile.format_table(backward_compile.read(cfg.data / "backward_compiles.jsonl")))
@@ -325,7 +361,9 @@ print(backward_compile.format_table(backward_compile.read(cfg.data / "backward_c
 #   per query rebuild P tile by tile.
 # * dq walks the forward's table. dk / dv walk its transpose. Split, each owns its output tile, so
 #   no partial sums go to HBM and the result is deterministic. It costs 7 matmuls per tile against
-#   the forward's 2. A fused kernel (5) is the next step.
+#   the forward's 2.
+# * Fused, the dk / dv walk also forms dQ from the dS^T it has (5 matmuls), adding into a window of
+#   the head's dq held in VMEM: still no partials in HBM, still deterministic.
 # * Lane-dense residuals: lse and di as [1, L] rows broadcast over the keys of the transposed scores.
 # * Every stlib Pallas kernel now trains, and so does everything built on them (`video_attention`,
 #   routed plans, `stlib.attention_fn`, `parallel_attention`).

@@ -181,3 +181,52 @@ def test_splash_gqa_causal_unequal_head_dims_on_tpu7x(cache):
     assert est.blocks == {"block_q": 512, "block_kv": 1024, "block_kv_compute": 512}
     assert est.total_seconds == pytest.approx(est.seconds + est.glue_seconds)
     assert est.config["num_kv_heads"] == 2 and est.config["head_dim_v"] == 128
+
+
+@pytest.mark.tpu_compile
+def test_the_backward_estimate_reads_the_fused_and_splash_backward_kernels(cache):
+    """backward=True compiles the call's backward alone: the fused kernel once per pass (one dq
+    window at this size), each computing every tile of its pass once; Splash's dk / dv kernel one
+    step per non-empty tile and head."""
+    from stlib import block_layout, masks
+    from stlib.kernels.backward import FUSED_PREFIX
+    from stlib.kernels.passes import split_passes
+
+    band = "band (density 0.25)"
+    bwd = estimate("pallas_tile_lane_dense", band, "v6e", num_heads=2, backward=True, **SMALL)
+    assert bwd.direction == "backward" and bwd.as_record()["estimate_direction"] == "backward"
+    assert all(k.kernel.startswith(FUSED_PREFIX) for k in bwd.kernels)
+    layout = block_layout(masks.band(8192, masks.band_width_for_density(8192, 0.25)), 512, 1024)
+    tiles = {p.name: 2 * int(p.selected.sum()) for p in split_passes(layout, "exact")}
+    computed = {
+        k.kernel.split(".")[0].removeprefix(f"{FUSED_PREFIX}_"): k.breakdown["compute"]["count"]
+        for k in bwd.kernels
+    }
+    assert computed == {f"{name}_w0": n for name, n in tiles.items() if n}
+    assert bwd.glue_seconds > 0  # di, padding, the final scaling
+    splash = estimate(
+        "splash", band, "v6e", num_heads=2, backward=True, options={"fused_backward": False}, **SMALL
+    )
+    names = sorted(k.kernel.split(".")[0] for k in splash.kernels)
+    assert names == ["splash_mha_dkv_no_residuals", "splash_mha_dq_no_residuals"]
+    splash_layout = block_layout(masks.band(8192, masks.band_width_for_density(8192, 0.25)), 512, 1024)
+    nonempty = 2 * int((splash_layout.kinds != 0).sum())
+    assert all(k.breakdown["compute"]["count"] == nonempty for k in splash.kernels)
+
+
+def test_integer_operands_are_never_taken_for_data():
+    """Splash's int8 [1, 256, 128] mask blocks beside q, k, v (GQA on TPU7x at long sequences)."""
+    from stlib.analysis.attribution import Attribution
+    from stlib.analysis.counts import _hbm_roles
+
+    data = [["hbm", "bf16", [32, 131072, 128], "input"], ["hbm", "bf16", [8, 131072, 128], "input"]]
+    operands = [
+        ["vmem", "s8", [1, 256, 128], "input"],
+        data[0],
+        data[1],
+        ["hbm", "bf16", [8, 131072, 128], "input"],
+        ["hbm", "bf16", [32, 131072, 128], "output"],
+    ]
+    att = Attribution("splash_mha_fwd_no_residuals.1", 3, None, {}, {}, 0, operands)
+    roles = _hbm_roles(att, 128)
+    assert set(roles) == {"q", "k", "v", "o", "lse"} and roles["q"] == (True, 128)

@@ -161,3 +161,60 @@ def test_second_derivatives_through_the_backward_kernels_are_refused_by_name():
         lambda q: jnp.sum(jax.grad(lambda x: jnp.sum(stlib.attention(x, k, v, band, impl="xla")))(q))
     )
     assert np.all(np.isfinite(np.asarray(second(q))))
+
+
+def _forward_residuals(q, k, v, dense, scale):
+    """o and the natural-log lse of the masked attention, float64 numpy (-inf for empty rows)."""
+    s = np.where(dense, np.einsum("hqd,hkd->hqk", as64(q), as64(k)) * scale, -np.inf)
+    m = s.max(axis=-1, keepdims=True)
+    e = np.exp(s - np.where(np.isfinite(m), m, 0.0))
+    total = e.sum(axis=-1)
+    lse = np.where(
+        total > 0, np.log(np.where(total > 0, total, 1.0)) + np.where(np.isfinite(m), m, 0.0)[..., 0], -np.inf
+    )
+    return (e / np.where(total > 0, total, 1.0)[..., None]) @ as64(v), lse
+
+
+@pytest.mark.parametrize("method", ["split", "fused", "fused in windows"])
+def test_the_fused_and_the_split_backward_equal_the_analytic_gradient(method, monkeypatch):
+    """tile_backward itself, over the forward's exact passes: the split kernels (the oracle), the
+    fused kernel with one dq window, and the fused kernel with a VMEM so small that each window
+    holds two q tiles (the dq of a head then crosses several calls)."""
+    from stlib.kernels import backward as bw
+    from stlib.kernels import common
+    from stlib.kernels.passes import exact_passes
+
+    dense, mask, (q, k, v), do = _mask_and_data(jnp.float32, seed=2)
+    scale = DIM**-0.5
+    o, lse = _forward_residuals(q, k, v, dense, scale)
+    bq, bkv = 64, 128
+    if method == "fused in windows":
+        room = bw.fused_vmem_bytes(bq, bkv, DIM, 4) + 2 * bq * DIM * 4
+        monkeypatch.setattr(common, "vmem_limit", lambda chip: room)
+        assert [w for w in bw.dq_windows(5, bq, bkv, DIM, 4)] == [(0, 2), (2, 4), (4, 5)]
+    layout = stlib.block_layout(mask, bq, bkv)
+    calls = bw.kernel_calls(
+        exact_passes(layout), method.split()[0], num_q_tiles=5, block_q=bq, block_kv=bkv,
+        head_dim=DIM, itemsize=4, chip=None,
+    )  # fmt: skip
+    assert {c.kind for c in calls} == ({"dq", "dkv"} if method == "split" else {"fused"})
+    got = bw.tile_backward(
+        q, k, v, jnp.asarray(o, jnp.float32), jnp.asarray(lse, jnp.float32), do, calls,
+        block_q=bq, block_kv=bkv, scale=scale, exp2=True, interpret=True,
+    )  # fmt: skip
+    _assert_gradients(got, analytic_gradients(q, k, v, dense, do, scale), jnp.float32, dense)
+
+
+def test_backward_methods_are_checked(monkeypatch):
+    from stlib.kernels import backward as bw
+    from stlib.kernels import common
+    from stlib.kernels.passes import exact_passes
+
+    layout = stlib.block_layout(masks.band(512, 40), 128, 128)
+    args = {"num_q_tiles": 4, "block_q": 128, "block_kv": 128, "head_dim": DIM, "itemsize": 4, "chip": None}
+    with pytest.raises(ValueError, match="method='fastest' must be one of"):
+        bw.kernel_calls(exact_passes(layout), "fastest", **args)
+    monkeypatch.setattr(common, "vmem_limit", lambda chip: 1024)
+    with pytest.raises(ValueError, match="does not fit in VMEM.*use method='split'"):
+        bw.kernel_calls(exact_passes(layout), "fused", **args)
+    assert {c.kind for c in bw.kernel_calls(exact_passes(layout), "auto", **args)} == {"dq", "dkv"}

@@ -37,7 +37,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from stlib.device import current_chip
+from stlib.device import current_chip, resolve_interpret
 from stlib.kernels import common
 from stlib.layout import block_layout
 from stlib.masks import full
@@ -46,6 +46,11 @@ from stlib.registry import Backward
 #: Name prefixes of the backward's Pallas kernels in a compiled program.
 DQ_PREFIX, DKV_PREFIX, FUSED_PREFIX = "stlib_bwd_dq", "stlib_bwd_dkv", "stlib_bwd_fused"
 BACKWARD_PREFIXES = (DQ_PREFIX, DKV_PREFIX, FUSED_PREFIX)
+#: The backward's own tiles, compiled for a TPU, where the forward's are larger (``tile_training``'s
+#: ``own_blocks``): 1,024 x 1,024. Static estimate of the fused backward at 10 x 75,600 x 128, band
+#: 0.25, v6e: 37.3 ms at 1,024 x 1,024 against 43.0 ms at 512 x 1,024 (a grid step's ~590 bundles of
+#: fixed cost beside a 2,717-bundle tile); 1,024 x 2,048 leaves no VMEM for a dq window (split: 48.8).
+BACKWARD_TILE = (1024, 1024)
 
 
 def _mask_fn(plan: common.MaskPlan, tab, head, qi, ki, bq, bkv, *, transposed: bool):
@@ -693,9 +698,10 @@ def tile_training(forward_with_lse, resolve, passes_of, *, own_blocks: bool = Fa
     the blocks ``resolve`` (its block rule) picks: the forward keeps (q, k, v, o, lse); the backward
     runs ``tile_backward`` over ``passes_of(layout, options)`` (``stlib.kernels.tile.split_passes``
     with the boundary policy the forward ran), so the gradient is that of what the forward computed.
-    ``own_blocks``: the backward takes the chip's default blocks where the forward's are larger (a
-    forward tuned to big tiles, whose [block_q, block_kv] f32 scores the backward's several
-    intermediates would not fit beside in VMEM); only for a forward whose passes are exact, since
+    ``own_blocks``: the backward takes ``BACKWARD_TILE`` (in interpret mode the default blocks)
+    where the forward's are larger (a forward tuned to big tiles, whose [block_q, block_kv] f32
+    scores the backward's several intermediates would not fit beside in VMEM); only for a forward
+    whose passes are exact, since
     the backward's tiles then differ. The entry also names, attributes and counts the backward's
     kernels for the static estimate."""
 
@@ -711,7 +717,8 @@ def tile_training(forward_with_lse, resolve, passes_of, *, own_blocks: bool = Fa
         layout, options = layout_of(mask, length, block_q, block_kv, options, interpret)
         if own_blocks:
             default = common.block_sizes_for(length, None, None, interpret=interpret)
-            sizes = (min(layout.block_q, default.block_q), min(layout.block_kv, default.block_kv))
+            cap = (default.block_q, default.block_kv) if resolve_interpret(interpret) else BACKWARD_TILE
+            sizes = (min(layout.block_q, cap[0]), min(layout.block_kv, cap[1]))
             if sizes != (layout.block_q, layout.block_kv):
                 layout = block_layout(layout.mask, *sizes)
         chip = getattr(options, "chip", None) or current_chip()  # a kernel sized for a chip: its backward too
@@ -773,6 +780,7 @@ def tile_training(forward_with_lse, resolve, passes_of, *, own_blocks: bool = Fa
 __all__ = [
     "BACKWARD_METHODS",
     "BACKWARD_PREFIXES",
+    "BACKWARD_TILE",
     "DKV_MATMULS",
     "DKV_PREFIX",
     "DQ_MATMULS",
