@@ -189,14 +189,14 @@ def test_the_backward_estimate_reads_the_fused_and_splash_backward_kernels(cache
     window at this size), each computing every tile of its pass once; Splash's dk / dv kernel one
     step per non-empty tile and head."""
     from stlib import block_layout, masks
-    from stlib.kernels.backward import FUSED_PREFIX
+    from stlib.kernels.backward import BACKWARD_TILE, FUSED_PREFIX
     from stlib.kernels.passes import split_passes
 
     band = "band (density 0.25)"
     bwd = estimate("pallas_tile_lane_dense", band, "v6e", num_heads=2, backward=True, **SMALL)
     assert bwd.direction == "backward" and bwd.as_record()["estimate_direction"] == "backward"
     assert all(k.kernel.startswith(FUSED_PREFIX) for k in bwd.kernels)
-    layout = block_layout(masks.band(8192, masks.band_width_for_density(8192, 0.25)), 512, 1024)
+    layout = block_layout(masks.band(8192, masks.band_width_for_density(8192, 0.25)), *BACKWARD_TILE)
     tiles = {p.name: 2 * int(p.selected.sum()) for p in split_passes(layout, "exact")}
     computed = {
         k.kernel.split(".")[0].removeprefix(f"{FUSED_PREFIX}_"): k.breakdown["compute"]["count"]

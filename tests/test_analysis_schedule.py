@@ -87,11 +87,20 @@ def test_parser_attributes_synthetic_schedule():
     assert att.ops["compute"]["mxu"] == 1 and att.ops["finalise"]["eup"] == 1
 
 
+def test_an_unmarked_counter_compare_ends_a_loop():
+    """A loop the compiler makes of a large VMEM copy tests its counter without the "loop exit
+    test" comment: the unique compare of the branch's predicate gives the trip count."""
+    program = _program()
+    program[43] = ("%p9 = scmp.ge.s32.totalorder %s5, 6", "", "")
+    (grid,) = S.parse_schedule(_dump(program), _analysis(50)).roots
+    assert (grid.kind, grid.trip) == ("loop", 6)
+
+
 @pytest.mark.parametrize(
     "change, message",
     [
         ({0: ("%s0 = sjmp 7", "", "")}, "unknown control op"),
-        ({43: ("%p9 = scmp.ge.s32.totalorder %s5, 6", "", "")}, "loop exit test"),
+        ({43: ("%p9 = scmp.eq.s32.totalorder %s5, 6", "", "")}, "loop exit test"),
         ({8: ("", "", "")}, "delay slots"),
         ({9: ("%10 = sbr.rel (%p2) target = $region99", "", "")}, "never starts"),
         ({17: ("%s9 = smov 1", "", "Start/End empty region 30 :: Start region 13")}, "not a PF bundle"),
