@@ -214,6 +214,25 @@ def _dq_pass(
     )
 
 
+def _kv_tile_step(q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dk_acc, dv_acc, allowed, softmax):
+    """One computed tile of a kv-row grid (the dk / dv and the fused kernel): S^T and P^T with keys
+    on sublanes (the lse row broadcasts over them), dV += P^T dO, dP^T, dS^T = P^T * (dP^T - di),
+    dK += dS^T Q; a pair ``allowed`` excludes contributes nothing. Returns dS^T in q's dtype."""
+    qs = common.scaled_q(q_ref, softmax)
+    s_t = _dot(k_ref[...], qs, (1, 1))  # [bkv, bq]: keys on sublanes
+    p_t = softmax.exp(s_t - lse_ref[...])  # the lse row [1, bq] broadcasts over the keys
+    if allowed is not None:
+        p_t = jnp.where(allowed, p_t, 0.0)
+    dv_acc[...] += _dot(p_t.astype(do_ref.dtype), do_ref[...], (1, 0))  # [bkv, D]
+    dp_t = _dot(v_ref[...], do_ref[...], (1, 1))  # [bkv, bq]
+    ds_t = p_t * (dp_t - di_ref[...])
+    if allowed is not None:
+        ds_t = jnp.where(allowed, ds_t, 0.0)
+    ds_t = ds_t.astype(q_ref.dtype)
+    dk_acc[...] += _dot(ds_t, q_ref[...], (1, 0))  # [bkv, D]
+    return ds_t
+
+
 def _dkv_pass(
     q,
     k,
@@ -257,22 +276,12 @@ def _dkv_pass(
 
         @pl.when(active)
         def _():
-            qs = common.scaled_q(q_ref, softmax)
-            s_t = _dot(k_ref[...], qs, (1, 1))  # [bkv, bq]: keys on sublanes
-            p_t = softmax.exp(s_t - lse_ref[...])  # the lse row [1, bq] broadcasts over the keys
             allowed = (
                 (mask_ref[...] != 0)
                 if table_mask
                 else _mask_fn(plan, tab, h, qi, ki, bq, bkv, transposed=True)
             )
-            if allowed is not None:
-                p_t = jnp.where(allowed, p_t, 0.0)
-            dv_acc[...] += _dot(p_t.astype(do_ref.dtype), do_ref[...], (1, 0))  # [bkv, D]
-            dp_t = _dot(v_ref[...], do_ref[...], (1, 1))  # [bkv, bq]
-            ds_t = p_t * (dp_t - di_ref[...])
-            if allowed is not None:
-                ds_t = jnp.where(allowed, ds_t, 0.0)
-            dk_acc[...] += _dot(ds_t.astype(q_ref.dtype), q_ref[...], (1, 0))  # [bkv, D]
+            _kv_tile_step(q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dk_acc, dv_acc, allowed, softmax)
 
         @pl.when(j == extent - 1)
         def _():
@@ -373,23 +382,14 @@ def _fused_pass(
 
         @pl.when(active)
         def _():
-            qs = common.scaled_q(q_ref, softmax)
-            s_t = _dot(k_ref[...], qs, (1, 1))  # [bkv, bq]: keys on sublanes
-            p_t = softmax.exp(s_t - lse_ref[...])
             allowed = (
                 (mask_ref[...] != 0)
                 if table_mask
                 else _mask_fn(plan, tab, h, qi, ki, bq, bkv, transposed=True)
             )
-            if allowed is not None:
-                p_t = jnp.where(allowed, p_t, 0.0)
-            dv_acc[...] += _dot(p_t.astype(do_ref.dtype), do_ref[...], (1, 0))  # [bkv, D]
-            dp_t = _dot(v_ref[...], do_ref[...], (1, 1))  # [bkv, bq]
-            ds_t = p_t * (dp_t - di_ref[...])
-            if allowed is not None:
-                ds_t = jnp.where(allowed, ds_t, 0.0)
-            ds_t = ds_t.astype(q_ref.dtype)
-            dk_acc[...] += _dot(ds_t, q_ref[...], (1, 0))  # [bkv, D]
+            ds_t = _kv_tile_step(
+                q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dk_acc, dv_acc, allowed, softmax
+            )
             at = pl.ds(pl.multiple_of((qi - first_tile) * bq, bq), bq)
             dq_acc[at, :] += _dot(ds_t, k_ref[...], (0, 0))  # [bq, D] = dS K
 
