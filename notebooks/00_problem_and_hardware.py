@@ -191,7 +191,7 @@ plotting.save(fig, cfg.figure("00_roofline"))
 # way below the 31.8 ms floor is to compute fewer pairs: sparsity. The next notebooks show why
 # a sparse mask alone does not deliver that.
 #
-# ## Exercises
+# ## Questions
 #
 # 1. How many tokens does Wan produce for 121 frames at 720p, and how much more does dense
 #    attention cost than at 81 frames?

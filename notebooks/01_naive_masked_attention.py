@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -127,40 +129,50 @@ else:
     H, L, D, dtype = 2, 4096, 64, jnp.float32  # big enough to time on a CPU, small enough to materialise
     dense_impl, skip_impl, block = "reference", "xla", {"block_q": 256, "block_kv": 256}
 q, k, v = stlib.random_qkv((H, L, D), dtype, seed=1)
-series = {f"{dense_impl}: every score, then the mask": [], f"{skip_impl}: skips empty tiles": []}
-work = []
-densities = (0.1, 0.25, 0.5, 1.0)
-tracker = bench.Progress(len(densities), "density")  # a progress bar (tqdm) with its estimate of the time left
-for density in densities:
-    mask = masks.full(L) if density == 1.0 else masks.band(L, masks.band_width_for_density(L, density))
-    layout = stlib.block_layout(mask, block["block_q"], block["block_kv"])
-    for impl, name in zip((dense_impl, skip_impl), series):
-        fn = functools.partial(stlib.attention, mask=mask, impl=impl, **(block if impl != "reference" else {}))
-        timing = bench.time_function(fn, q, k, v, trials=3)
-        series[name].append((layout.density, timing.median_ms))
-    work.append((layout.density, layout.occupancy))
-    tracker.step(f"density {layout.density:.3f}: " + ", ".join(f"{n.split(':')[0]} {pts[-1][1]:8.1f} ms" for n, pts in series.items())
-                 + f"  | tiles computed by the skipping kernel: {layout.occupancy:.0%}")
+names = {dense_impl: f"{dense_impl}: every score, then the mask", skip_impl: f"{skip_impl}: skips empty tiles"}
+densities = (0.1, 0.25, 0.5, 1.0)  # the band builder rounds its width up to 128 tokens: the figure shows the true density
+cases, layouts = {}, {}
+for target in densities:
+    mask = masks.band(L, masks.band_width_for_density(L, target))  # at 1.0 a band of width L: masked like the others
+    layouts[target] = stlib.block_layout(mask, block["block_q"], block["block_kv"])
+    for impl in names:
+        cases[impl, target] = functools.partial(stlib.attention, mask=mask, impl=impl,
+                                                **(block if impl != "reference" else {}))
+# every case timed 3 x 3 times, in an order shuffled anew per round, so a slow spell of the machine
+# lands on different cases; the line is the median of 9 calls, the whiskers the fastest and slowest
+tracker = bench.Progress(len(cases), "cases")  # a progress bar (tqdm) with its estimate of the time left
+timings = bench.time_interleaved(cases, q, k, v, rounds=3, trials=3, progress=lambda case: tracker.step(str(case)))
+series = {name: [(layouts[d].density, timings[impl, d].median_ms, timings[impl, d].min_ms, timings[impl, d].max_ms)
+                 for d in densities] for impl, name in names.items()}
+for target in densities:
+    lay = layouts[target]
+    print(f"band built for density {target}: density {lay.density:.3f}, tiles computed {lay.occupancy:.0%}; "
+          + ", ".join(f"{impl} {timings[impl, target].median_ms:7.1f} ms" for impl in names))
+sparsest, everything = timings[dense_impl, densities[0]].median_ms, timings[dense_impl, 1.0].median_ms
+print(f"{dense_impl}: {sparsest:.1f} ms at density {layouts[densities[0]].density:.3f} against {everything:.1f} ms at "
+      f"density 1.0 ({sparsest / everything:.2f}x)")
 
 fig = plotting.timing_lines(series, f"Masked dense vs tile-skipping, {H} heads x {L:,} tokens x {D}\n"
-                            f"measured on {jax.devices()[0].device_kind} ({jax.default_backend()})",
+                            f"measured on {jax.devices()[0].device_kind} ({jax.default_backend()}); "
+                            "median of 9 calls, whiskers: fastest and slowest",
                             "density (allowed pairs / L²)")
 plotting.save(fig, cfg.figure("01_mask_saves_nothing"))
 
 # %% [markdown]
 # ## Takeaway
 #
-# The masked dense computation costs the same at density 0.1 as at density 1.0: it computes every
-# score, exponentiates every score, and then multiplies the forbidden ones by zero. Work is only
+# The masked dense computation costs about the same at the sparsest band as with every pair
+# allowed (the cell above prints both): it computes every score, exponentiates every score, and
+# then multiplies the forbidden ones by zero. Work is only
 # saved where whole tiles of scores are never computed, and then only in proportion to the tiles
 # skipped, not to the pairs allowed (compare the skipping kernel's time with the tile-occupancy
 # column). The rest of the sequence is about making those two numbers meet.
 #
-# ## Exercises
+# ## Questions
 #
 # 1. In `naive_attention`, why subtract the row maximum, and why replace a non-finite maximum by 0?
-# 2. The band at density 0.1 leaves how many of the 16 x 16 tiles of 256 x 256 non-empty at
-#    L = 4,096? Check with `stlib.block_layout(mask, 256, 256).kind_counts()`.
+# 2. The band built for density 0.1 at L = 4,096 (`band_width_for_density` rounds its half-width up
+#    to 256 tokens, density 0.121) leaves how many of the 16 x 16 tiles of 256 x 256 non-empty? Check with `stlib.block_layout(mask, 256, 256).kind_counts()`.
 # 3. Would a mask that allows a random 10% of pairs make `impl="xla"` faster than dense? Why not?
 #
 # <details><summary>Answers</summary>
@@ -168,8 +180,8 @@ plotting.save(fig, cfg.figure("01_mask_saves_nothing"))
 # 1. exp of large scores overflows; subtracting the row maximum keeps every exponent <= 0 without
 #    changing the softmax. A row with no allowed key has maximum -inf, and -inf - (-inf) is NaN:
 #    replacing it by 0 makes every exp(-inf) = 0, the row sum 0, and the output 0.
-# 2. A band of half-width w touches about 1 + 2 w / 256 tiles per row of tiles: at density 0.1,
-#    w = 256, so 3 per row, 46 of 256 tiles (the ends have fewer): occupancy 0.18, not 0.1.
+# 2. A band of half-width w touches about 1 + 2 w / 256 tiles per row of tiles: with w = 256, 3 per
+#    row, 46 of 256 tiles (the ends have fewer): occupancy 0.18, against a density of 0.12.
 # 3. No: a random 10% of pairs touches every tile, so no tile can be skipped; every tile is
 #    PARTIAL and the kernel pays full tiles plus the masking.
 #

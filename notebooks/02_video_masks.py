@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -148,7 +150,7 @@ plotting.save(fig, cfg.figure("02_case_study_density"))
 # 0.25 could, at best, make attention 4x faster. Whether a kernel gets anywhere near that depends on
 # how the allowed pairs fall on the hardware's tiles: notebook 03.
 #
-# ## Exercises
+# ## Questions
 #
 # 1. Why does `temporal band (raster view)` look like scattered diagonals while the spatial band is
 #    one band? What does it look like after `.permute(stlib.token_major_order(small))`?

@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -217,7 +219,7 @@ plotting.save(fig, cfg.figure("03_tile_size"))
 # Splash way), and notebook 06 reorders the tokens so the same masks become mostly FULL and EMPTY
 # tiles.
 #
-# ## Exercises
+# ## Questions
 #
 # 1. Why does the band at density 0.25 have only about 2 PARTIAL tiles per row of tiles?
 # 2. Sliding tile with 3 x 8 x 16 tiles: why is nearly every occupied raster-order tile PARTIAL even

@@ -29,6 +29,7 @@
 
 # %% tags=["parameters"]
 SIZE = None  # "full", "small" or None (automatic: case-study sizes on a TPU, small elsewhere); env STLIB_SIZE wins
+SOLUTIONS = "fill"  # "hide": the exercises run your code (stubs; checks print NOT YET); env STLIB_SOLUTIONS wins
 
 # %%
 # Find stlib: importable -> use it; in a clone of the repository -> put the clone on sys.path; neither
@@ -80,12 +81,12 @@ import jax.numpy as jnp
 
 import stlib
 import stlib.kernels  # registers the Pallas kernels with stlib.attention
-from stlib import bench, configs, masks, notebook, plotting
+from stlib import bench, configs, exercises, masks, notebook, plotting
 from stlib.analysis import KernelConfig, compile_report
 from stlib.device import compile_for_tpu
 from stlib.roofline import work_summary
 
-cfg = notebook.setup(SIZE)
+cfg = notebook.setup(SIZE, solutions=SOLUTIONS)
 max_error, tolerance = notebook.max_error, notebook.tolerance  # checks against the plain reference
 
 TOL = tolerance(cfg.workload.dtype)
@@ -312,6 +313,49 @@ print(f"scores held at once: [2, 1024, 128] = {2 * 1024 * 128 * 4 / 2**20:.1f} M
       f"float32 chunk (1 MiB) instead of {10 * 75_600**2 * 4 / 1e9:.0f} GB")
 
 # %% [markdown]
+# ### Exercise 1: combine two partial softmaxes
+#
+# The loop above carries one state (m, l, acc) along the keys. Split the keys in two halves, run the
+# loop on each half separately (two devices, or two grid steps that run in parallel), and you hold
+# two states, each under its own maximum. Write `combine(m1, l1, acc1, m2, l2, acc2)`, which returns
+# the state over all the keys; `acc / l` of it must be attention over all of them. Split-kv kernels
+# (flash decoding) and the tile kernel's two passes (notebook 06) end this way.
+#
+# Run the notebook with `SOLUTIONS = "hide"` (first cell) to write it yourself: the stub raises, and
+# the check prints NOT YET and what is wrong. `exercises.show("04.combine")` prints a solution.
+#
+# *Hint:* bring both states to the larger of the two maxima, as the loop's α does for one.
+
+# %%
+@exercises.fill_in("04.combine")
+def combine(m1, l1, acc1, m2, l2, acc2):
+    # --- your code here: return (m, l, acc) over both key sets ---
+    raise NotImplementedError
+
+
+def softmax_state(q, k, v):
+    """(m, l, acc) of one head's queries over the keys k, v (float32, no mask)."""
+    s = (q @ k.T) / jnp.sqrt(q.shape[-1])
+    m = s.max(axis=-1, keepdims=True)
+    p = jnp.exp(s - m)
+    return m, p.sum(axis=-1, keepdims=True), p @ v
+
+
+def check_combine(combine):
+    half = k.shape[1] // 2
+    parts = [softmax_state(q[0], k[0, sl], v[0, sl]) for sl in (slice(0, half), slice(half, None))]
+    m, l, acc = combine(*parts[0], *parts[1])
+    if m.shape != parts[0][0].shape:
+        raise exercises.NotYet(f"m has shape {m.shape}, expected {parts[0][0].shape}")
+    err = float(jnp.max(jnp.abs(acc / l - stlib.attention(q, k, v, impl="reference")[0])))
+    if not err < tolerance(jnp.float32):
+        raise exercises.NotYet(f"max error {err:.2e}: is each state rescaled to the common max, l and acc alike?")
+    return f"two halves of {k.shape[1]} keys combined == reference (max error {err:.1e})"
+
+
+exercises.verify("04.combine", check_combine, combine)
+
+# %% [markdown]
 # ## The flash kernel, written in view
 #
 # The same loop as a Pallas TPU kernel, for one head: grid (q tile i, kv tile j), j innermost and
@@ -339,7 +383,7 @@ print(f"scores held at once: [2, 1024, 128] = {2 * 1024 * 128 * 4 / 2**20:.1f} M
 
 # %%
 F32 = jnp.float32
-NEG = stlib.reference.MASK_VALUE  # a large finite negative number, not -inf (exercise 3 says why)
+NEG = stlib.reference.MASK_VALUE  # a large finite negative number, not -inf (question 3 at the end says why)
 
 
 def lanes(x, width):
@@ -448,51 +492,22 @@ print(f"VMEM by count (both): q, o tiles x2 {4 * 512 * 128 * 2:,} B + k, v tiles
 # * block sizes per chip from the chip table (`common.block_sizes_for`), validated against the
 #   (8, 128) rule (`common.BlockSizes`), and the interpret switch (`common.run_pallas`).
 #
-# ### Exercise: write the accumulate step
+# ### Exercise 2: write the accumulate step
 #
 # The kernel below has its init and finalise; its accumulate step is yours. Fill in
-# `accumulate` (scores, new max, rescale, probabilities, l, acc: the eight lines of
-# `flash_kernel`). `check(my_flash_kernel)` runs it through `flash_attention` on sharp scores
+# `accumulate` (scores, new max, rescale, probabilities, l, m, acc: the eight lines of
+# `flash_kernel`, without looking). The check runs it through `flash_attention` on sharp scores
 # (the running max changes often) and prints PASSED or what is wrong.
 #
 # *Hint:* everything you need is in `m_ref`, `l_ref`, `acc_ref` and the three input tiles; keep
 # m and l lane-replicated ([bq, 128]) and widen them with `lanes(...)` where they meet a
-# [bq, bkv] or [bq, D] array.
-#
-# <details><summary>Solution</summary>
-#
-# ```python
-# s = jax.lax.dot_general(q_ref[...], k_ref[...], (((1,), (1,)), ((), ())), preferred_element_type=F32) * scale
-# m_prev = m_ref[...]
-# m_next = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))
-# alpha = jnp.exp(m_prev - m_next)
-# p = jnp.exp(s - lanes(m_next, s.shape[1]))
-# l_ref[...] = alpha * l_ref[...] + jnp.sum(p, axis=1, keepdims=True)
-# m_ref[...] = m_next
-# pv = jax.lax.dot_general(p, v_ref[...].astype(F32), (((1,), (0,)), ((), ())), preferred_element_type=F32)
-# acc_ref[...] = lanes(alpha, acc_ref.shape[1]) * acc_ref[...] + pv
-# ```
-#
-# </details>
+# [bq, bkv] or [bq, D] array. `exercises.show("04.accumulate")` prints a solution.
 
 # %%
-def check(kernel):
-    """Run ``kernel`` in flash_attention on sharp scores; PASSED, or what is wrong."""
-    qx, kx, vx = stlib.random_qkv((1, 512, 128), jnp.float32, seed=7)
-    qx = 4.0 * qx  # sharp softmax: the running max moves often, so a missing rescale shows
-    ref = stlib.attention(qx, kx, vx, impl="reference")[0]
-    try:
-        out = flash_attention(qx[0], kx[0], vx[0], kernel=kernel)
-    except Exception as error:  # noqa: BLE001 - tell the reader what broke
-        print(f"NOT YET: the kernel does not run: {type(error).__name__}: {str(error).splitlines()[0][:200]}")
-        return
-    err = float(jnp.max(jnp.abs(out - ref)))
-    if not np.isfinite(err):
-        print("NOT YET: the output has NaN or inf (did l stay 0, or did m start at -inf?)")
-    elif err >= 1e-4:
-        print(f"NOT YET: max error {err:.2e} against the reference (is acc rescaled by alpha, l summed over keys?)")
-    else:
-        print(f"PASSED  your flash kernel == reference (max error {err:.1e})")
+@exercises.fill_in("04.accumulate")
+def accumulate(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, scale):
+    # --- your code here: update m_ref, l_ref and acc_ref with this step's k and v tiles ---
+    raise NotImplementedError
 
 
 def my_flash_kernel(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref, *, scale):
@@ -504,27 +519,27 @@ def my_flash_kernel(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref, *, scale)
         l_ref[...] = jnp.zeros(l_ref.shape, F32)
         acc_ref[...] = jnp.zeros(acc_ref.shape, F32)
 
-    def accumulate():
-        # --- your code here (the solution is in place so the notebook runs end to end) ---
-        s = jax.lax.dot_general(q_ref[...], k_ref[...], (((1,), (1,)), ((), ())), preferred_element_type=F32) * scale
-        m_prev = m_ref[...]
-        m_next = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))
-        alpha = jnp.exp(m_prev - m_next)
-        p = jnp.exp(s - lanes(m_next, s.shape[1]))
-        l_ref[...] = alpha * l_ref[...] + jnp.sum(p, axis=1, keepdims=True)
-        m_ref[...] = m_next
-        pv = jax.lax.dot_general(p, v_ref[...].astype(F32), (((1,), (0,)), ((), ())), preferred_element_type=F32)
-        acc_ref[...] = lanes(alpha, acc_ref.shape[1]) * acc_ref[...] + pv
-        # --- end of your code ---
-
-    accumulate()
+    accumulate(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, scale=scale)
 
     @pl.when(j == nk - 1)
     def _finish():
         o_ref[...] = (acc_ref[...] / lanes(l_ref[...], acc_ref.shape[1])).astype(o_ref.dtype)
 
 
-check(my_flash_kernel)
+def check_kernel(kernel):
+    """Run ``kernel`` in flash_attention on sharp scores: a line for PASSED, or NotYet with what is wrong."""
+    qx, kx, vx = stlib.random_qkv((1, 512, 128), jnp.float32, seed=7)
+    qx = 4.0 * qx  # sharp softmax: the running max moves often, so a missing rescale shows
+    ref = stlib.attention(qx, kx, vx, impl="reference")[0]
+    err = float(jnp.max(jnp.abs(flash_attention(qx[0], kx[0], vx[0], kernel=kernel) - ref)))
+    if not np.isfinite(err):
+        raise exercises.NotYet("the output has NaN or inf (did l stay 0, or did m start at -inf?)")
+    if err >= 1e-4:
+        raise exercises.NotYet(f"max error {err:.2e} against the reference (is acc rescaled by alpha, l summed over keys?)")
+    return f"your flash kernel == reference (max error {err:.1e})"
+
+
+exercises.verify("04.accumulate", check_kernel, my_flash_kernel)
 
 # %% [markdown]
 # ## The production kernel at the notebook's shape
@@ -689,7 +704,7 @@ plotting.save(fig, cfg.figure("04_vmem"))
 # reject (tile shapes, VMEM); neither says how fast the kernel is. And this kernel visits every
 # tile: a mask would only add work. Notebook 05 skips tiles.
 #
-# ## Exercises
+# ## Questions
 #
 # 1. How much VMEM (by the count above) do tiles of 256 x 2,048 processed 512 keys at a time need?
 #    Would `compile_report` show more or less than that, and why?

@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -23,6 +25,7 @@
 
 # %% tags=["parameters"]
 SIZE = None  # "full", "small" or None (automatic: case-study sizes on a TPU, small elsewhere); env STLIB_SIZE wins
+SOLUTIONS = "fill"  # "hide": the exercises run your code (stubs; checks print NOT YET); env STLIB_SOLUTIONS wins
 
 # %%
 # Find stlib: importable -> use it; in a clone of the repository -> put the clone on sys.path; neither
@@ -74,14 +77,14 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ma
 
 import stlib
 import stlib.kernels  # registers the Pallas kernels with stlib.attention
-from stlib import bench, configs, masks, notebook, plotting
+from stlib import bench, configs, exercises, masks, notebook, plotting
 from stlib.kernels.block_sparse import step_table
 from stlib.kernels.splash import splash_blocks, splash_mask
 from stlib.layout import smem_bytes
 from stlib.masks import case_study_masks
 from stlib.roofline import work_summary
 
-cfg = notebook.setup(SIZE)
+cfg = notebook.setup(SIZE, solutions=SOLUTIONS)
 max_error, tolerance = notebook.max_error, notebook.tolerance  # checks against the plain reference
 
 TOL = tolerance(cfg.workload.dtype)
@@ -339,52 +342,82 @@ print(f"step table: {mod_steps.size} int32 entries, {smem_bytes(mod_steps.shape)
 # * its work model and schedule counts for the estimator (`block_sparse_work`,
 #   `block_sparse_schedule_counts`).
 #
-# ### Exercise: the kv index map
+# ### Exercise 1: the kv index map
 #
-# Write `my_kv_map(i, j, steps_ref, nk)`, the kv index map. `check(my_kv_map)` runs the kernel with it
-# on the small band, checks the result against the reference, and counts the kv copies the
-# pipeline would issue (a copy wherever the block index differs from the previous step's) against
-# the copies of the table's own `fetch` column.
+# Write `kv_map(i, j, steps_ref, nk)`, the kv index map, without looking at `kv_index_map` above.
+# The check runs the kernel with it on the small band, checks the result against the reference, and
+# counts the kv copies the pipeline would issue (a copy wherever the block index differs from the
+# previous step's) against the copies of the table's own `fetch` column.
+#
+# Run the notebook with `SOLUTIONS = "hide"` (first cell) to write it yourself: the stub raises, and
+# the check prints NOT YET and what is wrong. `exercises.show("05.kv_map")` prints a solution.
 #
 # *Hint:* the map returns *block* indices (kv tile, 0); the flat table is indexed
 # `i * nk + j`; the tile number sits above the two kind bits. A map
 # that returns `(j, 0)` is correct but copies every tile.
-#
-# <details><summary>Solution</summary>
-#
-# ```python
-# def my_kv_map(i, j, steps_ref, nk):
-#     return (steps_ref[i * nk + j] >> 2, 0)
-# ```
-#
-# </details>
 
 # %%
-def check(kv_map):
-    """Run the block-sparse kernel with ``kv_map``; PASSED, or what is wrong."""
+@exercises.fill_in("05.kv_map")
+def kv_map(i, j, steps_ref, nk):
+    # --- your code here: return the (kv block, 0) that step (i, j) computes or prefetches ---
+    raise NotImplementedError
+
+
+def check_kv_map(kv_map):
+    """Run the block-sparse kernel with ``kv_map``: a line for PASSED, or NotYet with what is wrong."""
     nq, nk = small_layout.grid_shape
-    try:
-        out = block_sparse_attention(jnp.asarray(steps), qt[0], kt[0], vt[0], width=small_band.width, kv_map=kv_map)
-        blocks = np.array([[int(kv_map(i, j, steps, nk)[0]) for j in range(nk)] for i in range(nq)])  # the map on the host
-    except Exception as error:  # noqa: BLE001 - tell the reader what broke
-        print(f"NOT YET: {type(error).__name__}: {str(error).splitlines()[0][:200]}")
-        return
+    out = block_sparse_attention(jnp.asarray(steps), qt[0], kt[0], vt[0], width=small_band.width, kv_map=kv_map)
+    blocks = np.array([[int(kv_map(i, j, steps, nk)[0]) for j in range(nk)] for i in range(nq)])  # the map on the host
     err = float(jnp.max(jnp.abs(out - stlib.attention(qt, kt, vt, small_band, impl="reference")[0])))
     copies, best = kv_copies(blocks[None], 1), kv_copies((steps.reshape(1, nq, nk) >> 2), 1)
     if not err < tolerance(jnp.float32):
-        print(f"NOT YET: max error {err:.2e}: a computed step reads the wrong kv tile")
-    elif copies > best:
-        print(f"NOT YET: correct, but {copies} kv copies instead of {best}: skipped steps still fetch")
-    else:
-        print(f"PASSED  your kv map: max error {err:.1e}, {copies} kv copies (dense kernel: {nq * nk})")
+        raise exercises.NotYet(f"max error {err:.2e}: a computed step reads the wrong kv tile")
+    if copies > best:
+        raise exercises.NotYet(f"correct, but {copies} kv copies instead of {best}: skipped steps still fetch")
+    return f"max error {err:.1e}, {copies} kv copies (dense kernel: {nq * nk})"
 
 
-def my_kv_map(i, j, steps_ref, nk):
-    # --- your code here (the solution is in place so the notebook runs end to end) ---
-    return (steps_ref[i * nk + j] >> 2, 0)
+exercises.verify("05.kv_map", check_kv_map, kv_map)
+
+# %% [markdown]
+# ### Exercise 2: a PARTIAL tile's predicate for another mask
+#
+# The kernel's masked update evaluates the band from two iotas: `rows` and `cols` hold each score's
+# query and key token numbers. Other masks need other predicates, and they cost the same few VPU
+# operations. Write `frame_causal_allowed(rows, cols, tokens_per_frame)` for frame-causal attention
+# (`masks.frame_causal`, tokens in frame-major raster order): a query sees every key of its own
+# frame and of every earlier frame. The check evaluates it on every 128 x 128 tile of a small video
+# and compares it with the mask's own block.
+#
+# *Hint:* a token's frame is its number divided by the tokens per frame. `exercises.show("05.frame_causal")`
+# prints a solution.
+
+# %%
+@exercises.fill_in("05.frame_causal")
+def frame_causal_allowed(rows, cols, tokens_per_frame):
+    # --- your code here: a bool array of rows' shape, True where the query may see the key ---
+    raise NotImplementedError
 
 
-check(my_kv_map)
+def check_predicate(predicate):
+    """Evaluate ``predicate`` from iota on every tile of a frame-causal mask and compare its blocks."""
+    video = stlib.VideoGrid(4, 8, 12)  # 96 tokens per frame: frame borders cut through the 128-token tiles
+    mask, per_frame = masks.frame_causal(video), video.height * video.width
+    tiles, wrong = 0, 0
+    for q0 in range(0, video.num_tokens, 128):
+        for k0 in range(0, video.num_tokens, 128):
+            rows = q0 + jax.lax.broadcasted_iota(jnp.int32, (128, 128), 0)
+            cols = k0 + jax.lax.broadcasted_iota(jnp.int32, (128, 128), 1)
+            got = np.asarray(predicate(rows, cols, per_frame))
+            if got.shape != (128, 128):
+                raise exercises.NotYet(f"the predicate has shape {got.shape}, expected (128, 128)")
+            tiles, wrong = tiles + 1, wrong + int(not np.array_equal(got, mask.block(q0, q0 + 128, k0, k0 + 128)))
+    if wrong:
+        raise exercises.NotYet(f"{wrong} of {tiles} tiles differ from the mask (a key of the query's own frame is allowed)")
+    return f"equals masks.frame_causal on all {tiles} tiles of {video.num_tokens} tokens"
+
+
+exercises.verify("05.frame_causal", check_predicate, frame_causal_allowed)
 
 # %%
 out = stlib.attention(q, k, v, band, impl="pallas_block_sparse", **kernel_args)
@@ -520,7 +553,7 @@ plotting.save(fig, cfg.figure("05_work"))
 # pairs are spread thinly over many tiles: then every tile is PARTIAL and costs a full tile plus
 # masking. Notebook 06 reorders the tokens so the tiles become FULL or EMPTY.
 #
-# ## Exercises
+# ## Questions
 #
 # 1. How many bytes of SMEM would the step table of the density-0.25 band take at the case-study
 #    shape with 128 x 128 tiles? Does it fit the SMEM of a v5e / v6e (the hardware table of

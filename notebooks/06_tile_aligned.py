@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -32,6 +34,7 @@
 
 # %% tags=["parameters"]
 SIZE = None  # "full", "small" or None (automatic: case-study sizes on a TPU, small elsewhere); env STLIB_SIZE wins
+SOLUTIONS = "fill"  # "hide": the exercises run your code (stubs; checks print NOT YET); env STLIB_SOLUTIONS wins
 
 # %%
 # Find stlib: importable -> use it; in a clone of the repository -> put the clone on sys.path; neither
@@ -79,12 +82,12 @@ import numpy as np
 
 import stlib
 import stlib.kernels  # registers the Pallas kernels with stlib.attention
-from stlib import configs, masks, notebook, plotting
+from stlib import configs, exercises, masks, notebook, plotting
 from stlib.kernels.common import merge_partials
 from stlib.kernels.tile import TileOptions, balanced_keep, split_passes, tile_attention, tile_work
 from stlib.reorder import choose_orders
 
-cfg = notebook.setup(SIZE)
+cfg = notebook.setup(SIZE, solutions=SOLUTIONS)
 max_error, tolerance = notebook.max_error, notebook.tolerance  # checks against the plain reference
 
 workload, case = cfg.workload, configs.CASE_STUDY
@@ -132,8 +135,9 @@ sta_layouts = {
     "sliding tile, raster order": stlib.block_layout(sta, 384, 384),
     f"sliding tile, {sta_order.name} order": stlib.block_layout(sta.permute(sta_order), 384, 384),
 }
-for name, lay in sta_layouts.items():
-    print(f"{name:<44} occupied tiles {lay.occupancy:.3f}  partial {lay.partial_fraction:5.1%} of occupied  "
+for name, lay in sta_layouts.items():  # over the padded positions, density and occupancy share a denominator
+    print(f"{name:<44} {lay.length:,} positions: density {lay.allowed_pairs / lay.length**2:.3f}, occupied tiles "
+          f"{lay.occupancy:.3f}  partial {lay.partial_fraction:5.1%} of occupied  "
           f"work efficiency {lay.work_efficiency:.2f}")
 fig = plotting.occupancy_comparison(sta_layouts, "Sliding tile (3 x 8 x 16 tiles, window 3 x 3 x 3) at 75,600 "
                                     "tokens, 384 x 384 tiles: raster vs 3-D tiled order")
@@ -541,55 +545,80 @@ print("(the teaching kernel's arguments include the 64 MiB int8 [L, L] mask; the
 # * exp2 on by default (`TileOptions`), padding, the merge with `common.merge_partials`, and the
 #   SMEM check (`common.check_prefetch`).
 #
-# ### Exercise: finish a pass
+# ### Exercise 1: finish a pass
 #
 # The merge needs from every pass its output *and* its log-sum-exp per query. Write
-# `my_finish(o_ref, lse_ref, m_ref, l_ref, acc_ref)`, the finalise step of a pass (it replaces
-# `finish_pass` in the kernel). `check(my_finish)` runs both passes with it, merges, and compares
-# with the reference.
+# `finish(o_ref, lse_ref, m_ref, l_ref, acc_ref)`, the finalise step of a pass (it replaces
+# `finish_pass` in the kernel). The check runs both passes with it, merges, and compares with the
+# reference.
+#
+# Run the notebook with `SOLUTIONS = "hide"` (first cell) to write it yourself: the stub raises, and
+# the check prints NOT YET and what is wrong. `exercises.show("06.finish")` prints a solution.
 #
 # *Hint:* m and l are lane-replicated [bq, 128]; lse is [bq, 1] (take lane 0). In a pass, a row
 # may see no key at all (l = 0): its o must be 0 and its lse -inf, or the merge breaks.
-#
-# <details><summary>Solution</summary>
-#
-# ```python
-# def my_finish(o_ref, lse_ref, m_ref, l_ref, acc_ref):
-#     l = l_ref[...][:, :1]
-#     seen = l > 0
-#     o_ref[...] = jnp.where(seen, acc_ref[...] / jnp.where(seen, l, 1.0), 0.0)
-#     lse_ref[...] = jnp.where(seen, m_ref[...][:, :1] + jnp.log(jnp.where(seen, l, 1.0)), -jnp.inf)
-# ```
-#
-# </details>
 
 # %%
-def check(finish):
-    """Run both passes with ``finish`` on the temporal band; PASSED, or what is wrong."""
-    try:
-        out = order_t.restore(tile_aligned_attention(qo[0], ko[0], vo[0], dense_t, kinds=np.asarray(layout_t.kinds[0]),
-                                                     finish=finish)[None])
-    except Exception as error:  # noqa: BLE001 - tell the reader what broke
-        print(f"NOT YET: {type(error).__name__}: {str(error).splitlines()[0][:200]}")
-        return
+@exercises.fill_in("06.finish")
+def finish(o_ref, lse_ref, m_ref, l_ref, acc_ref):
+    # --- your code here: write o_ref [bq, D] and lse_ref [bq, 1] ---
+    raise NotImplementedError
+
+
+def check_finish(finish):
+    """Run both passes with ``finish`` on the temporal band: a line for PASSED, or NotYet."""
+    out = order_t.restore(tile_aligned_attention(qo[0], ko[0], vo[0], dense_t, kinds=np.asarray(layout_t.kinds[0]),
+                                                 finish=finish)[None])
     err = float(jnp.max(jnp.abs(out - stlib.attention(qt, kt, vt, band_t, impl="reference"))))
     if not np.isfinite(err):
-        print("NOT YET: NaN or inf in the merged output: what do o and lse hold for a row a pass never saw?")
-    elif err >= tolerance(jnp.float32):
-        print(f"NOT YET: max error {err:.2e}: is lse = m + log(l), in the natural log?")
-    else:
-        print(f"PASSED  your finish: both passes merged == reference (max error {err:.1e})")
+        raise exercises.NotYet("NaN or inf in the merged output: what do o and lse hold for a row a pass never saw?")
+    if err >= tolerance(jnp.float32):
+        raise exercises.NotYet(f"max error {err:.2e}: is lse = m + log(l), in the natural log?")
+    return f"both passes merged == reference (max error {err:.1e})"
 
 
-def my_finish(o_ref, lse_ref, m_ref, l_ref, acc_ref):
-    # --- your code here (the solution is in place so the notebook runs end to end) ---
-    l = l_ref[...][:, :1]
-    seen = l > 0
-    o_ref[...] = jnp.where(seen, acc_ref[...] / jnp.where(seen, l, 1.0), 0.0)
-    lse_ref[...] = jnp.where(seen, m_ref[...][:, :1] + jnp.log(jnp.where(seen, l, 1.0)), -jnp.inf)
+exercises.verify("06.finish", check_finish, finish)
+
+# %% [markdown]
+# ### Exercise 2: merge two passes
+#
+# `tile_aligned_attention` ends with the merge of its two passes. Write it yourself, without
+# looking: `merge(o1, lse1, o2, lse2)` takes each pass's output [L, D] (already divided by its own l)
+# and log-sum-exp [L, 1], and returns attention over both passes' keys. A row that one pass never
+# saw has lse -inf there; a row that neither saw (an empty row of the mask) must come out 0, not NaN.
+# The check runs the two passes with the library's finish, merges with yours, and compares.
+#
+# *Hint:* the weight of pass 1 in the final softmax is exp(lse1 - lse), with lse the log of the sum
+# of both passes' exponentials. `exercises.show("06.merge")` prints a solution.
+
+# %%
+@exercises.fill_in("06.merge")
+def merge(o1, lse1, o2, lse2):
+    # --- your code here: return the merged output [L, D] ---
+    raise NotImplementedError
 
 
-check(my_finish)
+def check_merge(merge):
+    """Both passes of the temporal band plus a row no key is allowed for, merged with ``merge``."""
+    kinds = np.asarray(layout_t.kinds[0])
+    passes = [(kinds == int(stlib.TileKind.FULL), None), (kinds == int(stlib.TileKind.PARTIAL), dense_t)]
+    (o1, lse1), (o2, lse2) = (tile_pass(*compact_rows(sel), qo[0], ko[0], vo[0], m) for sel, m in passes)
+    lse1, lse2 = lse1.at[0].set(-jnp.inf), lse2.at[0].set(-jnp.inf)  # row 0 as if the mask hid every key from it
+    out = merge(o1, lse1, o2, lse2)
+    want = tile_aligned_attention(qo[0], ko[0], vo[0], dense_t, kinds=kinds)  # the library's merge, token-major
+    if out.shape != o1.shape:
+        raise exercises.NotYet(f"the merge has shape {out.shape}, expected {o1.shape}")
+    if not bool(jnp.all(jnp.isfinite(out))):
+        raise exercises.NotYet("NaN or inf in the merge: a row that no pass saw has lse -inf in both")
+    if float(jnp.max(jnp.abs(out[0]))) != 0.0:
+        raise exercises.NotYet("a row that no pass saw must be 0")
+    err = float(jnp.max(jnp.abs(out[1:] - want[1:])))  # every row but the hidden one
+    if not err < tolerance(jnp.float32):
+        raise exercises.NotYet(f"max error {err:.2e} against the library's merge: are the weights exp(lse_i - lse)?")
+    return f"two passes merged == tile_aligned_attention (max error {err:.1e}), a row no pass saw is 0"
+
+
+exercises.verify("06.merge", check_merge, merge)
 
 # %% [markdown]
 # ## Everything at once: `stlib.video_attention`
@@ -644,8 +673,9 @@ print(f"orders: {sorted({o.name for o in orders})}; non-empty tiles over all hea
 #   ends, its last chunk sliced statically, so 75,600 tokens need no padded copy; MASKED: the mask
 #   per score) is a code in the scalar-prefetched step table. No LSE, no merge, the output written
 #   once, in q's dtype;
-# * large blocks (2,560 x 2,560 won the block sweep below on v6e, 1,024 x 2,048 on v5e), with
-#   `vmem_limit_bytes` from the chip table.
+# * large blocks, chosen per chip by the block sweep at the end of this notebook (its table prints
+#   each chip's best blocks by the static estimate; candidates within the estimator's calibration
+#   spread of each other are ties, not wins), with `vmem_limit_bytes` from the chip table.
 #
 # **Pattern steps.** In the 3-D tiled order the sliding-tile mask is FULL or EMPTY at the grain of
 # one 3-D tile (384 tokens), but one-tile blocks are small for the MXU and pay the per-step overhead
@@ -721,7 +751,7 @@ else:
 # generation folds all of that into one pass with keys on sublanes, and runs a sliding tile's rows
 # of 3-D tiles as mask-free patterns. Notebook 07 times it all against dense Splash.
 #
-# ## Exercises
+# ## Questions
 #
 # 1. The layout catalog has a temporal band *with* a frame-0 anchor. Why does the anchor spoil
 #    the token-major order? (Try `stlib.block_layout(masks.temporal_band(case.grid, 0.25,
@@ -741,7 +771,7 @@ else:
 # 3. When every row of q tiles has the same number of non-empty tiles (then W equals each row's
 #    count), e.g. a mask made of whole periodic blocks. A band is not like that: every q tile whose
 #    window |q - k| <= w runs past either end of the sequence is shorter. For the 0.25 band at the
-#    case-study shape w is about 10,100 tokens, about 20 q tiles of 512 at each end, and each of them
+#    case-study shape w is 10,240 tokens (`masks.band_width_for_density` rounds up to 128), about 20 q tiles of 512 at each end, and each of them
 #    pays skipped steps in "rows": 32,560 steps against 30,160 for "flat" (8% more, the table of
 #    section 3).
 #

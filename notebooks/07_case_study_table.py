@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -425,7 +427,7 @@ plotting.save(fig, cfg.figure("07_estimate_published"))
 # tail out of the main pass. A masked dense kernel, or a block-sparse kernel on a misaligned mask,
 # gets none of it.
 #
-# ## Exercises
+# ## Questions
 #
 # 1. Find the density at which the work model says `pallas_tile` flat reaches 2.40x over dense
 #    Splash. Is the published sparse kernel's density likely above or below that, and why?

@@ -195,14 +195,17 @@ if grid.num_tokens <= 16_384:
 # %% [markdown]
 # ## The budget at the case-study shape
 #
-# The public design's tiles, 3,328 x 2,816, at 21 x 45 x 80 = 75,600 tokens: 23 q tiles x 27 kv
-# tiles. The last kv tile holds 384 real keys: kept tiles there form the ragged tail. Shown per
-# head kind, at density 0.15, for both anchors and both boundary policies. No q / k is needed and
-# no L x L array is built.
+# The public design's tiles, 3,328 x 2,816, at 21 x 45 x 80 = 75,600 tokens. The last kv tile is
+# ragged (the cell prints how many real keys it holds): kept tiles there form the ragged tail. Shown
+# per head kind, at the density of this notebook, for both anchors and both boundary policies. No
+# q / k is needed and no L x L array is built.
 
 # %%
 BLOCKS = {"block_q": 3328, "block_kv": 2816}
 kinds = ["spatial"] * 5 + ["temporal"] * 5
+tokens = configs.CASE_STUDY.num_tokens
+print(f"{tokens:,} tokens: {-(-tokens // BLOCKS['block_q'])} q tiles x {-(-tokens // BLOCKS['block_kv'])} kv tiles; the "
+      f"last kv tile holds {tokens - (tokens - 1) // BLOCKS['block_kv'] * BLOCKS['block_kv']:,} real keys; density {DENSITY}")
 print(f"{'anchor':<10} {'boundary':<9} {'kind':<9} {'main':>5} {'tail':>5} {'masked':>7} {'of tiles':>9} "
       f"{'pairs / exact':>14}")
 for anchor in ("reordered", "frame0"):

@@ -30,6 +30,7 @@
 
 # %% tags=["parameters"]
 SIZE = None  # "full", "small" or None (automatic: case-study sizes on a TPU, small elsewhere); env STLIB_SIZE wins
+SOLUTIONS = "fill"  # "hide": the exercises run your code (stubs; checks print NOT YET); env STLIB_SOLUTIONS wins
 
 # %%
 # Find stlib: importable -> use it; in a clone of the repository -> put the clone on sys.path; neither
@@ -79,14 +80,14 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 import stlib
-from stlib import masks, notebook, plotting
+from stlib import exercises, masks, notebook, plotting
 from stlib.bench import backward_compile
 from stlib.kernels.backward import DKV_MATMULS, DQ_MATMULS, FORWARD_MATMULS, backward_work
 from stlib.kernels.passes import exact_passes
 from stlib.layout import row_tables
 from stlib.masks.catalogue import case_study_masks
 
-cfg = notebook.setup(SIZE)
+cfg = notebook.setup(SIZE, solutions=SOLUTIONS)
 tolerance = notebook.tolerance
 L, D = 1_000, 64  # one head; ragged against 128-token tiles
 BQ = BKV = 128
@@ -165,33 +166,37 @@ print(f"band alone: widest forward row {int(selected.sum(axis=2).max())}, widest
       f"{int(selected.sum(axis=1).max())} (a symmetric mask: both walks alike)")
 
 # %% [markdown]
-# ### Exercise: the transposed table
+# ### Exercise 1: the transposed table
 #
 # `row_tables(selected)` gives the forward's tables: for each q tile, its kv tiles (`tiles`,
-# [1, nq, W]) and how many (`counts`). Build the dk / dv kernel's tables `my_tiles_t, my_counts_t`: for
-# each kv tile, the q tiles that see it, in increasing order.
+# [1, nq, W]) and how many (`counts`). Write `transposed_table(selected, row_tables)`, which returns
+# the dk / dv kernel's tables `(tiles_t, counts_t)`: for each kv tile, the q tiles that see it, in
+# increasing order.
 #
-# <details><summary>Solution</summary>
-#
-# ```python
-# my_tiles_t, my_counts_t = row_tables(np.ascontiguousarray(selected.transpose(0, 2, 1)))
-# ```
-#
-# </details>
+# Run the notebook with `SOLUTIONS = "hide"` (first cell) to write it yourself: the stub raises, and
+# the check prints NOT YET and what is wrong. `exercises.show("10.transposed_table")` prints a solution.
 
 # %%
-def check_transposed(tiles_t, counts_t):
-    """PASSED when every kv tile lists exactly the q tiles of the forward's tables that list it."""
+@exercises.fill_in("10.transposed_table")
+def transposed_table(selected, row_tables):
+    # --- your code here: return (tiles_t, counts_t), one row per kv tile ---
+    raise NotImplementedError
+
+
+def check_transposed(transposed_table):
+    """Every kv tile lists exactly the q tiles of the forward's tables that list it, in order."""
+    tiles_t, counts_t = transposed_table(selected, row_tables)
     tiles, counts = row_tables(selected)
     want = {(int(ki), qi) for qi in range(tiles.shape[1]) for ki in tiles[0, qi, : counts[0, qi]]}
     got = {(ki, int(qi)) for ki in range(tiles_t.shape[1]) for qi in tiles_t[0, ki, : counts_t[0, ki]]}
-    print("PASSED  the transposed table lists every (kv tile, q tile) pair once" if got == want else
-          f"NOT YET: {len(want - got)} pairs missing, {len(got - want)} extra")
+    if got != want:
+        raise exercises.NotYet(f"{len(want - got)} (kv tile, q tile) pairs missing, {len(got - want)} extra")
+    if any(np.any(np.diff(tiles_t[0, ki, : counts_t[0, ki]]) <= 0) for ki in range(tiles_t.shape[1])):
+        raise exercises.NotYet("every pair is there, but some kv tile lists its q tiles out of order")
+    return f"the transposed table lists each of the {len(want)} (kv tile, q tile) pairs once, in order"
 
 
-# --- your code here (the solution is in place so the notebook runs end to end) ---
-my_tiles_t, my_counts_t = row_tables(np.ascontiguousarray(selected.transpose(0, 2, 1)))
-check_transposed(my_tiles_t, my_counts_t)
+exercises.verify("10.transposed_table", check_transposed, transposed_table)
 
 # %% [markdown]
 # ## The dk / dv kernel, written in view
@@ -274,6 +279,47 @@ for name, mine, ref, lib in (("dk", dk_mine, want[1], library[0]), ("dv", dv_min
     assert err < 1e-4 and lib_err < 1e-4, (name, err, lib_err)
     print(f"PASSED  {name}: the kernel in view == jax.grad of the reference (gap {err:.1e}) "
           f"== stlib's backward (gap {lib_err:.1e})")
+
+# %% [markdown]
+# ### Exercise 2: the dq kernel's step
+#
+# The dq kernel walks the forward's table: q tile i visits its kv tiles and adds each one's share of
+# dq into an f32 accumulator, written once at the row's end. Write its body for one step,
+# `dq_step(q_t, k_t, v_t, do_t, lse, di, allowed, scale)`: this kv tile's addition to dq, [bq, D],
+# from the q, dO, lse and di of the q tile (lse and di as [bq, 1] columns here), the k and v of the
+# kv tile, and the tile's mask. The check adds your steps over every tile pair and compares with
+# dq of `jax.grad`.
+#
+# *Hint:* rebuild P from lse, then dS, then the same matmul as dk's but on the other side.
+# `exercises.show("10.dq_step")` prints a solution.
+
+# %%
+@exercises.fill_in("10.dq_step")
+def dq_step(q_t, k_t, v_t, do_t, lse, di, allowed, scale):
+    # --- your code here: return this kv tile's addition to dq [bq, D] ---
+    raise NotImplementedError
+
+
+def check_dq(dq_step):
+    """dq = the sum of ``dq_step`` over every (q tile, kv tile) pair the mask touches."""
+    scores = jnp.where(dense_mask, (q @ k.T) * scale, -jnp.inf)
+    lse_col = jax.nn.logsumexp(scores, axis=-1, keepdims=True)
+    di_col = jnp.sum(do * (jnp.exp(scores - lse_col) @ v), axis=-1, keepdims=True)
+    dq = jnp.zeros_like(q)
+    for i in range(0, L, BQ):
+        for j in range(0, L, BKV):
+            allowed = jnp.asarray(dense_mask[i:i + BQ, j:j + BKV])
+            if bool(allowed.any()):
+                rows, cols = slice(i, i + BQ), slice(j, j + BKV)
+                dq = dq.at[rows].add(dq_step(q[rows], k[cols], v[cols], do[rows], lse_col[rows], di_col[rows],
+                                             allowed, scale))
+    gap = float(jnp.max(jnp.abs(dq - want[0])) / jnp.max(jnp.abs(want[0])))
+    if not gap < 1e-4:
+        raise exercises.NotYet(f"largest gap {gap:.1e} of the largest entry: is dS = P * (dP - di), times scale?")
+    return f"the sum of your steps == dq of jax.grad (largest gap {gap:.1e} of the largest entry)"
+
+
+exercises.verify("10.dq_step", check_dq, dq_step)
 
 # %% [markdown]
 # stlib's version (`stlib/kernels/backward.py`) is this kernel and its dq twin with what a library

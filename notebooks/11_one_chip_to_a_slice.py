@@ -40,6 +40,7 @@
 
 # %% tags=["parameters"]
 SIZE = None  # "full", "small" or None (automatic: case-study sizes on a TPU, small elsewhere); env STLIB_SIZE wins
+SOLUTIONS = "fill"  # "hide": the exercises run your code (stubs; checks print NOT YET); env STLIB_SOLUTIONS wins
 
 # %%
 # Find stlib: importable -> use it; in a clone of the repository -> put the clone on sys.path; neither
@@ -95,10 +96,10 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import stlib
-from stlib import masks, notebook, parallel, plotting
+from stlib import exercises, masks, notebook, parallel, plotting
 from stlib.bench import block_sweep, slice_compile
 
-cfg = notebook.setup(SIZE)
+cfg = notebook.setup(SIZE, solutions=SOLUTIONS)
 tolerance = notebook.tolerance
 accelerators = jax.devices()
 devices = accelerators if len(accelerators) >= 4 else jax.devices("cpu")
@@ -189,44 +190,42 @@ for strategy in parallel.STRATEGIES:
     print(f"PASSED  {strategy:8s} with the per-head mix == one-device video_attention (max error {err:.1e})")
 
 # %% [markdown]
-# ### Exercise: one branch for every device
+# ### Exercise 1: one branch for every device
 #
 # With heads laid out as `kinds` above, the devices run two different programs (a spatial pair, a
-# temporal pair). Give `my_head_order`, a permutation of the 8 heads, so that every device gets one
-# spatial and one temporal head, in that order. Then all devices run the same branch and one kernel
-# is compiled. (In a model the permutation goes into the q, k, v projections' output columns once,
-# so nothing moves at run time.)
+# temporal pair). Write `head_order(kinds, num_devices)`, a permutation of the heads under which
+# every device gets the same kinds in the same order (here one spatial and one temporal head). Then
+# all devices run the same branch and one kernel is compiled. (In a model the permutation goes into
+# the q, k, v projections' output columns once, so nothing moves at run time.)
 #
-# <details><summary>Solution</summary>
-#
-# ```python
-# my_head_order = [0, 2, 1, 3, 4, 6, 5, 7]
-# ```
-#
-# </details>
+# Run the notebook with `SOLUTIONS = "hide"` (first cell) to write it yourself: the stub raises, and
+# the check prints NOT YET and what is wrong. `exercises.show("11.head_order")` prints a solution.
 
 # %%
-def check(order):
-    """PASSED when ``order`` permutes the heads so every device runs one branch, and attention
-    under the permuted heads and mask still equals the reference."""
-    order = list(order)
+@exercises.fill_in("11.head_order")
+def head_order(kinds, num_devices):
+    # --- your code here: return a list, a permutation of range(len(kinds)) ---
+    raise NotImplementedError
+
+
+def check_order(head_order):
+    """The permuted heads run one branch on every device, and attention under them equals the reference."""
+    order = list(head_order(kinds, N))
     if sorted(order) != list(range(H)):
-        print(f"NOT YET: {order} is not a permutation of range({H})")
-        return
+        raise exercises.NotYet(f"{order} is not a permutation of range({H})")
     permuted = masks.per_head([mix.head(h) for h in order])
     count = len(parallel.device_branches(permuted, None, H, N).branches)
     if count != 1:
-        print(f"NOT YET: the devices still run {count} different head slices")
-        return
+        raise exercises.NotYet(f"the devices still run {count} different head slices")
     qp, kp, vp = (x[jnp.asarray(order)] for x in (q, k, v))
     got = stlib.parallel_attention(qp, kp, vp, permuted, mesh=mesh, axis_name="x", grid=grid)
     err = float(jnp.max(jnp.abs(got - stlib.video_attention(qp, kp, vp, grid, permuted, impl="reference"))))
-    print(("PASSED  " if err < tolerance(jnp.float32) else "NOT YET: ") + f"one branch, max error {err:.1e}")
+    if not err < tolerance(jnp.float32):
+        raise exercises.NotYet(f"one branch, but max error {err:.1e}: were q, k, v permuted like the mask?")
+    return f"order {order}: one branch on all {N} devices, max error {err:.1e}"
 
 
-# --- your code here (the solution is in place so the notebook runs end to end) ---
-my_head_order = [0, 2, 1, 3, 4, 6, 5, 7]
-check(my_head_order)
+exercises.verify("11.head_order", check_order, head_order)
 
 # %% [markdown]
 # ## Gradients flow through both strategies
@@ -278,6 +277,34 @@ for strategy, spec in (("heads", P("x", None, None)), ("ulysses", P(None, "x", N
     share = compiled.memory_analysis().argument_size_in_bytes / (3 * 8 * small_grid.num_tokens * 128 * 2)
     print(f"v6e:2x2 {strategy:8s}: each device holds {share:.2f} of q, k, v; {len(moved)} all-to-alls of "
           f"{[f'{b / 1e6:.2f} MB' for b in moved]}")
+
+# %% [markdown]
+# ### Exercise 2: what one all-to-all moves
+#
+# Before attention a device holds [H, L / N, D] of q (and of k, v); after the all-to-all it holds
+# [H / N, L, D]. Write `all_to_all_bytes(num_heads, length, head_dim, num_devices, itemsize)`, the
+# bytes per device of one such all-to-all's operand, from the shapes alone. The check compares your
+# number with every all-to-all the compiler put in the Ulysses program above (read from its HLO).
+#
+# *Hint:* the operand is one device's share, before or after. `exercises.show("11.all_to_all_bytes")`
+# prints a solution.
+
+# %%
+@exercises.fill_in("11.all_to_all_bytes")
+def all_to_all_bytes(num_heads, length, head_dim, num_devices, itemsize):
+    # --- your code here: return an int, bytes per device ---
+    raise NotImplementedError
+
+
+def check_bytes(all_to_all_bytes):
+    """Your bytes against each all-to-all of the compiled Ulysses program (the loop's last strategy)."""
+    mine = all_to_all_bytes(8, small_grid.num_tokens, 128, len(topology.devices), 2)
+    if sorted(set(moved)) != [mine]:
+        raise exercises.NotYet(f"{mine:,} B, but the compiled all-to-alls move {sorted(set(moved))} B each")
+    return f"{mine:,} B per device, as each of the compiled program's {len(moved)} all-to-alls"
+
+
+exercises.verify("11.all_to_all_bytes", check_bytes, all_to_all_bytes)
 
 # %% [markdown]
 # ## At Wan 14B's shape: the slices and what Ulysses' traffic costs

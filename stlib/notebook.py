@@ -21,7 +21,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from stlib import paths
+from stlib import exercises, paths
 
 SIZES = ("small", "full", "auto")
 
@@ -153,11 +153,17 @@ def _install_interpret_guard() -> None:
     pl.pallas_call = pallas_call
 
 
-def setup(size: str | None = None) -> NotebookConfig:
+def setup(size: str | None = None, *, solutions: str | None = None) -> NotebookConfig:
     """Report the platform and pick the configuration (see the module docstring). Raises SetupError
-    for an unknown size."""
+    for an unknown size. ``solutions`` ("fill" or "hide", ``$STLIB_SOLUTIONS`` wins): who writes the
+    notebook's fill-in exercises (``stlib.exercises``); None: a notebook without any."""
     global _interpret_step_limit
     size = resolve_size(size)
+    if solutions is not None:
+        try:
+            exercises.set_mode(solutions)
+        except ValueError as error:
+            raise SetupError(str(error)) from None
     workload = CASE_STUDY if size == "full" else SMALL_CPU
     config = NotebookConfig(
         size=size,
@@ -180,6 +186,8 @@ def setup(size: str | None = None) -> NotebookConfig:
         + ("compiled Pallas kernels" if config.on_tpu else "Pallas interpret mode (times are not TPU times)")
     )
     print(auto_choice())
+    if solutions is not None:
+        print(exercises.describe())
     if refuse:
         print(
             "full size off a TPU: analytic and compile-only cells run at the case-study size; Pallas kernels "

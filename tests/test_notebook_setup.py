@@ -59,7 +59,8 @@ def test_bootstrap_default_source_is_the_repository_url():
 
 def test_setup_cell_calls_notebook_setup():
     for path in TWINS:
-        assert "cfg = notebook.setup(SIZE)" in first_code_cells(path)[2], path.name
+        cell = first_code_cells(path)[2]
+        assert re.search(r"cfg = notebook\.setup\(SIZE(, solutions=SOLUTIONS)?\)", cell), path.name
 
 
 # --------------------------------------------------------------------------------------------

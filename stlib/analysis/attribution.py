@@ -40,9 +40,11 @@ class Attribution:
         return self.trip - 2
 
 
-def attribute(schedule: Schedule, impl: str, kernel: str) -> Attribution:
+def attribute(schedule: Schedule, impl: str | None, kernel: str, compute_names: list[str] | None = None) -> Attribution:
     """Attribute the bundles of ``schedule`` (the Pallas kernel ``kernel`` of ``impl``) to paths.
-    Raises ScheduleFormatError when the structure differs from the one expected for ``impl``."""
+    ``compute_names``: the names of its conditional compute regions, in order, for a kernel of no
+    registered implementation (``impl`` None). Raises ScheduleFormatError when the structure differs
+    from the one expected."""
     loops = [n for n in schedule.roots if n.kind == "loop"]
     if len(loops) != 1 or len(schedule.roots) != 1:
         raise ScheduleFormatError(
@@ -83,7 +85,9 @@ def attribute(schedule: Schedule, impl: str, kernel: str) -> Attribution:
             f"{[(hex(c.first), hex(c.last), schedule.has_mxu(c)) for c in conds]}; "
             "expected [init...] compute... [finalise...]"
         )
-    names = _compute_names(impl, kernel, len(compute))
+    if compute_names is not None and len(compute_names) != len(compute):
+        raise ScheduleFormatError(f"{kernel}: {len(compute)} conditional compute regions, named {compute_names}")
+    names = compute_names if compute_names is not None else _compute_names(impl, kernel, len(compute))
     # several regions before / after the compute (a row's copy of a block that ends past the array next to
     # its init / output write) run once per row each: their bundles add up to one init / finalise path
     labelled = [("init", c) for c in before] + list(zip(names, compute)) + [("finalise", c) for c in after]

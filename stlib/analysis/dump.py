@@ -254,13 +254,16 @@ def check_libtpu() -> str:
     return version
 
 
-def dump_files(directory: str) -> dict[str, tuple[str, str]]:
+def dump_files(directory: str, keep=None) -> dict[str, tuple[str, str]]:
+    """{kernel: (final bundles, schedule analysis)} of each Pallas kernel in a libtpu dump that ``keep``
+    (a predicate on its name; default: a registered implementation's kernel) keeps."""
+    keep = keep or is_pallas_kernel
     files: dict[str, dict[str, str]] = {}
     for name in os.listdir(directory):
         match = _STEP.match(name)
         if (
             match
-            and is_pallas_kernel(match["kernel"])
+            and keep(match["kernel"])
             and match["what"] in ("final_bundles", "schedule-analysis_final_bundles")
         ):
             entry = files.setdefault(match["kernel"], {})

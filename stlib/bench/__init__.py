@@ -28,6 +28,7 @@ from stlib.bench.records import (
     environment,
     read_records,
     time_function,
+    time_interleaved,
 )
 from stlib.bench.runs import (
     CPU_CASE,
@@ -70,5 +71,6 @@ __all__ = [
     "run_layout",
     "sta_windows",
     "time_function",
+    "time_interleaved",
     "write_published_reference",
 ]

@@ -164,6 +164,12 @@ def time_function(fn, *args, trials: int = 5, warmup: int = 1) -> Timing:
     """Compile ``fn`` (excluded, reported separately; a ``Compiled`` is reused as it is, never
     compiled again), warm up, then time ``trials`` calls with block_until_ready."""
     compiled = fn if isinstance(fn, Compiled) else compile_function(fn, *args)
+    times = _timed_calls(compiled, args, trials, warmup)
+    return Timing(statistics.median(times), min(times), max(times), compiled.compile_ms, trials)
+
+
+def _timed_calls(compiled: Compiled, args, trials: int, warmup: int) -> list[float]:
+    """Milliseconds of each of ``trials`` calls, after ``warmup`` untimed ones."""
     for _ in range(warmup):
         jax.block_until_ready(compiled(*args))
     times = []
@@ -171,4 +177,28 @@ def time_function(fn, *args, trials: int = 5, warmup: int = 1) -> Timing:
         start = time.perf_counter()
         jax.block_until_ready(compiled(*args))
         times.append((time.perf_counter() - start) * 1e3)
-    return Timing(statistics.median(times), min(times), max(times), compiled.compile_ms, trials)
+    return times
+
+
+def time_interleaved(cases: dict, *args, rounds: int = 3, trials: int = 3, seed: int = 0, progress=None) -> dict:
+    """Time several functions of the same ``args`` fairly on a shared, noisy machine: each is compiled
+    once, then ``rounds`` rounds each time every case ``trials`` times, in an order shuffled anew per
+    round (a slow spell of the machine falls on different cases). Returns {name: Timing} over all
+    ``rounds * trials`` calls of each (median, min, max). ``progress``: called with each case's name
+    once its last round is timed."""
+    import random
+
+    compiled = {name: fn if isinstance(fn, Compiled) else compile_function(fn, *args) for name, fn in cases.items()}
+    times = {name: [] for name in cases}
+    order = list(cases)
+    shuffle = random.Random(seed).shuffle
+    for round_ in range(rounds):
+        shuffle(order)
+        for name in order:
+            times[name].extend(_timed_calls(compiled[name], args, trials, warmup=1 if round_ == 0 else 0))
+            if progress is not None and round_ == rounds - 1:
+                progress(name)
+    return {
+        name: Timing(statistics.median(t), min(t), max(t), compiled[name].compile_ms, len(t))
+        for name, t in times.items()
+    }

@@ -96,11 +96,17 @@ def speedup_vs_density(
 def timing_lines(
     series: dict[str, list[tuple[float, float]]], title: str, xlabel: str, ylabel: str = "median time (ms)"
 ):
-    """One line per series of (x, y) points."""
+    """One line per series of (x, y) points, or of (x, y, low, high) points drawn with whiskers from
+    low to high (for example the fastest and slowest of the timed calls)."""
     fig, ax = plt.subplots(figsize=(6.8, 4.4), constrained_layout=True)
     for i, (name, points) in enumerate(series.items()):
-        xs, ys = zip(*sorted(points))
-        ax.plot(xs, ys, "o-", color=PALETTE[i % len(PALETTE)], label=name)
+        columns = list(zip(*sorted(points)))
+        xs, ys, color = columns[0], columns[1], PALETTE[i % len(PALETTE)]
+        ax.plot(xs, ys, "o-", color=color, label=name)
+        if len(columns) == 4:
+            low, high = np.asarray(columns[2]), np.asarray(columns[3])
+            ax.errorbar(xs, ys, yerr=[np.asarray(ys) - low, high - np.asarray(ys)], fmt="none", ecolor=color,
+                        capsize=3, linewidth=1)
     ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=8)

@@ -1,0 +1,130 @@
+"""The notebooks' fill-in exercises (stlib.exercises): the library's solutions by default, the
+reader's stubs with STLIB_SOLUTIONS=hide, NOT YET instead of a stop, and a solution only on request."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import jax.numpy as jnp
+import nbformat
+import pytest
+
+from stlib import exercises, notebook
+from stlib.reproduce import NOTEBOOKS, execute, notebook_paths
+
+FILL_IN = re.compile(r'^@exercises\.fill_in\("([^"]+)"\)', re.M)
+#: the notebooks that write kernels, each with at least two fill-ins
+KERNEL_NOTEBOOKS = ("04", "05", "06", "10", "11")
+
+
+def fill_ins() -> dict[str, list[str]]:
+    return {p.name[:2]: FILL_IN.findall(p.read_text()) for p in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.py"))}
+
+
+@pytest.fixture
+def mode():
+    """Set the mode for one test and put the default back (the environment variable is unset here)."""
+    saved = os.environ.pop(exercises.ENV, None)
+    yield exercises.set_mode
+    exercises.set_mode("fill")
+    if saved is not None:
+        os.environ[exercises.ENV] = saved
+
+
+def test_every_fill_in_has_one_solution_and_every_solution_a_fill_in():
+    found = fill_ins()
+    named = [name for names in found.values() for name in names]
+    assert sorted(named) == exercises.names(), "an exercise without a solution, or a solution no notebook uses"
+    for number, names in found.items():
+        assert all(name.startswith(f"{number}.") for name in names), (number, names)
+    for number in KERNEL_NOTEBOOKS:
+        assert len(found[number]) >= 2, f"notebook {number} has {len(found[number])} fill-in(s)"
+
+
+def test_each_notebook_with_fill_ins_takes_the_solutions_switch():
+    for path in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.py")):
+        text = path.read_text()
+        if FILL_IN.search(text):
+            assert 'SOLUTIONS = "fill"' in text and "notebook.setup(SIZE, solutions=SOLUTIONS)" in text, path.name
+            assert "<summary>Solution" not in text, f"{path.name} shows a solution nobody asked for"
+
+
+def stub(m1, l1, acc1, m2, l2, acc2):
+    raise NotImplementedError
+
+
+def test_fill_in_hands_back_the_solution_or_the_readers_function(mode):
+    mode("fill")
+    assert exercises.fill_in("04.combine")(stub) is exercises.solution("04.combine")
+    mode("hide")
+    assert exercises.fill_in("04.combine")(stub) is stub
+    with pytest.raises(TypeError, match=r"keep the stub's parameters \['m1', 'l1'"):
+        exercises.fill_in("04.combine")(lambda m, l: None)
+    with pytest.raises(KeyError, match="no exercise '04.nothing'"):
+        exercises.fill_in("04.nothing")
+
+
+def check_combine(combine):
+    """A small check of the kind the notebooks run: two key halves of one row, combined."""
+    s = jnp.array([[1.0, 3.0, -2.0, 0.5]])
+    v = jnp.arange(8.0).reshape(4, 2)
+    states = []
+    for part in (slice(0, 2), slice(2, 4)):
+        m = s[:, part].max(axis=1, keepdims=True)
+        p = jnp.exp(s[:, part] - m)
+        states.append((m, p.sum(axis=1, keepdims=True), p @ v[part]))
+    m, l, acc = combine(*states[0], *states[1])
+    want = jnp.exp(s - s.max()) / jnp.exp(s - s.max()).sum() @ v
+    if not jnp.allclose(acc / l, want, atol=1e-6):
+        raise exercises.NotYet("wrong")
+    return "combined"
+
+
+def test_verify_passes_prints_not_yet_or_raises(mode, capsys):
+    mode("fill")
+    assert exercises.verify("04.combine", check_combine, exercises.solution("04.combine"))
+    assert capsys.readouterr().out == "PASSED  04.combine: combined\n"
+    wrong = lambda m1, l1, acc1, m2, l2, acc2: (m1, l1 + l2, acc1 + acc2)  # forgets the rescale
+    with pytest.raises(exercises.ExerciseFailed, match="04.combine: the library's solution fails its check: wrong"):
+        exercises.verify("04.combine", check_combine, wrong)
+    mode("hide")
+    assert not exercises.verify("04.combine", check_combine, stub)
+    assert capsys.readouterr().out.startswith("NOT YET 04.combine: not written yet")
+    assert not exercises.verify("04.combine", check_combine, wrong)
+    assert "NOT YET 04.combine: wrong (exercises.show('04.combine') prints a solution)" in capsys.readouterr().out
+    assert not exercises.verify("04.combine", check_combine, lambda *a: 1 / 0)
+    assert "it raises ZeroDivisionError: division by zero" in capsys.readouterr().out
+
+
+def test_the_environment_wins_and_a_bad_mode_is_one_sentence(mode, monkeypatch, capsys):
+    monkeypatch.setenv(exercises.ENV, "hide")
+    assert mode("fill") == "hide" and exercises.hidden()
+    monkeypatch.setenv(exercises.ENV, "later")
+    with pytest.raises(ValueError, match=r"STLIB_SOLUTIONS='later' is not a mode: use 'fill'"):
+        mode("fill")
+    monkeypatch.delenv(exercises.ENV)
+    with pytest.raises(notebook.SetupError, match=r"SOLUTIONS='shown' is not a mode"):
+        notebook.setup("small", solutions="shown")
+    notebook.setup("small", solutions="hide")
+    assert "exercises: yours" in capsys.readouterr().out
+
+
+def test_show_prints_the_solution_only_when_asked(capsys):
+    exercises.show("05.kv_map")
+    assert "return (steps_ref[i * nk + j] >> 2, 0)" in capsys.readouterr().out
+
+
+def test_a_kernel_notebook_with_its_stubs_reaches_its_end(tmp_path, monkeypatch):
+    """Notebook 05 run with STLIB_SOLUTIONS=hide: every fill-in is a stub, each check prints NOT YET,
+    and every cell after them still runs."""
+    monkeypatch.setenv(exercises.ENV, "hide")
+    monkeypatch.setenv("STLIB_SIZE", "small")
+    (path,) = notebook_paths(["05"])
+    execute(path, out_dir=tmp_path)
+    cells = [c for c in nbformat.read(tmp_path / path.name, as_version=4).cells if c.cell_type == "code"]
+    assert all(c.execution_count for c in cells if c.source.strip()), "a cell did not run"
+    text = "".join(o.get("text", "") for c in cells for o in c.outputs)
+    not_yet = re.findall(r"^NOT YET (\S+): not written yet", text, re.M)
+    assert sorted(not_yet) == sorted(fill_ins()["05"]), text[-3000:]
+    assert "exercises: yours" in text and "PASSED  05." not in text
