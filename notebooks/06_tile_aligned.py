@@ -648,97 +648,6 @@ print(f"orders: {sorted({o.name for o in orders})}; non-empty tiles over all hea
       f"chosen orders {chosen_tiles:,}")
 
 # %% [markdown]
-# ## The second generation: keys on sublanes (`pallas_tile_lane_dense`)
-#
-# `pallas_tile` computes scores as q k^T, `[block_q, chunk]`: queries on sublanes, keys on lanes.
-# Its softmax statistics are one number per query *row*, so the running max and sum live as
-# `[block_q, 128]` arrays with the value repeated across the 128 lanes, every row max is a
-# cross-lane reduction, and the alpha correction touches 128 copies of each value. Counted in the
-# v6e schedule, the alpha correction alone was about a fifth of the tile's exponentials.
-#
-# The second-generation kernel (`stlib/kernels/tile_lane_dense/`) turns the product around, as the
-# public Sparse VideoGen TPU kernels do: scores are k q^T, `[chunk, block_q]`, **keys on sublanes,
-# queries on lanes**. Then
-#
-# * the max and the sum over keys are element-wise maxima and sums across vregs (the VPU, no lane
-#   shuffles), and the statistics are lane-dense: `m`, `l` are `[8, block_q]`, one value per query;
-# * the accumulator is o^T, `[D, block_q]`; alpha `[1, block_q]` scales it by a sublane broadcast,
-#   and it is transposed once per q tile, when the output is written;
-# * the kv tile is walked in chunks of `block_kv_compute` keys (one max and one rescale per chunk)
-#   and, inside a chunk, in **register tiles** of 256 keys: `exp2(s - m)` of 256 keys, cast to bf16,
-#   straight into the p.v matmul. The register tile bounds how much of p is alive between the
-#   exponential and the matmul (a whole `[512, 2048]` f32 p would be 4 MiB), so the compiler can
-#   overlap the exponentials of one register tile with the matmul of the previous one;
-# * one pass, one grid: each step's region (FULL: no mask; RAGGED: the kv block where the array
-#   ends, its last chunk sliced statically, so 75,600 tokens need no padded copy; MASKED: the mask
-#   per score) is a code in the scalar-prefetched step table. No LSE, no merge, the output written
-#   once, in q's dtype;
-# * large blocks, chosen per chip by the block sweep at the end of this notebook (its table prints
-#   each chip's best blocks by the static estimate; candidates within the estimator's calibration
-#   spread of each other are ties, not wins), with `vmem_limit_bytes` from the chip table.
-#
-# **Pattern steps.** In the 3-D tiled order the sliding-tile mask is FULL or EMPTY at the grain of
-# one 3-D tile (384 tokens), but one-tile blocks are small for the MXU and pay the per-step overhead
-# 56,700 times. The kernel's own blocks for a tiled order hold whole **rows of tiles** (a row: the
-# 5 tiles along x, 5 x 384 = 1,920 tokens; the block sweep below picked two rows of queries against
-# one row of keys). Such a block is PARTIAL, yet cut into 384 x 384 sub-tiles it holds only EMPTY and
-# FULL ones: a *pattern*. The pattern's region runs each kv sub-tile against the run of q sub-tiles it
-# meets, a static lane slice of the q tile, with no mask at all; only kv blocks with padding slots
-# (the 45 rows make a last tile row of 5 real rows out of 8) mask their padding keys, by a per-key
-# validity column, never by evaluating the mask. The same idea serves a band: a tile on the band's
-# edge skips its sub-tiles outside the band, runs those inside mask-free and evaluates the mask only
-# on the sub-tiles the edge crosses (a *mixed* pattern; on v6e the 0.25 band's static cycles drop
-# from 42.3 M to 35.8 M).
-
-# %%
-from stlib.bench import block_sweep
-from stlib.kernels import tile_lane_dense as lane_dense
-
-sta_mask = sta.permute(sta_order)  # the case-study sliding tile in 3-D tiled order (section 1)
-rows_blocks, _ = lane_dense.resolve_blocks(sta_mask, sta_mask.length, None, None,
-                                           lane_dense.LaneDenseOptions(chip="v6e"), False)
-sta_plan = lane_dense.plan_steps(stlib.block_layout(sta_mask, rows_blocks.block_q, rows_blocks.block_kv),
-                                 sta_mask.length)
-print(f"blocks {rows_blocks.block_q} x {rows_blocks.block_kv}: {len(sta_plan.patterns)} patterns, "
-      f"{int((sta_plan.codes >= 0).sum()):,} computed steps per head, "
-      f"{int((sta_plan.codes == lane_dense.StepKind.MASKED).sum())} of them masked")
-fig = plotting.step_codes(sta_plan, "Sliding tile 3x8x16, window 3, 3-D tiled order, in blocks of whole rows of "
-                          f"tiles ({rows_blocks.block_q:,} queries x {rows_blocks.block_kv:,} keys)")
-plotting.save(fig, cfg.figure("06_step_codes"))
-
-# %% [markdown]
-# Checked against the reference in this notebook's mode: at the small size a 8 x 14 x 80 video in
-# 2 x 4 x 16 tiles (128 tokens, rows of 640), at the full size the case study itself.
-
-# %%
-if cfg.size == "small":
-    demo_grid, demo_tile = stlib.VideoGrid(8, 14, 80), (2, 4, 16)
-    demo_mask = masks.sliding_tile(demo_grid, demo_tile, (3, 3, 3))
-    dq, dk, dv = stlib.random_qkv((1, demo_grid.num_tokens, D), workload.dtype, seed=3)
-else:
-    demo_grid, demo_tile, demo_mask, (dq, dk, dv) = case.grid, (3, 8, 16), sta, (q, k, v)
-demo_order = stlib.tiled_order(demo_grid, demo_tile)
-out = stlib.video_attention(dq, dk, dv, demo_grid, demo_mask, impl="pallas_tile_lane_dense", orders=demo_order,
-                            interpret=cfg.interpret)
-err = max_error(out, dq, dk, dv, demo_mask)
-assert err < TOL, err
-print(f"PASSED  pallas_tile_lane_dense in rows of 3-D tiles == reference on {demo_grid} (max error {err:.2e})")
-
-# %% [markdown]
-# Which blocks? Not guessed: `python -m stlib.bench.block_sweep` compiled the kernel for v5e, v6e and
-# TPU7x at every candidate and scored each with the static estimate (notebook 07), dense Splash at
-# its own candidates beside it. The table is read from the sweep's records
-# (`data/tile_block_sweep.jsonl`); each ratio is clock-free: the kernel's cycles over dense Splash's
-# at its best blocks on the same chip. Static estimates, never measurements.
-
-# %%
-sweep_records = cfg.data / Path(block_sweep.RECORDS).name
-if sweep_records.exists():
-    block_sweep.print_table(block_sweep.read(sweep_records))
-else:
-    print(f"no sweep records at {sweep_records}: python -m stlib.bench.block_sweep writes them (about an hour of compiles)")
-
-# %% [markdown]
 # ## Takeaway
 #
 # Tile-aligned sparsity is a property of the mask *and* the token order: the same temporal head
@@ -747,9 +656,10 @@ else:
 # visits only non-empty tiles (the "flat" grid wastes no step even when rows differ), runs FULL
 # tiles with no mask work, and either masks the few boundary tiles in a pass of their own (exact)
 # or rounds them to the pair budget (balanced, approximate). The ragged end costs one small pass
-# with one comparison per score and a log-sum-exp merge, not a mask on every tile. The second
-# generation folds all of that into one pass with keys on sublanes, and runs a sliding tile's rows
-# of 3-D tiles as mask-free patterns. Notebook 07 times it all against dense Splash.
+# with one comparison per score and a log-sum-exp merge, not a mask on every tile. Notebook 07 writes
+# the second generation, which folds all of that into one pass with keys on sublanes and runs a
+# sliding tile's rows of 3-D tiles as mask-free patterns; notebook 08 times it all against dense
+# Splash.
 #
 # ## Questions
 #

@@ -371,7 +371,7 @@ for name, method, tiles, steps, fwd, bwd, ratio in rows:
 # ## The backward in the static estimate
 #
 # `stlib.static_estimate(..., backward=True)` compiles a call's backward alone (the gradient from
-# the forward's residuals) and reads its schedule as notebook 07 reads the forward's, with the same
+# the forward's residuals) and reads its schedule as notebook 08 reads the forward's, with the same
 # calibrated clock: nothing is fitted to backward timings. `python -m stlib.bench.backward_estimate
 # run` estimates the tile kernel forward and backward on three masks and dense Splash (forward at
 # its tuned blocks; backward the better of fused and split, each at its tuned blocks) for v6e and

@@ -18,7 +18,7 @@
 #
 # Wan 14B has 40 attention heads of 128 over 75,600 video tokens at 720p. The case study's workload
 # (10 heads on one v6e) is one quarter of that layer: the same layer on a 4-chip slice, 10 heads per chip.
-# This notebook takes the kernels of notebooks 04-08 from one chip to a slice of several:
+# This notebook takes the kernels of notebooks 04-09 from one chip to a slice of several:
 #
 # 1. **Heads**: each device runs its H / N heads on the whole sequence. No communication. But a
 #    per-head mask must follow its heads to their device.
@@ -167,7 +167,7 @@ print(f"PASSED  Ulysses == reference (max error {err:.1e}) == stlib.parallel_att
 # ## Per-head masks follow their heads
 #
 # Sparse VideoGen gives each head its own pattern: spatial heads attend within their frame,
-# temporal heads to their own position in other frames (notebook 08). With head sharding, device d
+# temporal heads to their own position in other frames (notebook 09). With head sharding, device d
 # must run *its* heads' masks. A `shard_map` body is one program for every device, and the mask's
 # tile tables are built on the host, so `stlib.parallel_attention` gives each **distinct**
 # per-device head slice its own branch and lets `lax.switch` on `axis_index("x")` pick it. Devices
@@ -319,7 +319,7 @@ exercises.verify("11.all_to_all_bytes", check_bytes, all_to_all_bytes)
 # The traffic model: an all-to-all of S bytes per device moves, per chip, (n_chips - 1) / n_chips of
 # its devices' bytes each way. At the chip's ICI bandwidth (both directions together, v6e 800 GB/s,
 # TPU7x 1,200 GB/s) that takes 2 x bytes / bandwidth, with no overlap with the kernel. The kernel
-# times are the block sweep's static estimates (notebook 07), scaled to the heads per device. Every
+# times are the block sweep's static estimates (notebook 08), scaled to the heads per device. Every
 # number here is a static estimate or a model. None is a measurement.
 
 # %%

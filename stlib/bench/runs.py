@@ -56,7 +56,7 @@ def _case_key(case, scale: float, interpret: bool, args) -> tuple:
 def compile_case(case, scale: float, interpret: bool, *args) -> Compiled:
     """The call of ``case`` (``case_function``) compiled for ``args``, compiled once: a later
     ``run_case_study`` of the same case and shapes times this executable instead of compiling again
-    (check a case with it first, as notebook 07 does)."""
+    (check a case with it first, as notebook 08 does)."""
     key = _case_key(case, scale, interpret, args)
     if key not in _COMPILED:
         _COMPILED[key] = compile_function(case_function(case, scale, interpret), *args)

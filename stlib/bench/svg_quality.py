@@ -1,7 +1,7 @@
 """What a Sparse VideoGen plan loses against dense attention, and the work it executes: per head
 error and recall (``attention_quality``), the executed flops of a plan (``plan_work``), and the
 quality sweep over patterns, densities, anchors and boundary policies (``quality_sweep``), whose
-records ``record_quality`` appends to ``data/svg_quality.jsonl`` (notebook 08 draws them).
+records ``record_quality`` appends to ``data/svg_quality.jsonl`` (notebook 09 draws them).
 
     python -m stlib.bench.svg_quality [path]
 """

@@ -6,6 +6,7 @@ prints. Its parameters are the stub's in the notebook. Names are "<notebook numb
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import jax
@@ -92,6 +93,41 @@ def merge(o1, lse1, o2, lse2):
     lse = jnp.logaddexp(lse1, lse2)
     safe = jnp.where(jnp.isfinite(lse), lse, 0.0)
     return jnp.exp(lse1 - safe) * o1 + jnp.exp(lse2 - safe) * o2
+
+
+# ---------------------------------------------------------------------------------------------
+# 07 · the second-generation kernel
+
+
+@_solution("07.finish_with_lse")
+def finish_with_lse(m, l, acc, mask_value):
+    """The lane-dense finalise step with the log-sum-exp the backward needs: m, l [1, bq] the base-2
+    running max and sum (scores scaled by log2 e), acc [D, bq] the unnormalised o^T -> (o [bq, D],
+    lse [1, bq] in the natural log); a row that saw no key (m still ``mask_value``): o 0, lse -inf."""
+    seen = m != mask_value
+    safe_l = jnp.where(seen, l, 1.0)
+    o = jnp.where(seen, acc / safe_l, 0.0).T
+    lse = jnp.where(seen, (m + jnp.log2(safe_l)) * math.log(2.0), -jnp.inf)  # log2 -> natural log
+    return o, lse
+
+
+@_solution("07.pattern_updates")
+def pattern_updates(rows, grain, chunk):
+    """A pattern region's updates: ``rows[c][r]`` says how kv sub-tile c meets q sub-tile r (0 skip,
+    1 run mask-free, 2 run masked) -> (first key, keys, first query lane, lanes, masked) per update:
+    each kv sub-tile against each run of consecutive q sub-tiles of one kind, in pieces of ``chunk``
+    keys where ``chunk`` divides ``grain`` (else the whole sub-tile)."""
+    piece = chunk if grain % chunk == 0 else grain
+    out = []
+    for c, row in enumerate(rows):
+        r = 0
+        while r < len(row):
+            start, kind = r, row[r]
+            while r < len(row) and row[r] == kind:
+                r += 1
+            if kind:
+                out += [(c * grain + p, piece, start * grain, (r - start) * grain, kind == 2) for p in range(0, grain, piece)]
+    return out
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # 08 · Sparse VideoGen routing: which pattern per head, at what budget, and what it loses
+# # 09 · Sparse VideoGen routing: which pattern per head, at what budget, and what it loses
 #
 # The case study's sparse kernel is driven by a router (Sparse VideoGen, SVG, as ported to TPU in
 # maxdiffusion's pull request #480): per head, a few sampled queries decide whether the head is
@@ -244,7 +244,7 @@ for r in records:
               f"{r['recall']:>7.3f} {r['routing_recovery']:>10.0%} {r['full_executed_vs_dense']:>18.3f}")
 fig = plotting.quality_vs_work(records, "What each pattern loses vs the work it executes (synthetic inputs; error at "
                                "9x12x16, work of the same plans at both shapes)")
-plotting.save(fig, cfg.figures / "08_quality_vs_work.png")
+plotting.save(fig, cfg.figure("09_quality_vs_work"))
 plt.show()
 
 # %%

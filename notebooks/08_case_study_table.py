@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # 07 · The case-study table
+# # 08 · The case-study table
 #
 # The published case study (Google for Developers blog, 2026-09-30, "Accelerating Spatio-Temporal
 # Attention for Video Diffusion on TPUs") measured one TPU v6e at 75,600 tokens x 10 heads x 128:
@@ -259,7 +259,7 @@ except Exception as error:  # noqa: BLE001 - the estimate is optional; say why i
 fig = plotting.latency_bars(picked, f"Case-study comparison at {workload.num_heads} x {workload.num_tokens:,} x "
                             f"{workload.head_dim} ({jnp.dtype(workload.dtype).name})", published=published,
                             estimates=[{"label": e["label"], "ms": e["ms"]} for e in estimates] or None)
-plotting.save(fig, cfg.figure("07_latency"))
+plotting.save(fig, cfg.figure("08_latency"))
 
 # %% [markdown]
 # Left: what this run measured. Right, on its own axis: the published v6e numbers and, where
@@ -289,7 +289,7 @@ else:  # no libtpu here: the interpret-mode speed-ups, labelled for what they ar
     fig = plotting.speedup_vs_density([r for r in records if r["pattern"] != "dense"], dense_splash["median_ms"],
                                       f"Interpret-mode speed-up over dense Splash ({plotting.where_measured(dense_splash)})"
                                       "\nNOT a TPU speed-up: no static estimate in this run", legend_outside=True)
-plotting.save(fig, cfg.figure("07_speedup"))
+plotting.save(fig, cfg.figure("08_speedup"))
 
 # hardware-independent: the v6e roofline time of the work each case executes, at the full shape;
 # cases whose curves coincide (the same executed work) share one line and one legend entry
@@ -305,19 +305,19 @@ modelled = [{**r, "label": merged[r["label"]]} for r in modelled if r["label"] i
 dense_model = next(r for r in work_records if r["label"] == "Splash (dense)")["roofline_v6e_ms"]
 fig = plotting.speedup_vs_density(modelled, dense_model, "Work model at 10 x 75,600 x 128: v6e roofline of the "
                                   "executed work\n(hardware-independent, not a measurement)", legend_outside=True)
-plotting.save(fig, cfg.figure("07_speedup_work"))
+plotting.save(fig, cfg.figure("08_speedup_work"))
 
 fig = plotting.work_bars(pick(work_records), "Work at the case-study shape (10 x 75,600 x 128): computed, not measured")
-plotting.save(fig, cfg.figure("07_work"))
+plotting.save(fig, cfg.figure("08_work"))
 if cfg.on_tpu:
     chip = current_chip() or "v6e"
     fig = plotting.roofline_fraction(pick(records), chip, f"Fraction of the {chip} roofline reached (measured)")
-    plotting.save(fig, cfg.figure("07_roofline"))
+    plotting.save(fig, cfg.figure("08_roofline"))
 
 # %% [markdown]
 # ## The second-generation tile kernel, in schedule numbers
 #
-# Notebook 06 explains what changed in `pallas_tile_lane_dense`: keys on sublanes with lane-dense
+# Notebook 07 writes `pallas_tile_lane_dense` in view: keys on sublanes with lane-dense
 # statistics, register tiles, one pass with no LSE and no padded inputs, large blocks chosen by the
 # block sweep, and pattern steps for rows of 3-D tiles. Here is what the compiled schedules say,
 # side by side with the first-generation kernel on the same masks (static v6e estimates from the
@@ -360,7 +360,7 @@ else:
 # * **The static estimates see what the work model cannot**: instructions per grid step and per
 #   tile (masking, the softmax on the vector units, loop overhead), read from the compiled
 #   schedule. Where they rank kernels differently from the work model (compare the estimated
-#   speed-ups of `07_speedup` with their ideal marks), the difference lies in how each kernel's inner loop
+#   speed-ups of `08_speedup` with their ideal marks), the difference lies in how each kernel's inner loop
 #   is written, not in which tiles it computes: that is the next thing to optimise, and only a
 #   TPU run can confirm it.
 # * **The second generation wins where the first paid for layout and passes**: one pass instead of
@@ -404,7 +404,7 @@ print(load_calibration())
 predictions = load_predictions()
 print(format_table(predictions))
 fig = plotting.estimate_vs_published(predictions, "Static estimate vs published TPU kernel times")
-plotting.save(fig, cfg.figure("07_estimate_published"))
+plotting.save(fig, cfg.figure("08_estimate_published"))
 
 # %% [markdown]
 # Stars are the calibration points (on the diagonal by construction); every other point is a
@@ -431,7 +431,7 @@ plotting.save(fig, cfg.figure("07_estimate_published"))
 #
 # 1. Find the density at which the work model says `pallas_tile` flat reaches 2.40x over dense
 #    Splash. Is the published sparse kernel's density likely above or below that, and why?
-# 2. Redraw `figures/07_latency.png` from the records alone, without running any kernel.
+# 2. Redraw `figures/08_latency.png` from the records alone, without running any kernel.
 # 3. In the work records, compare `grid_steps` of "pallas_tile rows" and "pallas_tile flat" across
 #    densities. Why does the gap grow with density?
 #

@@ -1,0 +1,574 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 07 · The second-generation kernel, written in view: keys on sublanes
+#
+# Notebook 06 built the tile-aligned kernel (`pallas_tile`): reorder the tokens, visit only the
+# non-empty tiles, run FULL tiles mask-free, merge the passes. The kernel behind the series' best
+# numbers, `pallas_tile_lane_dense`, keeps all of that and changes how a tile is computed. This
+# notebook writes it, for one head, as a `pallas_call` you can read: keys on sublanes, `[8, block_q]`
+# statistics, the chunk loop and its register tiles, and the step codes and patterns that say which
+# region each grid step runs. It checks the kernel against the reference and against the library's,
+# then compiles both for TPU v6e and puts their schedules side by side.
+#
+# Terms: a **vreg** (vector register) holds 8 sublanes x 128 lanes of 32-bit values; the VPU works
+# on whole vregs, the MXU multiplies matrices, and moving data *across* lanes needs the XLU (slow).
+# A **step code** is the small integer in the step table that picks the compiled region of a grid
+# step. A **static estimate** reads the compiled schedule as a stopwatch (notebook 08); nothing in
+# this notebook runs on a TPU.
+
+# %% tags=["parameters"]
+SIZE = None  # "full", "small" or None (automatic: case-study sizes on a TPU, small elsewhere); env STLIB_SIZE wins
+SOLUTIONS = "fill"  # "hide": the exercises run your code (stubs; checks print NOT YET); env STLIB_SOLUTIONS wins
+
+# %%
+# Find stlib: importable -> use it; in a clone of the repository -> put the clone on sys.path; neither
+# (Colab, a lone download) -> pip install it from STLIB_SOURCE, keeping the runtime's own jax and libtpu.
+import importlib.metadata
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+# pip source of stlib (a path, archive URL or git+URL); empty: the environment's STLIB_SOURCE, else the repository
+STLIB_SOURCE = ""  # @param {type:"string"}
+
+
+class StlibSetupError(Exception):  # IPython shows its one sentence, not a traceback
+    def _render_traceback_(self):
+        return [f"StlibSetupError: {self}"]
+
+
+if importlib.util.find_spec("stlib") is None:
+    repo = next((p for p in [Path.cwd(), *Path.cwd().parents] if (p / "stlib" / "__init__.py").is_file()), None)
+    if repo is not None:
+        sys.path.insert(0, str(repo))
+    else:
+        source = STLIB_SOURCE or os.environ.get("STLIB_SOURCE") or "git+https://github.com/stlib-video/stlib"
+        pip = [sys.executable, "-m", "pip", "install", "-q"]
+        print(f"installing stlib from {source} (the installed jax and libtpu stay) ...")
+        if subprocess.run([*pip, "--no-deps", source], capture_output=True, check=False).returncode:
+            raise StlibSetupError(f"could not pip install stlib from {source!r}: set STLIB_SOURCE to a reachable "
+                                  "clone, archive or git URL of the repository, or open the notebook inside a clone")
+        importlib.invalidate_caches()
+        missing = [r for r in importlib.metadata.requires("stlib") if not importlib.util.find_spec(re.split(r"\W", r)[0])]
+        if missing:
+            subprocess.run([*pip, *missing], check=True)
+import stlib
+
+print(f"stlib from {Path(stlib.__file__).parent}; " + ", ".join(
+    f"{d} {importlib.metadata.version(d)}" for d in ("jax", "jaxlib", "libtpu") if importlib.util.find_spec(d)))
+
+# %%
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+import stlib
+import stlib.kernels  # registers the Pallas kernels with stlib.attention
+from stlib import configs, exercises, masks, notebook, plotting
+from stlib.analysis import KernelConfig
+from stlib.analysis.cache import compiled_attributions
+from stlib.analysis.inview import kernel_schedules, per_step
+from stlib.bench import block_sweep
+from stlib.kernels import tile_lane_dense as lane_dense
+from stlib.kernels.tile_lane_dense import CODE_BITS, FIRST_PATTERN, StepKind, plan_steps, region_name
+from stlib.reference import MASK_VALUE
+
+cfg = notebook.setup(SIZE, solutions=SOLUTIONS)
+max_error, tolerance = notebook.max_error, notebook.tolerance  # checks against the plain reference
+
+F32 = jnp.float32
+LOG2_E = math.log2(math.e)
+
+# %% [markdown]
+# ## Why turn the product around
+#
+# `pallas_tile` computes scores as q k^T, `[block_q, chunk]`: queries on sublanes, keys on lanes.
+# Its softmax statistics are one number per query *row*, so the running max and sum live as
+# `[block_q, 128]` arrays with the value repeated across the 128 lanes, every row max is a
+# cross-lane reduction, and the alpha correction touches 128 copies of each value. Counted in the
+# v6e schedule, the alpha correction alone was about a fifth of the tile's exponentials.
+#
+# The second-generation kernel (`stlib/kernels/tile_lane_dense/`) turns the product around, as the
+# public Sparse VideoGen TPU kernels do: scores are k q^T, `[chunk, block_q]`, **keys on sublanes,
+# queries on lanes**. Then
+#
+# * the max and the sum over keys are element-wise maxima and sums across vregs (the VPU, no lane
+#   shuffles), and the statistics are lane-dense: `m`, `l` are `[8, block_q]`, one value per query;
+# * the accumulator is o^T, `[D, block_q]`; alpha `[1, block_q]` scales it by a sublane broadcast,
+#   and it is transposed once per q tile, when the output is written;
+# * the kv tile is walked in chunks of `block_kv_compute` keys (one max and one rescale per chunk)
+#   and, inside a chunk, in **register tiles** of 256 keys: `exp2(s - m)` of 256 keys, cast to bf16,
+#   straight into the p.v matmul. The register tile bounds how much of p is alive between the
+#   exponential and the matmul (a whole `[512, 2048]` f32 p would be 4 MiB), so the compiler can
+#   overlap the exponentials of one register tile with the matmul of the previous one;
+# * one pass, one grid: each step's region (FULL: no mask; RAGGED: the kv block where the array
+#   ends, its last chunk sliced statically, so 75,600 tokens need no padded copy; MASKED: the mask
+#   per score) is a code in the scalar-prefetched step table. No LSE, no merge, the output written
+#   once, in q's dtype;
+# * large blocks, chosen per chip by the block sweep at the end of this notebook (its table prints
+#   each chip's best blocks by the static estimate; candidates within the estimator's calibration
+#   spread of each other are ties, not wins), with `vmem_limit_bytes` from the chip table.
+#
+# The cells below write exactly this, minus what a library adds (the last section lists it).
+
+# %% [markdown]
+# ## The chunk update, written in view
+#
+# The heart of the kernel folds one chunk of keys into the running softmax of a slice of the q
+# tile's queries (`lanes`: all of them, or the lanes of a pattern's run of sub-tiles). Read it
+# with the shapes in mind: `s` is `[C, n]`, keys down the sublanes, queries along the lanes. The
+# max over keys is `jnp.max(axis=0)`: a VPU maximum across the chunk's vregs, no lane shuffle. `m`
+# and `l` are `[8, n]` with the same value in all 8 sublanes, so reading one sublane (`[:1]`) and
+# broadcasting it back are free. The exponentials are base 2: q arrives scaled by scale x log2 e,
+# so `exp2(s - m)` is the softmax numerator with one multiply fewer per score. Then p goes straight
+# into the p.v matmul one **register tile** (`register` keys) at a time, so at most `[register, n]`
+# of p is alive between the exponential and the MXU.
+
+# %%
+def chunk_update(q, k, v, m_ref, l_ref, acc_ref, lanes, register, allowed=None):
+    """Fold one chunk of keys into the running softmax of the queries in ``lanes`` (a static slice).
+    q [n, D] pre-scaled by scale * log2(e); k, v [C, D]; allowed bool [C, n] or None (mask-free)."""
+    s = jax.lax.dot_general(k, q, (((1,), (1,)), ((), ())), preferred_element_type=F32)  # [C, n] = k q^T
+    if allowed is not None:
+        s = jnp.where(allowed, s, MASK_VALUE)
+    m_prev = m_ref[:, lanes]  # [8, n]: one running max per query, the same in all 8 sublanes
+    m_next = jnp.maximum(m_prev, jnp.max(s, axis=0, keepdims=True))  # the max over keys: across vregs
+    m_row = m_next[:1]  # [1, n]
+    alpha = jnp.exp2(m_prev[:1] - m_row)  # [1, n]: how much the old sums shrink
+    l_add, pv = 0.0, 0.0
+    for r0 in range(0, s.shape[0], register):  # register tiles: p of `register` keys at a time
+        p = jnp.exp2(s[r0:r0 + register] - m_row)  # [R, n]
+        if allowed is not None:
+            p = jnp.where(allowed[r0:r0 + register], p, 0.0)  # a hidden key adds nothing, even in a row with none
+        l_add = l_add + jnp.sum(p, axis=0, keepdims=True)  # [1, n]
+        pv = pv + jax.lax.dot_general(v[r0:r0 + register], p.astype(v.dtype), (((0,), (0,)), ((), ())),
+                                      preferred_element_type=F32)  # [D, n] = v^T p on the MXU
+    l_ref[:, lanes] = jnp.broadcast_to(alpha * l_ref[:1, lanes] + l_add, m_prev.shape)
+    m_ref[:, lanes] = m_next
+    acc_ref[:, lanes] = alpha * acc_ref[:, lanes] + pv  # o^T [D, n]: alpha is a sublane broadcast
+
+
+# %% [markdown]
+# ## The kernel, written in view
+#
+# One head, grid (q tile i, slot j of its row in the step table). The step table is the library's
+# (`plan_steps`, drawn in notebook 06): every non-empty tile of the layout is one entry
+# `kv tile << CODE_BITS | code`, a row's entries first, then its last one repeated so that skipped
+# slots fetch nothing. The kernel compiles one conditional region per code present and runs the one
+# the entry names:
+#
+# * **FULL** (code 0): every chunk of the kv tile, no mask work at all;
+# * **MASKED** (code 2): every chunk, the mask's own predicate evaluated on it (`mask_function` of
+#   two iotas: for a band, two compares);
+# * a **pattern** (codes from 3 on): the tile cut into square sub-tiles, each skipped, run
+#   mask-free or run masked; `Pattern.updates` lists the (keys, query lanes) pieces to run.
+#
+# The output is written once, at the row's last slot: o^T divided by l, transposed back to
+# `[block_q, D]`, and 0 for a query that saw no key. The library has one more code, RAGGED, for the
+# kv tile where the array ends; here L must be a multiple of the blocks.
+
+# %%
+def library_updates(pattern, block_q, block_kv, chunk):
+    return pattern.updates(block_q, block_kv, chunk)
+
+
+def lane_dense_kernel(steps_ref, counts_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref, *,
+                      plan, extent, scale, chunk, register, updates):
+    i, j = pl.program_id(0), pl.program_id(1)  # q tile, slot in its row of the step table
+    bq, bkv = q_ref.shape[0], k_ref.shape[0]
+    entry = steps_ref[i * extent + j]  # one scalar load from SMEM
+    code, ki = entry & ((1 << CODE_BITS) - 1), entry >> CODE_BITS  # the step's region, its kv tile
+    active = j < counts_ref[i]  # past the row's count: a skipped slot
+
+    @pl.when(j == 0)
+    def _init():
+        m_ref[...] = jnp.full(m_ref.shape, MASK_VALUE, F32)
+        l_ref[...] = jnp.zeros(l_ref.shape, F32)
+        acc_ref[...] = jnp.zeros(acc_ref.shape, F32)
+
+    def update(k0, keys, lanes=slice(0, bq), masked=False):
+        q = (q_ref[lanes, :].astype(F32) * (scale * LOG2_E)).astype(q_ref.dtype)
+        allowed = None
+        if masked:  # the mask's predicate on this piece only
+            shape = (keys, lanes.stop - lanes.start)
+            queries = i * bq + lanes.start + jax.lax.broadcasted_iota(jnp.int32, shape, 1)
+            key_ids = ki * bkv + k0 + jax.lax.broadcasted_iota(jnp.int32, shape, 0)
+            allowed = plan.layout.mask.mask_function(queries, key_ids, 0)
+        chunk_update(q, k_ref[pl.ds(k0, keys), :], v_ref[pl.ds(k0, keys), :], m_ref, l_ref, acc_ref, lanes,
+                     register, allowed)
+
+    if StepKind.FULL in plan.present:
+        @pl.when(active & (code == StepKind.FULL))
+        def _full():
+            for k0 in range(0, bkv, chunk):
+                update(k0, chunk)
+
+    if StepKind.MASKED in plan.present:
+        @pl.when(active & (code == StepKind.MASKED))
+        def _masked():
+            for k0 in range(0, bkv, chunk):
+                update(k0, chunk, masked=True)
+
+    for c in (c for c in plan.present if c >= FIRST_PATTERN):
+        pattern = plan.pattern(c)
+
+        @pl.when(active & (code == c))
+        def _pattern(pattern=pattern):
+            for k0, keys, lane0, lanes, masked in updates(pattern, bq, bkv, chunk):
+                update(k0, keys, slice(lane0, lane0 + lanes), masked)
+
+    @pl.when(j == extent - 1)
+    def _finish():
+        m, l = m_ref[...][:1], l_ref[...][:1]  # [1, bq]
+        seen = m != MASK_VALUE  # a query that saw no key writes zeros
+        o_ref[...] = jnp.where(seen, acc_ref[...] / jnp.where(seen, l, 1.0), 0.0).T.astype(o_ref.dtype)
+
+
+def lane_dense_attention(q, k, v, mask, *, block_q, block_kv, chunk=512, register=256, grain=None,
+                         interpret=True, updates=library_updates):
+    """One head: q, k, v [L, D] (L a multiple of both blocks), ``mask`` a stlib mask with a predicate;
+    ``grain``: the pattern grain (None: the library's choice, 0: no patterns)."""
+    (length, head_dim), scale = q.shape, q.shape[1] ** -0.5
+    if length % block_q or length % block_kv:
+        raise ValueError(f"L={length} must be a multiple of block_q={block_q} and block_kv={block_kv} "
+                         "(pallas_tile_lane_dense has a RAGGED step for the rest)")
+    plan = plan_steps(stlib.block_layout(mask, block_q, block_kv), length, grain)
+    if any(plan.pattern(c).padded for c in plan.present if c >= FIRST_PATTERN):
+        raise ValueError("a kv tile holds padding slots: pallas_tile_lane_dense masks them by a validity column")
+    entries, counts = plan.tables()  # [1, nq, W]: kv tile << CODE_BITS | code; [1, nq]
+    nq, extent = entries.shape[1:]
+    q_map = lambda i, j, *_: (i, 0)
+    kv_map = lambda i, j, steps_ref, counts_ref: (steps_ref[i * extent + j] >> CODE_BITS, 0)
+    grid_spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=2, grid=(nq, extent),
+        in_specs=[pl.BlockSpec((block_q, head_dim), q_map), pl.BlockSpec((block_kv, head_dim), kv_map),
+                  pl.BlockSpec((block_kv, head_dim), kv_map)],
+        out_specs=pl.BlockSpec((block_q, head_dim), q_map),
+        scratch_shapes=[pltpu.VMEM((8, block_q), F32),  # m: one running max per query, along the lanes
+                        pltpu.VMEM((8, block_q), F32),  # l: the running sum
+                        pltpu.VMEM((head_dim, block_q), F32)])  # o^T, unnormalised
+    kernel = functools.partial(lane_dense_kernel, plan=plan, extent=extent, scale=scale, chunk=chunk,
+                               register=register, updates=updates)
+    return pl.pallas_call(
+        kernel, grid_spec=grid_spec, out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype), interpret=interpret,
+        compiler_params=None if interpret else pltpu.CompilerParams(
+            dimension_semantics=("parallel", "arbitrary"), vmem_limit_bytes=100 * 2**20),
+        name="lane_dense_in_view",
+    )(jnp.asarray(entries.reshape(-1)), jnp.asarray(counts.reshape(-1)), q, k, v)
+
+
+# %% [markdown]
+# ## Checked against the reference and against the library
+#
+# Four masks, chosen so that between them every region runs (each line names the regions its step
+# table holds): the 0.25 band (mixed patterns on its edges), the same band with patterns off (its
+# edge tiles MASKED), causal attention (FULL tiles and a diagonal pattern), and a sliding tile in its
+# 3-D tiled order on a video whose rows of tiles hold no padding (mask-free patterns). Each output is compared with the plain reference and with
+# `impl="pallas_tile_lane_dense"` at the same blocks, chunk and register tile.
+
+# %%
+if cfg.size == "small":
+    L, BQ, BKV, CHUNK, REGISTER, dtype = 4096, 512, 1024, 256, 128, jnp.float32
+    video, tile = stlib.VideoGrid(6, 24, 64), (2, 8, 16)
+else:
+    L, BQ, BKV, CHUNK, REGISTER, dtype = 29 * 2560, 2560, 2560, 512, 256, jnp.bfloat16
+    video, tile = stlib.VideoGrid(24, 48, 80), (3, 8, 16)
+band = masks.band(L, masks.band_width_for_density(L, 0.25))
+sliding = masks.sliding_tile(video, tile, (3, 3, 3)).permute(stlib.tiled_order(video, tile))
+cases = {"band 0.25": (band, None), "band 0.25, patterns off": (band, 0), "causal": (masks.causal(L), None),
+         "sliding tile, 3-D tiled": (sliding, None)}
+TOL = tolerance(dtype)
+for name, (mask, grain) in cases.items():
+    length = mask.length
+    plan = plan_steps(stlib.block_layout(mask, BQ, BKV), length, grain)
+    q, k, v = stlib.random_qkv((1, length, 128), dtype, seed=1)
+    mine = lane_dense_attention(q[0], k[0], v[0], mask, block_q=BQ, block_kv=BKV, chunk=CHUNK, register=REGISTER,
+                                grain=grain, interpret=cfg.interpret)[None]
+    options = {"block_kv_compute": CHUNK, "block_kv_register": REGISTER, "pattern_grain": grain}
+    library = stlib.attention(q, k, v, mask, impl="pallas_tile_lane_dense", block_q=BQ, block_kv=BKV,
+                              options=options, interpret=cfg.interpret)
+    err = max_error(mine, q, k, v, mask)
+    gap = float(jnp.max(jnp.abs(mine.astype(F32) - library.astype(F32))))
+    assert err < TOL and gap < TOL, (name, err, gap)
+    regions = ", ".join(region_name(c).removeprefix("compute_") for c in plan.present)
+    print(f"PASSED  {name:<24} L = {length:,}: regions {regions}; == reference (max error {err:.1e}), "
+          f"== pallas_tile_lane_dense (max difference {gap:.1e})")
+
+# %% [markdown]
+# ## Step codes and patterns at the case-study shape
+#
+# **Pattern steps.** In the 3-D tiled order the sliding-tile mask is FULL or EMPTY at the grain of
+# one 3-D tile (384 tokens), but one-tile blocks are small for the MXU and pay the per-step overhead
+# 56,700 times. The kernel's own blocks for a tiled order hold whole **rows of tiles** (a row: the
+# 5 tiles along x, 5 x 384 = 1,920 tokens; the block sweep below picked two rows of queries against
+# one row of keys). Such a block is PARTIAL, yet cut into 384 x 384 sub-tiles it holds only EMPTY and
+# FULL ones: a *pattern*. The pattern's region runs each kv sub-tile against the run of q sub-tiles it
+# meets, a static lane slice of the q tile, with no mask at all; only kv blocks with padding slots
+# (the 45 rows make a last tile row of 5 real rows out of 8) mask their padding keys, by a per-key
+# validity column, never by evaluating the mask. The same idea serves a band: a tile on the band's
+# edge skips its sub-tiles outside the band, runs those inside mask-free and evaluates the mask only
+# on the sub-tiles the edge crosses (a *mixed* pattern; on v6e the 0.25 band's static cycles drop
+# from 42.3 M to 35.8 M).
+#
+#
+# The figure draws the step codes of the case-study sliding tile in the kernel's own blocks for a
+# tiled order (`lane_dense.resolve_blocks`), from the layout alone.
+
+# %%
+case = configs.CASE_STUDY
+sta_order = stlib.tiled_order(case.grid, (3, 8, 16))
+sta_mask = masks.sliding_tile(case.grid, (3, 8, 16), (3, 3, 3)).permute(sta_order)
+rows_blocks, _ = lane_dense.resolve_blocks(sta_mask, sta_mask.length, None, None,
+                                           lane_dense.LaneDenseOptions(chip="v6e"), False)
+sta_plan = plan_steps(stlib.block_layout(sta_mask, rows_blocks.block_q, rows_blocks.block_kv), sta_mask.length)
+print(f"blocks {rows_blocks.block_q} x {rows_blocks.block_kv}: {len(sta_plan.patterns)} patterns, "
+      f"{int((sta_plan.codes >= 0).sum()):,} computed steps per head, "
+      f"{int((sta_plan.codes == StepKind.MASKED).sum())} of them masked")
+fig = plotting.step_codes(sta_plan, "Sliding tile 3x8x16, window 3, 3-D tiled order, in blocks of whole rows of "
+                          f"tiles ({rows_blocks.block_q:,} queries x {rows_blocks.block_kv:,} keys)")
+plotting.save(fig, cfg.figure("07_step_codes"))
+
+# %% [markdown]
+# The library runs padded rows of tiles too (the 45 rows of the case study leave the last row of
+# tiles 5 rows short of 8). Checked against the reference in this notebook's mode: at the small
+# size a 8 x 14 x 80 video in 2 x 4 x 16 tiles (128 tokens, rows of 640), at the full size the case
+# study itself.
+
+# %%
+if cfg.size == "small":
+    demo_grid, demo_tile = stlib.VideoGrid(8, 14, 80), (2, 4, 16)
+else:
+    demo_grid, demo_tile = case.grid, (3, 8, 16)
+demo_mask = masks.sliding_tile(demo_grid, demo_tile, (3, 3, 3))
+dq, dk, dv = stlib.random_qkv((1, demo_grid.num_tokens, 128), cfg.workload.dtype, seed=3)
+out = stlib.video_attention(dq, dk, dv, demo_grid, demo_mask, impl="pallas_tile_lane_dense",
+                            orders=stlib.tiled_order(demo_grid, demo_tile), interpret=cfg.interpret)
+err = max_error(out, dq, dk, dv, demo_mask)
+assert err < tolerance(cfg.workload.dtype), err
+print(f"PASSED  pallas_tile_lane_dense in rows of 3-D tiles == reference on {demo_grid} (max error {err:.2e})")
+
+# %% [markdown]
+# ### Exercise 1: the log-sum-exp, from base-2 statistics
+#
+# Training needs one more output per query: its log-sum-exp (notebook 10), in the natural log. The
+# kernel holds base-2 statistics: m is the running max of the scores scaled by log2 e, and l the sum
+# of `exp2(s - m)`. Write `finish_with_lse(m, l, acc, mask_value)`, the finalise step that returns
+# o `[bq, D]` and lse `[1, bq]` (lane-dense: one value per query along the lanes) from m, l `[1, bq]`
+# and acc `[D, bq]`. A query that saw no key (m is still `mask_value`) gets o = 0 and lse = -inf.
+# The check builds m, l and acc in jnp for a small mask with an empty row, and compares your o with
+# the reference and your lse with `jax.nn.logsumexp` of the allowed scores.
+#
+# Run the notebook with `SOLUTIONS = "hide"` (first cell) to write it yourself: the stub raises, and
+# the check prints NOT YET and what is wrong. `exercises.show("07.finish_with_lse")` prints a solution.
+#
+# *Hint:* log2(l) + m is the log-sum-exp in base 2; one constant turns it into the natural log.
+
+# %%
+@exercises.fill_in("07.finish_with_lse")
+def finish_with_lse(m, l, acc, mask_value):
+    # --- your code here: return (o [bq, D], lse [1, bq]) ---
+    raise NotImplementedError
+
+
+def check_finish(finish_with_lse):
+    """Base-2 statistics of a band with one empty query row, finished with ``finish_with_lse``."""
+    n, d = 256, 64
+    qx, kx, vx = (x[0] for x in stlib.random_qkv((1, n, d), F32, seed=5))
+    allowed = np.asarray(masks.band(n, 16).to_dense()).copy()
+    allowed[7] = False  # query 7 sees no key
+    s2 = jnp.where(allowed, (qx @ kx.T) * (d**-0.5 * LOG2_E), MASK_VALUE).T  # [keys, queries], base 2
+    m = jnp.max(s2, axis=0, keepdims=True)
+    p = jnp.where(allowed.T, jnp.exp2(s2 - m), 0.0)
+    o, lse = finish_with_lse(m, jnp.sum(p, axis=0, keepdims=True), vx.T @ p, MASK_VALUE)
+    if o.shape != (n, d) or lse.shape != (1, n):
+        raise exercises.NotYet(f"shapes o {o.shape}, lse {lse.shape}; expected {(n, d)} and {(1, n)}")
+    want_lse = jax.nn.logsumexp(jnp.where(allowed, (qx @ kx.T) * d**-0.5, -jnp.inf), axis=1)
+    err_o = float(jnp.max(jnp.abs(o - stlib.attention(qx[None], kx[None], vx[None], masks.from_array(allowed),
+                                                           impl="reference")[0])))
+    if not (bool(jnp.isneginf(lse[0, 7])) and float(jnp.max(jnp.abs(o[7]))) == 0.0):
+        raise exercises.NotYet("the query that saw no key must get o = 0 and lse = -inf")
+    err_lse = float(jnp.max(jnp.abs(jnp.delete(lse[0] - want_lse, 7))))
+    if not (err_o < 1e-5 and err_lse < 1e-5):
+        raise exercises.NotYet(f"o off by {err_o:.1e}, lse off by {err_lse:.1e}: is lse in the natural log?")
+    return f"o == reference (max error {err_o:.1e}), lse == logsumexp (max error {err_lse:.1e}), the empty row 0 / -inf"
+
+
+exercises.verify("07.finish_with_lse", check_finish, finish_with_lse)
+
+# %% [markdown]
+# ### Exercise 2: a pattern's updates
+#
+# A pattern region runs pieces of its tile: each kv sub-tile against each run of consecutive q
+# sub-tiles of one kind. Write `pattern_updates(rows, grain, chunk)`: `rows[c][r]` says how kv
+# sub-tile c meets q sub-tile r (0: skip, 1: run mask-free, 2: run masked); return one
+# `(first key, keys, first query lane, lanes, masked)` tuple per update, in pieces of `chunk` keys
+# where `chunk` divides `grain` (else the whole sub-tile). The check runs the kernel above with your
+# updates on the band and the sliding tile, against the reference, and tests that your pieces cover
+# every run sub-tile once, with its kind, and nothing else.
+#
+# *Hint:* walk each row of `rows`, cutting it where the kind changes. `exercises.show("07.pattern_updates")`
+# prints a solution.
+
+# %%
+@exercises.fill_in("07.pattern_updates")
+def pattern_updates(rows, grain, chunk):
+    # --- your code here: return a list of (first key, keys, first query lane, lanes, masked) ---
+    raise NotImplementedError
+
+
+def check_updates(pattern_updates):
+    """Your updates cover each pattern exactly, and the kernel run with them equals the reference."""
+    for name in ("band 0.25", "sliding tile, 3-D tiled"):
+        mask, grain = cases[name]
+        plan = plan_steps(stlib.block_layout(mask, BQ, BKV), mask.length, grain)
+        for pattern in plan.patterns:
+            covered = np.zeros((BKV, BQ), np.int8)  # 0 nothing, 1 mask-free, 2 masked, 3: covered twice
+            for k0, keys, lane0, lanes, masked in pattern_updates(pattern.rows, pattern.grain, CHUNK):
+                if keys > max(CHUNK, pattern.grain):
+                    raise exercises.NotYet(f"an update of {keys} keys: at most a chunk ({CHUNK}) or a sub-tile")
+                block = covered[k0:k0 + keys, lane0:lane0 + lanes]
+                covered[k0:k0 + keys, lane0:lane0 + lanes] = np.where(block > 0, 3, 2 if masked else 1)
+            want = np.kron(np.array(pattern.rows, np.int8), np.ones((pattern.grain, pattern.grain), np.int8))
+            if not np.array_equal(covered, want):
+                raise exercises.NotYet(f"{name}: {int((covered != want).sum()):,} (key, query) places of a pattern "
+                                       "covered wrongly (missed, twice, or with the wrong kind)")
+        q, k, v = stlib.random_qkv((1, mask.length, 128), dtype, seed=2)
+        mine = lane_dense_attention(q[0], k[0], v[0], mask, block_q=BQ, block_kv=BKV, chunk=CHUNK, register=REGISTER,
+                                    interpret=cfg.interpret,
+                                    updates=lambda p, bq, bkv, chunk: pattern_updates(p.rows, p.grain, chunk))[None]
+        err = max_error(mine, q, k, v, mask)
+        if not err < TOL:
+            raise exercises.NotYet(f"{name}: the kernel with your updates is off by {err:.1e}")
+    return "every pattern covered exactly; the kernel with your updates == reference on both masks"
+
+
+exercises.verify("07.pattern_updates", check_updates, pattern_updates)
+
+# %% [markdown]
+# ## Compiled for v6e: the schedule beside the production kernel's
+#
+# Interpret mode checked the arithmetic; only the compiler says what a step costs. Both kernels are
+# compiled deviceless for v6e at the same shape (one head, 8,192 tokens, band 0.25, bf16, blocks
+# 1,024 x 1,024, chunk 512, register tile 256) and their schedules are read the way the static
+# estimate reads them (`stlib.analysis.inview.kernel_schedules` for the kernel above: exported, then
+# compiled in a subprocess with libtpu's dump on). The table gives the bundles (VLIW instructions,
+# one per cycle) of the grid step and of each compute region, and, for the FULL region, the bundles
+# per 1,000 score pairs and the ops per unit.
+
+# %%
+SL, SB = 8 * 1024, 1024
+sched_band = masks.band(SL, masks.band_width_for_density(SL, 0.25))
+sched_plan = plan_steps(stlib.block_layout(sched_band, SB, SB), SL)
+shape = jax.ShapeDtypeStruct((SL, 128), jnp.bfloat16)
+(mine,) = kernel_schedules(
+    lambda q, k, v: lane_dense_attention(q, k, v, sched_band, block_q=SB, block_kv=SB, interpret=False),
+    shape, shape, shape, chip="v6e", kernel_prefix="lane_dense_in_view",
+    compute_names=[region_name(c) for c in sched_plan.present])
+library_config = KernelConfig(impl=lane_dense.NAME, mask="band (density 0.25)", num_heads=1, length=SL, block_q=SB,
+                              block_kv=SB, options={"block_kv_compute": 512, "block_kv_register": 256}, chip="v6e")
+(production,) = compiled_attributions(lane_dense.NAME, library_config)["kernels"]
+ours, theirs = per_step(mine), {n: b for n, b in production["paths"].items() if n in per_step(mine)}
+print(f"{'path (bundles)':<18} {'in view':>8} {'library':>8}")
+for path in ours:
+    print(f"{path:<18} {ours[path]:>8,} {theirs.get(path, 0):>8,}")
+pairs = SB * SB / 1000
+print(f"FULL region per 1,000 score pairs: {ours['compute_full'] / pairs:.2f} bundles in view, "
+      f"{theirs['compute_full'] / pairs:.2f} in the library")
+for who, ops in (("in view", mine.ops["compute_full"]), ("library", production["ops"]["compute_full"])):
+    print(f"FULL region ops, {who}: " + ", ".join(f"{unit} {n:,}" for unit, n in sorted(ops.items())))
+gaps = {path: ours[path] / theirs[path] - 1 for path in ours if theirs.get(path)}
+widest = max(gaps, key=lambda path: abs(gaps[path]))
+print(f"largest gap: {widest}, {gaps[widest]:+.1%} (static schedules, not measurements)")
+
+# %% [markdown]
+# Read the table this way: the grid step is the step table and the DMAs, and each compute region is
+# the chunk loop; the last line gives the largest gap between the two kernels. The FULL region's VALU
+# count shows where the difference lies: the kernel above scales q by scale x log2 e in every update, the library scales it once per
+# q tile into a VMEM scratch at the row's first step. Both are static schedules, not measurements.
+#
+# ## What the production kernel adds
+#
+# `stlib/kernels/tile_lane_dense/kernel.py` is this kernel with what a library needs besides:
+#
+# * heads (grid (H, q tiles, slots)) and per-head step tables, one shared table when every head has
+#   the same mask;
+# * the RAGGED code: the kv tile where the array ends, its chunks past the end skipped and the last
+#   sliced, so 75,600 tokens need no padded copy of q, k, v;
+# * q scaled once per q tile into a VMEM scratch;
+# * masks without a predicate (an explicit or routed mask): a deduplicated int8 table of tile masks,
+#   read through a second prefetched index;
+# * padded rows of 3-D tiles: a per-key validity column for the patterns whose kv tile holds
+#   padding slots;
+# * the log-sum-exp output for the backward (exercise 1) and bf16 or f32 probabilities for p.v;
+# * the VMEM budget per chip (`vmem_limit_bytes`), block checks with messages, and tuned blocks per
+#   chip and pattern, chosen by the block sweep below.
+
+# %% [markdown]
+# Which blocks? Not guessed: `python -m stlib.bench.block_sweep` compiled the kernel for v5e, v6e and
+# TPU7x at every candidate and scored each with the static estimate (notebook 08), dense Splash at
+# its own candidates beside it. The table is read from the sweep's records
+# (`data/tile_block_sweep.jsonl`); each ratio is clock-free: the kernel's cycles over dense Splash's
+# at its best blocks on the same chip. Static estimates, never measurements.
+
+# %%
+sweep_records = cfg.data / Path(block_sweep.RECORDS).name
+if sweep_records.exists():
+    block_sweep.print_table(block_sweep.read(sweep_records))
+else:
+    print(f"no sweep records at {sweep_records}: python -m stlib.bench.block_sweep writes them (about an hour of compiles)")
+
+# %% [markdown]
+# ## Takeaway
+#
+# The second-generation kernel changes how a tile is computed, not which tiles: scores as k q^T put
+# keys on sublanes, so the softmax statistics are lane-dense `[8, block_q]` rows, every reduction
+# over keys is element-wise across vregs, and the correction alpha is a sublane broadcast. The kv
+# tile is walked in chunks, each chunk in register tiles that feed the MXU straight from the
+# exponential. Each grid step runs the region its code names: FULL with no mask work, MASKED with
+# the mask's predicate, or a pattern of mask-free and masked sub-tiles. Notebook 08 puts this kernel
+# next to Splash and the first generation at the case-study shape.
+#
+# ## Questions
+#
+# 1. Why are `m` and `l` `[8, block_q]` and not `[1, block_q]`, when all 8 sublanes hold the same
+#    value?
+# 2. The register tile bounds how much of p is alive at once. What would a `[512, 2,048]` float32 p
+#    cost in VMEM, and why does that matter for the schedule?
+# 3. A mixed pattern on the band's edge runs its diagonal sub-tiles masked. Why is that cheaper than
+#    masking the whole tile?
+#
+# <details><summary>Answers</summary>
+#
+# 1. A vreg holds 8 sublanes: an `[8, n]` f32 array is n / 128 whole vregs, and a `[1, n]` one would
+#    take as many vregs with 7 of 8 sublanes wasted, plus a broadcast at every use. Storing 8 copies
+#    costs nothing extra and makes the sublane broadcast a plain load.
+# 2. 512 x 2,048 x 4 B = 4 MiB: more than the vregs hold, so p would be stored to VMEM after the
+#    exponential and loaded again for the matmul (`vst` and `vld` per score). With 256-key register
+#    tiles the compiler keeps a piece of p in vregs between the EUP and the MXU.
+# 3. A masked score costs about twice a mask-free one in the v6e schedule (the iotas, compares and
+#    selects; `Pattern.cost`). A pattern pays that only on the sub-tiles the edge crosses, skips the
+#    sub-tiles outside the band, and runs the rest mask-free.
+#
+# </details>
