@@ -73,9 +73,9 @@ import jax
 import jax.numpy as jnp
 
 import stlib
-from stlib import configs, notebook, plotting
+from stlib import configs, masks, notebook, plotting
 from stlib.device import CHIP_TABLE, CHIPS
-from stlib.roofline import roofline
+from stlib.roofline import bytes_moved, kernel_work, roofline
 
 cfg = notebook.setup(SIZE)
 
@@ -144,6 +144,46 @@ except ImportError:
     pass
 
 # %% [markdown]
+# ## The words the series uses
+#
+# **The chip.** A TPU core has three memories: **HBM** (gigabytes, off the core; the bandwidth row
+# above), **VMEM** (tens of MiB of fast vector memory next to the compute units; a kernel's tiles
+# live there) and **SMEM** (a few hundred KiB of scalar memory; step tables live there). A
+# kernel's share of VMEM is **scoped VMEM** (the compiler's default, or the kernel's own
+# `vmem_limit_bytes`). The **MXU** is the matrix unit (the table's count x width); the **VPU** does
+# element-wise vector work, the **EUP** exponentials and the **XLU** moves data across lanes. A
+# **vreg** (vector register) holds 8 **sublanes** x 128 **lanes** of 32-bit values, so arrays whose
+# last two dimensions are multiples of (8, 128) fill registers exactly. A **TensorCore** is one core;
+# **megacore** (v4, v5p) lets two cores split a kernel's "parallel" grid axes; v5e and v6e have one
+# TensorCore per chip, and a TPU7x chip shows its two as two devices.
+#
+# **The kernels.** **Pallas** writes TPU kernels in Python; **Mosaic** compiles them. A kernel runs
+# over a **grid** of **steps**; each step works on one **tile** (block) of each array, copied to
+# VMEM by the pipeline. **Interpret mode** runs a kernel on the CPU for its arithmetic;
+# **deviceless compilation** compiles it for a TPU that is not there, with libtpu. **Flash
+# attention** computes attention tile by tile with an **online softmax** (a running max and sum per
+# query) and never builds the L x L scores; its **log-sum-exp** per query is what a second pass, a
+# merge or the backward needs. **Splash** is JAX's sparse flash attention for TPUs
+# (`jax.experimental.pallas.ops.tpu.splash_attention`), the baseline of the case study.
+#
+# **Sparsity.** A **mask** says which (query, key) pairs are allowed; its **density** is the
+# allowed fraction. Cut into tiles, a tile is **EMPTY** (nothing allowed: skipped), **FULL**
+# (everything allowed: computed without a mask) or **PARTIAL** (computed with the mask). The
+# **occupancy** is the non-empty fraction of the tiles, the **work efficiency** allowed pairs over
+# computed pairs. A **step table** (in SMEM, **scalar prefetch**) tells each grid step which tile
+# to compute; a **compacted grid** has a step only for non-empty tiles. **Token reordering**
+# permutes the tokens (raster order t, y, x; **token-major** y, x, t; **3-D tiled**) so that a mask
+# becomes FULL and EMPTY tiles. **Sparse VideoGen** (SVG) routes each head to a spatial or a
+# temporal pattern; **Sliding Tile Attention** (STA) lets a 3-D tile of tokens see the tiles around
+# it.
+#
+# **Speed.** The **roofline** bounds a kernel's time by its flops at the peak or its bytes at the HBM
+# bandwidth, whichever is longer; their ratio, flop per byte, is its **arithmetic intensity**, and
+# the **ridge** (the table's row) is the intensity above which the peak is the limit. A **static
+# estimate** (notebook 08) reads a compiled kernel's schedule as a stopwatch, at a clock calibrated on
+# one published timing; it is never a measurement.
+
+# %% [markdown]
 # ## Flops and bytes of dense attention at the case-study shape
 #
 # Per head, QK^T and PV are two L x L x D matrix products: 4 L² D flops (two per multiply-add).
@@ -168,7 +208,7 @@ print(f"case study: {case.num_heads} heads x {case.num_tokens:,} tokens x {case.
 for chip in CHIPS:
     bound = roofline(chip, flops, nbytes)
     print(f"  {chip}: compute floor {bound.compute_seconds * 1e3:6.1f} ms, memory floor {bound.memory_seconds * 1e3:5.3f} ms "
-          f"-> {bound.bound}-bound (one device)")
+          f"-> {bound.bound}-bound with each byte moved once (one device)")
 v6e_floor = roofline("v6e", flops, nbytes).seconds * 1e3
 print(f"published dense Splash on one v6e: {configs.PUBLISHED['dense_splash_ms']} ms, "
       f"{v6e_floor / configs.PUBLISHED['dense_splash_ms']:.0%} of the v6e peak; "
@@ -179,17 +219,65 @@ points = [
     {"label": "dense attention, case study", "flops": flops, "bytes": nbytes},
     {"label": "one 128 x 128 tile (q, k, v re-read)", "flops": 4 * 128 * 128 * 128, "bytes": 3 * 128 * 128 * 2},
 ]
-fig = plotting.roofline_chart(list(CHIPS), points, "Dense attention sits far right of the ridge: compute-bound")
+fig = plotting.roofline_chart(list(CHIPS), points, "Dense attention, each byte counted once, sits right of the ridge")
 plotting.save(fig, cfg.figure("00_roofline"))
+
+# %% [markdown]
+# ## The roofline per grid step
+#
+# Counting q, k, v and o once is the lower bound on bytes, and no flash kernel meets it. Its grid
+# walks the kv tiles once for *every* q tile: a step computes 4 x block_q x block_kv x D flops on one
+# k and one v tile it just copied in (2 x block_kv x D x 2 bytes in bf16), while q stays in VMEM for
+# the whole row. So a step's arithmetic intensity is
+#
+#     4 block_q block_kv D / (4 block_kv D) = block_q flop per byte (bf16),
+#
+# whatever block_kv is. Set against the ridge of the hardware table, a kernel with 512-row q tiles is
+# memory-bound on v6e, however compute-bound attention is overall. The cell works the problem for
+# dense Splash at 512 x 1,024 tiles on v6e, with the library's work model (`kernel_work`,
+# `bytes_moved`: q and o once per row of tiles, a k and a v tile per computed step).
+
+# %%
+dense_layout = stlib.block_layout(masks.full(case.num_tokens), 512, 1024)
+for block_q in (512, 1024, 2048):
+    step = {"flops": 4 * block_q * 1024 * case.head_dim, "bytes": 2 * 1024 * case.head_dim * 2}
+    verdicts = ", ".join(f"{chip} {'memory' if step['flops'] / step['bytes'] < CHIP_TABLE[chip].bf16_flops / CHIP_TABLE[chip].hbm_bandwidth else 'compute'}"
+                         for chip in CHIPS)
+    print(f"block_q {block_q:>5}: {step['flops'] / step['bytes']:,.0f} flop per byte -> {verdicts}-bound")
+work = kernel_work("splash", dense_layout, case.num_heads, case.head_dim)
+moved = bytes_moved(work, dense_layout, case.num_heads, case.head_dim, 2)
+splash_floor = roofline("v6e", work.executed_flops, moved)
+print(f"dense Splash, 512 x 1,024 tiles, v6e: {work.grid_steps:,} steps move {moved / 1e9:.1f} GB (k and v re-read by "
+      f"each of {dense_layout.grid_shape[0]} q tiles): DMA floor {splash_floor.memory_seconds * 1e3:.2f} ms against a "
+      f"compute floor of {splash_floor.compute_seconds * 1e3:.2f} ms -> {splash_floor.bound}-bound")
+points = [
+    {"label": "dense attention, each byte once", "flops": flops, "bytes": nbytes},
+    {"label": "grid step, 512-row q tile", "flops": 4 * 512 * 1024 * 128, "bytes": 2 * 1024 * 128 * 2},
+    {"label": "grid step, 2,048-row q tile", "flops": 4 * 2048 * 1024 * 128, "bytes": 2 * 1024 * 128 * 2},
+]
+fig = plotting.roofline_chart(list(CHIPS), points, "Per grid step, a flash kernel's intensity is block_q: "
+                              "512-row tiles are memory-bound on v6e")
+plotting.save(fig, cfg.figure("00_roofline_step"))
+
+# %% [markdown]
+# **Worked problem.** Why does dense Splash at 512 x 1,024 tiles have a DMA floor above its compute
+# floor on v6e, and what would remove it? *Answer:* each step's intensity is 512 flop per byte,
+# below the v6e ridge (the hardware table), so the k and v copies take longer than the matrix work.
+# Over the grid that is every kv tile copied once per q tile: the cell prints the bytes and the two
+# floors. Doubling block_q halves the copies and doubles the intensity (the 1,024 and 2,048 rows
+# above); the price is VMEM for the larger tiles and fewer, longer grid steps. This is why the
+# tile kernels of notebooks 06 and 07 take large blocks, and why the block sweep (notebook 07)
+# tries q tiles of up to several thousand rows.
 
 # %% [markdown]
 # ## Takeaway
 #
-# Self-attention is 72% of a 720p Wan block's flops, and it is compute-bound: the
-# v6e cannot do dense attention at this shape in less than 31.8 ms, and dense Splash takes 78.70 ms
-# (40% of peak; much of the rest goes to the softmax's exponentials on the vector units). The only
-# way below the 31.8 ms floor is to compute fewer pairs: sparsity. The next notebooks show why
-# a sparse mask alone does not deliver that.
+# Self-attention is most of a 720p Wan block's flops (the share printed above). Counted with each
+# byte once, it is compute-bound, and the v6e floor printed above is far below the published dense
+# Splash time; per grid step, a flash kernel re-reads k and v for every q tile, so small q tiles
+# are memory-bound and large ones are needed to reach the compute floor. The only way below that
+# floor is to compute fewer pairs: sparsity. The next notebooks show why a sparse mask alone does
+# not deliver that.
 #
 # ## Questions
 #

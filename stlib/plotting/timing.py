@@ -56,7 +56,7 @@ def latency_bars(
         ax2.set(
             xlabel="latency (ms)",
             title="one TPU v6e, 75,600 tokens x 10 heads x 128"
-            + ("\n(hatched: static estimate, not a measurement)" if estimates else ""),
+            + ("\n(hatched: static estimate, calibrated on one dense v6e point; not a measurement)" if estimates else ""),
         )
     fig.suptitle(title, fontsize=11)
     return fig
