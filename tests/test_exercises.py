@@ -13,9 +13,9 @@ import pytest
 from stlib import exercises, notebook
 from stlib.reproduce import NOTEBOOKS, execute, notebook_paths
 
-FILL_IN = re.compile(r'^@exercises\.fill_in\("([^"]+)"\)', re.M)
+FILL_IN = re.compile(r'^@exercises\.fill_in\("([^"]+)"\)', re.MULTILINE)
 #: the notebooks that write kernels, each with at least two fill-ins
-KERNEL_NOTEBOOKS = ("04", "05", "06", "10", "11")
+KERNEL_NOTEBOOKS = ("04", "05", "06", "07", "10", "11")
 
 
 def fill_ins() -> dict[str, list[str]]:
@@ -35,7 +35,9 @@ def mode():
 def test_every_fill_in_has_one_solution_and_every_solution_a_fill_in():
     found = fill_ins()
     named = [name for names in found.values() for name in names]
-    assert sorted(named) == exercises.names(), "an exercise without a solution, or a solution no notebook uses"
+    assert sorted(named) == exercises.names(), (
+        "an exercise without a solution, or a solution no notebook uses"
+    )
     for number, names in found.items():
         assert all(name.startswith(f"{number}.") for name in names), (number, names)
     for number in KERNEL_NOTEBOOKS:
@@ -46,7 +48,9 @@ def test_each_notebook_with_fill_ins_takes_the_solutions_switch():
     for path in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.py")):
         text = path.read_text()
         if FILL_IN.search(text):
-            assert 'SOLUTIONS = "fill"' in text and "notebook.setup(SIZE, solutions=SOLUTIONS)" in text, path.name
+            assert 'SOLUTIONS = "fill"' in text and "notebook.setup(SIZE, solutions=SOLUTIONS)" in text, (
+                path.name
+            )
             assert "<summary>Solution" not in text, f"{path.name} shows a solution nobody asked for"
 
 
@@ -86,13 +90,18 @@ def test_verify_passes_prints_not_yet_or_raises(mode, capsys):
     assert exercises.verify("04.combine", check_combine, exercises.solution("04.combine"))
     assert capsys.readouterr().out == "PASSED  04.combine: combined\n"
     wrong = lambda m1, l1, acc1, m2, l2, acc2: (m1, l1 + l2, acc1 + acc2)  # forgets the rescale
-    with pytest.raises(exercises.ExerciseFailed, match="04.combine: the library's solution fails its check: wrong"):
+    with pytest.raises(
+        exercises.ExerciseFailed, match="04.combine: the library's solution fails its check: wrong"
+    ):
         exercises.verify("04.combine", check_combine, wrong)
     mode("hide")
     assert not exercises.verify("04.combine", check_combine, stub)
     assert capsys.readouterr().out.startswith("NOT YET 04.combine: not written yet")
     assert not exercises.verify("04.combine", check_combine, wrong)
-    assert "NOT YET 04.combine: wrong (exercises.show('04.combine') prints a solution)" in capsys.readouterr().out
+    assert (
+        "NOT YET 04.combine: wrong (exercises.show('04.combine') prints a solution)"
+        in capsys.readouterr().out
+    )
     assert not exercises.verify("04.combine", check_combine, lambda *a: 1 / 0)
     assert "it raises ZeroDivisionError: division by zero" in capsys.readouterr().out
 
@@ -125,6 +134,6 @@ def test_a_kernel_notebook_with_its_stubs_reaches_its_end(tmp_path, monkeypatch)
     cells = [c for c in nbformat.read(tmp_path / path.name, as_version=4).cells if c.cell_type == "code"]
     assert all(c.execution_count for c in cells if c.source.strip()), "a cell did not run"
     text = "".join(o.get("text", "") for c in cells for o in c.outputs)
-    not_yet = re.findall(r"^NOT YET (\S+): not written yet", text, re.M)
+    not_yet = re.findall(r"^NOT YET (\S+): not written yet", text, re.MULTILINE)
     assert sorted(not_yet) == sorted(fill_ins()["05"]), text[-3000:]
     assert "exercises: yours" in text and "PASSED  05." not in text

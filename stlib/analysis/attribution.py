@@ -40,7 +40,9 @@ class Attribution:
         return self.trip - 2
 
 
-def attribute(schedule: Schedule, impl: str | None, kernel: str, compute_names: list[str] | None = None) -> Attribution:
+def attribute(
+    schedule: Schedule, impl: str | None, kernel: str, compute_names: list[str] | None = None
+) -> Attribution:
     """Attribute the bundles of ``schedule`` (the Pallas kernel ``kernel`` of ``impl``) to paths.
     ``compute_names``: the names of its conditional compute regions, in order, for a kernel of no
     registered implementation (``impl`` None). Raises ScheduleFormatError when the structure differs
@@ -86,7 +88,9 @@ def attribute(schedule: Schedule, impl: str | None, kernel: str, compute_names: 
             "expected [init...] compute... [finalise...]"
         )
     if compute_names is not None and len(compute_names) != len(compute):
-        raise ScheduleFormatError(f"{kernel}: {len(compute)} conditional compute regions, named {compute_names}")
+        raise ScheduleFormatError(
+            f"{kernel}: {len(compute)} conditional compute regions, named {compute_names}"
+        )
     names = compute_names if compute_names is not None else _compute_names(impl, kernel, len(compute))
     # several regions before / after the compute (a row's copy of a block that ends past the array next to
     # its init / output write) run once per row each: their bundles add up to one init / finalise path

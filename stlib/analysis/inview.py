@@ -63,7 +63,9 @@ def kernel_schedules(
     kernels = _compile_and_attribute(exported, chip, kernel_prefix, compute_names, timeout)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"key": key_data, "kernels": [dataclasses.asdict(k) for k in kernels]}, indent=1))
+    tmp.write_text(
+        json.dumps({"key": key_data, "kernels": [dataclasses.asdict(k) for k in kernels]}, indent=1)
+    )
     tmp.replace(path)
     return kernels
 

@@ -180,7 +180,9 @@ def _timed_calls(compiled: Compiled, args, trials: int, warmup: int) -> list[flo
     return times
 
 
-def time_interleaved(cases: dict, *args, rounds: int = 3, trials: int = 3, seed: int = 0, progress=None) -> dict:
+def time_interleaved(
+    cases: dict, *args, rounds: int = 3, trials: int = 3, seed: int = 0, progress=None
+) -> dict:
     """Time several functions of the same ``args`` fairly on a shared, noisy machine: each is compiled
     once, then ``rounds`` rounds each time every case ``trials`` times, in an order shuffled anew per
     round (a slow spell of the machine falls on different cases). Returns {name: Timing} over all
@@ -188,7 +190,9 @@ def time_interleaved(cases: dict, *args, rounds: int = 3, trials: int = 3, seed:
     once its last round is timed."""
     import random
 
-    compiled = {name: fn if isinstance(fn, Compiled) else compile_function(fn, *args) for name, fn in cases.items()}
+    compiled = {
+        name: fn if isinstance(fn, Compiled) else compile_function(fn, *args) for name, fn in cases.items()
+    }
     times = {name: [] for name in cases}
     order = list(cases)
     shuffle = random.Random(seed).shuffle

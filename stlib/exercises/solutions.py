@@ -45,7 +45,10 @@ def accumulate(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, scale):
     def lanes(x, width):  # [rows, 128] lane-replicated -> [rows, width]
         return jnp.tile(x, (1, width // 128))
 
-    s = jax.lax.dot_general(q_ref[...], k_ref[...], (((1,), (1,)), ((), ())), preferred_element_type=f32) * scale
+    s = (
+        jax.lax.dot_general(q_ref[...], k_ref[...], (((1,), (1,)), ((), ())), preferred_element_type=f32)
+        * scale
+    )
     m_prev = m_ref[...]
     m_next = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))
     alpha = jnp.exp(m_prev - m_next)
@@ -126,7 +129,10 @@ def pattern_updates(rows, grain, chunk):
             while r < len(row) and row[r] == kind:
                 r += 1
             if kind:
-                out += [(c * grain + p, piece, start * grain, (r - start) * grain, kind == 2) for p in range(0, grain, piece)]
+                out += [
+                    (c * grain + p, piece, start * grain, (r - start) * grain, kind == 2)
+                    for p in range(0, grain, piece)
+                ]
     return out
 
 
@@ -162,7 +168,12 @@ def head_order(kinds, num_devices):
     for head, kind in enumerate(kinds):
         groups.setdefault(kind, []).append(head)
     share = {kind: len(heads) // num_devices for kind, heads in groups.items()}  # per device, per kind
-    return [groups[kind][d * share[kind] + n] for d in range(num_devices) for kind in groups for n in range(share[kind])]
+    return [
+        groups[kind][d * share[kind] + n]
+        for d in range(num_devices)
+        for kind in groups
+        for n in range(share[kind])
+    ]
 
 
 @_solution("11.all_to_all_bytes")

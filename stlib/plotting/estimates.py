@@ -17,7 +17,9 @@ def estimate_speedups(rows: list[dict], title: str):
     speed-up over the same kernel's own dense estimate, drawn as a second bar (what skipping buys that
     kernel; "speedup", over dense Splash, adds how much cheaper the kernel is than Splash on dense work)."""
     own = any("own" in r for r in rows)
-    fig, ax = plt.subplots(figsize=(8.6, (0.62 if own else 0.45) * max(len(rows), 4) + 1.6), constrained_layout=True)
+    fig, ax = plt.subplots(
+        figsize=(8.6, (0.62 if own else 0.45) * max(len(rows), 4) + 1.6), constrained_layout=True
+    )
     y = np.arange(len(rows))
     height = 0.38 if own else 0.8
     series = [("speedup", "over dense Splash", PALETTE[0], -height / 2 if own else 0.0)]
@@ -25,13 +27,28 @@ def estimate_speedups(rows: list[dict], title: str):
         series.append(("own", "over the same kernel's own dense estimate", PALETTE[1], height / 2))
     for key, name, color, shift in series:
         values = [r.get(key, 0.0) for r in rows]
-        bars = ax.barh(y + shift, values, height=height, color="white", edgecolor=color, hatch=ESTIMATE_HATCH,
-                       label=f"static v6e estimate {name}")
+        bars = ax.barh(
+            y + shift,
+            values,
+            height=height,
+            color="white",
+            edgecolor=color,
+            hatch=ESTIMATE_HATCH,
+            label=f"static v6e estimate {name}",
+        )
         for bar, row, value in zip(bars, rows, values):
             if key in row:
-                ax.text(max(value, row["ideal"]), bar.get_y() + bar.get_height() / 2, f"  {value:.2f}x",
-                        va="center", fontsize=7, color=color)
-    ax.plot([r["ideal"] for r in rows], y, "k|", markersize=18 if own else 16, mew=2, label="ideal 1 / density")
+                ax.text(
+                    max(value, row["ideal"]),
+                    bar.get_y() + bar.get_height() / 2,
+                    f"  {value:.2f}x",
+                    va="center",
+                    fontsize=7,
+                    color=color,
+                )
+    ax.plot(
+        [r["ideal"] for r in rows], y, "k|", markersize=18 if own else 16, mew=2, label="ideal 1 / density"
+    )
     ax.axvline(1.0, color="grey", lw=0.8)
     ax.set_yticks(y, [r["label"] for r in rows])
     ax.invert_yaxis()

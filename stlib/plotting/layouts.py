@@ -62,7 +62,11 @@ def occupancy_comparison(layouts: dict, title: str, head: int = 0):
         over_positions = layout.allowed_pairs / (layout.num_heads * float(layout.length) ** 2)
         row[1].set_title(
             f"density {layout.density:.3f}"
-            + (f" of {layout.num_tokens:,} tokens ({over_positions:.3f} of {layout.length:,} positions)" if padded else "")
+            + (
+                f" of {layout.num_tokens:,} tokens ({over_positions:.3f} of {layout.length:,} positions)"
+                if padded
+                else ""
+            )
             + f", occupied {layout.occupancy:.3f}, "
             f"partial {layout.partial_fraction:.0%} of occupied, work efficiency "
             f"{layout.work_efficiency:.2f}",

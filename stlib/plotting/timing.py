@@ -56,7 +56,11 @@ def latency_bars(
         ax2.set(
             xlabel="latency (ms)",
             title="one TPU v6e, 75,600 tokens x 10 heads x 128"
-            + ("\n(hatched: static estimate, calibrated on one dense v6e point; not a measurement)" if estimates else ""),
+            + (
+                "\n(hatched: static estimate, calibrated on one dense v6e point; not a measurement)"
+                if estimates
+                else ""
+            ),
         )
     fig.suptitle(title, fontsize=11)
     return fig
@@ -105,8 +109,15 @@ def timing_lines(
         ax.plot(xs, ys, "o-", color=color, label=name)
         if len(columns) == 4:
             low, high = np.asarray(columns[2]), np.asarray(columns[3])
-            ax.errorbar(xs, ys, yerr=[np.asarray(ys) - low, high - np.asarray(ys)], fmt="none", ecolor=color,
-                        capsize=3, linewidth=1)
+            ax.errorbar(
+                xs,
+                ys,
+                yerr=[np.asarray(ys) - low, high - np.asarray(ys)],
+                fmt="none",
+                ecolor=color,
+                capsize=3,
+                linewidth=1,
+            )
     ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=8)
