@@ -38,6 +38,7 @@
 
 # %% tags=["parameters"]
 SIZE = None  # "full", "small" or None (automatic: case-study sizes on a TPU, small elsewhere); env STLIB_SIZE wins
+SOLUTIONS = "fill"  # "hide": the exercises run your code (stubs; checks print NOT YET); env STLIB_SOLUTIONS wins
 
 # %%
 # Find stlib: importable -> use it; in a clone of the repository -> put the clone on sys.path; neither
@@ -88,12 +89,12 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 import stlib
-from stlib import configs, notebook, plotting
+from stlib import configs, exercises, notebook, plotting
 from stlib.bench.records import read_records
 from stlib.routing import Anchor, exact_mask, route, svg_plan
 from stlib.synthetic import video_qkv
 
-cfg = notebook.setup(SIZE)
+cfg = notebook.setup(SIZE, solutions=SOLUTIONS)
 max_error, tolerance = notebook.max_error, notebook.tolerance
 workload = cfg.workload
 grid = workload.grid
@@ -135,6 +136,7 @@ for r, h in enumerate(shown):
         ax.set(title=title, xticks=[], yticks=[], xlabel="frames left to right (x within each)", ylabel="y")
         ax.grid(False)
 fig.suptitle(f"synthetic inputs {grid.shape}: attention (sqrt of probability) and masks at density {DENSITY}")
+plotting.save(fig, cfg.figure("09_synthetic_attention"))
 plt.show()
 
 # %% [markdown]
@@ -160,6 +162,76 @@ assert [str(x) for x in plan.kinds] == PLANTED
 print("PASSED  routing recovers every planted head kind")
 
 # %% [markdown]
+# ### Exercise 1: the band's width from its density
+#
+# Both candidates are bands of half-width w in their own order, and the budget is a density. Write
+# `band_width(length, density)`: the w whose band |q - k| <= w keeps `density` of the L x L pairs,
+# rounded up to a multiple of 128 (whole kv tiles) and at most L. The check compares it with the
+# library's `masks.band_width_for_density` over many lengths and densities.
+#
+# Run the notebook with `SOLUTIONS = "hide"` (first cell) to write it yourself: the stub raises, and
+# the check prints NOT YET and what is wrong. `exercises.show("09.band_width")` prints a solution.
+#
+# *Hint:* the pairs a band leaves out are two triangles; neglect the band's ends.
+
+# %%
+@exercises.fill_in("09.band_width")
+def band_width(length, density):
+    # --- your code here: return an int, a multiple of 128 (or L) ---
+    raise NotImplementedError
+
+
+def check_width(band_width):
+    cases = [(length, density) for length in (1_152, 4_096, 23_400, 75_600) for density in (0.05, 0.15, 0.25, 0.5, 0.9)]
+    wrong = [(length, density, band_width(length, density), stlib.masks.band_width_for_density(length, density))
+             for length, density in cases if band_width(length, density) != stlib.masks.band_width_for_density(length, density)]
+    if wrong:
+        length, density, got, want = wrong[0]
+        raise exercises.NotYet(f"{len(wrong)} of {len(cases)} wrong; L = {length:,}, density {density}: {got} instead of {want}")
+    return f"the library's width at all {len(cases)} (length, density) pairs"
+
+
+exercises.verify("09.band_width", check_width, band_width)
+
+# %% [markdown]
+# ### Exercise 2: the routing score
+#
+# Write `routing_error(q_rows, k, allowed, scale)`, the score `route` keeps the smaller of: for one
+# candidate mask, the mean over sampled rows and keys of the squared difference between the masked
+# softmax (the dense probabilities the mask keeps, renormalised) and the dense softmax; q_rows
+# `[H, S, D]`, k `[H, L, D]`, allowed `[S, L]`, one value per head. The check scores both candidates
+# on the rows `route` sampled above and compares with the library's `route_scores`.
+#
+# *Hint:* a row the mask leaves empty keeps no mass; divide by 1 there. `exercises.show("09.routing_error")`
+# prints a solution.
+
+# %%
+@exercises.fill_in("09.routing_error")
+def routing_error(q_rows, k, allowed, scale):
+    # --- your code here: return [H] ---
+    raise NotImplementedError
+
+
+def check_error(routing_error):
+    from stlib.routing import route_scores
+
+    rows = jnp.asarray(plan.routing.rows)
+    q_rows, kf = jnp.take(q, rows, axis=1).astype(jnp.float32), k.astype(jnp.float32)
+    allowed = np.stack([np.asarray(exact_mask(grid, kind, width, Anchor.REORDERED).allowed(np.asarray(plan.routing.rows)[:, None], keys))
+                        for kind in plan.routing.candidates])
+    want, _, _ = route_scores(q_rows, kf, jnp.asarray(allowed), workload.head_dim**-0.5)
+    got = jnp.stack([routing_error(q_rows, kf, jnp.asarray(a), workload.head_dim**-0.5) for a in allowed])
+    if got.shape != want.shape:
+        raise exercises.NotYet(f"shape {got.shape} for both candidates, expected {want.shape}")
+    gap = float(jnp.max(jnp.abs(got - want) / jnp.maximum(jnp.abs(want), 1e-30)))
+    if not gap < 1e-3:
+        raise exercises.NotYet(f"relative gap {gap:.1e} to route_scores: is the kept mass renormalised per row?")
+    return f"both candidates' scores == route_scores on {len(rows)} sampled rows (relative gap {gap:.1e})"
+
+
+exercises.verify("09.routing_error", check_error, routing_error)
+
+# %% [markdown]
 # ## 2 · Reorder and 3 · the tile plan
 #
 # Each head runs in its own order (`plan.orders`). In that order, with the reordered anchor,
@@ -172,6 +244,7 @@ print("PASSED  routing recovers every planted head kind")
 print({h: plan.orders[h].name for h in range(plan.num_heads)})
 print({key: value for key, value in plan.summary().items() if key not in ("grid", "kinds")})
 fig = plotting.occupancy_heatmap(plan.layout, f"head 0 ({plan.kinds[0]}), in its own order", head=0)
+plotting.save(fig, cfg.figure("09_plan_layout"))
 plt.show()
 
 # %% [markdown]

@@ -141,3 +141,29 @@ def test_read_records_latest_run_among_the_accepted(tmp_path):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert read_records(path, latest_run=True) == rows[1:]
     assert read_records(path, latest_run=True, where=lambda r: not r["interpret"]) == rows[:1]
+
+
+def test_time_interleaved_times_every_case_rounds_times_trials_in_shuffled_orders(monkeypatch):
+    order = []
+    real = records._timed_calls
+
+    def spy(compiled, args, trials, warmup):
+        order.append((compiled, warmup))
+        return real(compiled, args, trials, warmup)
+
+    monkeypatch.setattr(records, "_timed_calls", spy)
+    x = jnp.ones((8, 8))
+    cases = {name: records.compile_function(lambda a, s=s: a * s, x) for s, name in enumerate("abcd")}
+    done = []
+    timings = records.time_interleaved(cases, x, rounds=4, trials=2, seed=1, progress=done.append)
+    assert sorted(timings) == list("abcd") and all(t.trials == 8 for t in timings.values())
+    assert all(t.min_ms <= t.median_ms <= t.max_ms for t in timings.values())
+    rounds = [[c for c, _ in order[i : i + 4]] for i in range(0, 16, 4)]
+    assert all(
+        sorted(map(id, r)) == sorted(map(id, cases.values())) for r in rounds
+    )  # each case once a round
+    assert len({tuple(map(id, r)) for r in rounds}) > 1  # the order changes between rounds
+    assert [w for _, w in order[:4]] == [1] * 4 and all(
+        w == 0 for _, w in order[4:]
+    )  # one warm-up, first round
+    assert sorted(done) == list("abcd")

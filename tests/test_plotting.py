@@ -33,6 +33,29 @@ def test_estimate_speedups(tmp_path):
     assert plotting.save(fig, tmp_path / "e.png").stat().st_size > 0
 
 
+def test_estimate_speedups_over_each_kernels_own_dense_estimate_too(tmp_path):
+    rows = [
+        {"label": "a", "speedup": 3.0, "own": 2.2, "ideal": 2.5},
+        {"label": "b", "speedup": 1.5, "own": 1.4, "ideal": 2.5},
+    ]
+    fig = plotting.estimate_speedups(rows, "t")
+    ax = fig.axes[0]
+    widths = sorted(round(p.get_width(), 2) for p in ax.patches)
+    assert widths == [1.4, 1.5, 2.2, 3.0]  # two bars per row
+    assert {t.get_text() for t in ax.get_legend().get_texts()} == {
+        "static v6e estimate over dense Splash",
+        "static v6e estimate over the same kernel's own dense estimate",
+        "ideal 1 / density",
+    }
+
+
+def test_timing_lines_draw_whiskers_from_low_to_high(tmp_path):
+    fig = plotting.timing_lines({"a": [(0.5, 10.0, 8.0, 13.0), (1.0, 20.0, 19.0, 22.0)]}, "t", "x")
+    (bars,) = [c for c in fig.axes[0].containers if hasattr(c, "lines") and c.lines[2]]
+    segments = bars.lines[2][0].get_segments()
+    assert [tuple(seg[:, 1]) for seg in segments] == [(8.0, 13.0), (19.0, 22.0)]
+
+
 def test_work_bars_step_lines_and_legend_outside(tmp_path):
     work = [{"label": "a", "executed_flops": 2e12, "useful_flops": 1e12, "grid_steps": 10}]
     fig = plotting.work_bars(work, "t", step_lines={"full grid": 20})

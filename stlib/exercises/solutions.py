@@ -137,6 +137,30 @@ def pattern_updates(rows, grain, chunk):
 
 
 # ---------------------------------------------------------------------------------------------
+# 09 · Sparse VideoGen routing
+
+
+@_solution("09.band_width")
+def band_width(length, density):
+    """The band half-width w whose band |q - k| <= w keeps ``density`` of the L x L pairs: the pairs
+    outside are two triangles of side L - w, so density = 1 - (1 - w / L)^2 (ends neglected); w is
+    rounded up to a multiple of 128 (whole kv tiles) and at most L."""
+    width = length * (1.0 - math.sqrt(1.0 - density))
+    return int(min(math.ceil(width / 128.0) * 128, length))
+
+
+@_solution("09.routing_error")
+def routing_error(q_rows, k, allowed, scale):
+    """One candidate mask's error against dense attention on sampled query rows: q_rows [H, S, D],
+    k [H, L, D], allowed bool [S, L] -> [H]: the mean over rows and keys of the squared difference
+    between the masked softmax (the dense probabilities the mask keeps, renormalised) and the dense one."""
+    p = jax.nn.softmax(jnp.einsum("hsd,hld->hsl", q_rows, k, precision=jax.lax.Precision.HIGHEST) * scale, axis=-1)
+    kept = jnp.where(allowed[None], p, 0.0)
+    mass = jnp.sum(kept, axis=-1, keepdims=True)
+    return jnp.mean((kept / jnp.where(mass > 0, mass, 1.0) - p) ** 2, axis=(1, 2))
+
+
+# ---------------------------------------------------------------------------------------------
 # 10 · the backward
 
 

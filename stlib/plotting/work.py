@@ -70,19 +70,15 @@ def roofline_chart(chips: list[str], points: list[dict], title: str):
             color=PALETTE[i],
             label=f"{chip}: {spec.bf16_flops / 1e12:.0f} TFLOP/s, {spec.hbm_bandwidth / 1e12:.2f} TB/s",
         )
-        for j, point in enumerate(points):
+        for point in points:
             x = point["flops"] / point["bytes"]
-            y = min(spec.bf16_flops, x * spec.hbm_bandwidth) / 1e12
-            ax.plot(x, y, "o", color=PALETTE[i], markersize=6)
-            if i == len(chips) - 1:
-                ax.annotate(
-                    point["label"],
-                    (x, y),
-                    textcoords="offset points",
-                    xytext=(-10, -14 - 10 * j),
-                    fontsize=8,
-                    ha="right",
-                )
+            ax.plot(
+                x, min(spec.bf16_flops, x * spec.hbm_bandwidth) / 1e12, "o", color=PALETTE[i], markersize=6
+            )
+    for point in points:  # each point's intensity as a labelled vertical line, readable against every roof
+        x = point["flops"] / point["bytes"]
+        ax.axvline(x, color="grey", lw=0.8, ls="--", zorder=0)
+        ax.text(x, 1.2, f" {point['label']} ({x:,.0f})", rotation=90, fontsize=8, va="bottom", ha="right")
     ax.set(
         xscale="log",
         yscale="log",
@@ -90,7 +86,7 @@ def roofline_chart(chips: list[str], points: list[dict], title: str):
         ylabel="attainable bf16 TFLOP/s",
         title=title,
     )
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="upper left")  # the empty corner above the slopes
     return fig
 
 
