@@ -224,8 +224,9 @@ plotting.save(fig, cfg.figure("03_tile_size"))
 # 1. Why does the band at density 0.25 have only about 2 PARTIAL tiles per row of tiles?
 # 2. Sliding tile with 3 x 8 x 16 tiles: why is nearly every occupied raster-order tile PARTIAL even
 #    though the mask is made of whole 3-D tiles?
-# 3. Predict the work efficiency of the spatial (frame window 1) mask at 3,600 x 3,600 tiles, then
-#    check with `stlib.block_layout(catalog["spatial (frame window 1)"], 3600, 3712)`.
+# 3. Predict the work efficiency of the spatial (frame window 1) mask with one frame per q tile and
+#    kv tiles of 3,712 keys (3,600 rounded up to a multiple of 128, as a kv tile must be), then check
+#    with `stlib.block_layout(catalog["spatial (frame window 1)"], 3600, 3712).work_efficiency`.
 #
 # <details><summary>Answers</summary>
 #
@@ -233,7 +234,9 @@ plotting.save(fig, cfg.figure("03_tile_size"))
 #    the band (FULL) and everything beyond is outside (EMPTY).
 # 2. A 3-D tile's tokens are not contiguous in raster order: its 16-token x-runs are scattered over
 #    3 frames x 8 rows, so every 512 x 1,024 raster tile meets a tile window's edge somewhere.
-# 3. Close to 1: with one frame (3,600 tokens) per q tile, the allowed keys are whole frames, so
-#    tiles are FULL or EMPTY except where the kv tile size (a multiple of 128 here) misaligns with frames.
+# 3. Not close to 1 (about three quarters): a q tile is one frame, and its allowed keys are the
+#    three whole frames around it (10,800 keys), but kv tiles of 3,712 keys drift against frames of
+#    3,600, so those frames straddle four kv tiles, most of them PARTIAL. Tile-aligned means the kv
+#    tiles must line up with the frames too, which 128-multiples of a 3,600-token frame cannot.
 #
 # </details>

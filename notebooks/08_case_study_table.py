@@ -242,27 +242,31 @@ estimate_runs = [  # (label, impl, mask, blocks, options)
 # each kernel's own dense estimate (the same kernel, options and blocks on the full mask): a sparse case's
 # speed-up over it shows what skipping buys that kernel; its speed-up over dense Splash adds how much
 # cheaper the kernel is than Splash on dense work
-OWN_DENSE = {label: (f"{impl} dense, like '{label}'", impl, "full", block, options)
-             for label, impl, mask, block, options in estimate_runs[1:]}
-for label, run in OWN_DENSE.items():
-    if run[2:] == (estimate_runs[0][2], estimate_runs[0][3], estimate_runs[0][4]) and run[1] == estimate_runs[0][1]:
-        OWN_DENSE[label] = estimate_runs[0]  # Splash's own dense estimate is the calibration point
-own_dense_runs = list({(r[1], r[2], r[3], repr(r[4])): r for r in OWN_DENSE.values() if r is not estimate_runs[0]}.values())
+def config_of(run):
+    """What an estimate compiles: (impl, mask, blocks, options), without the label."""
+    return run[1], run[2], run[3], repr(run[4])
+
+
+OWN_DENSE = {label: config_of((label, impl, "full", block, options)) for label, impl, mask, block, options in estimate_runs}
+own_dense_runs = [(f"{impl} on the full mask", impl, "full", block, options) for impl, _, block, options in
+                  {config_of((None, impl, "full", block, options)): (impl, None, block, options)
+                   for _, impl, _, block, options in estimate_runs}.values()
+                  if config_of((None, impl, "full", block, options)) != config_of(estimate_runs[0])]
 estimates, estimate_note = [], None
 try:  # the static TPU estimate (stlib.estimate), where it is available
     from stlib import analysis as static
 
-    own_ms = {}
-    for label, impl, mask, block, options in bench.progress(estimate_runs + own_dense_runs, "static estimate"):
+    own_ms = {}  # (impl, "full", blocks, options) -> ms: each kernel's own dense estimate
+    for run in bench.progress(estimate_runs + own_dense_runs, "static estimate"):
+        label, impl, mask, block, options = run
         est = static.estimate(impl, mask, "v6e", block_q=block, block_kv=block, options=options)
-        if (label, impl, mask, block, options) in own_dense_runs:
-            own_ms[label] = est.seconds * 1e3
-            continue
-        estimates.append({"label": label, "ms": est.seconds * 1e3, "density": full_density.get(mask, 1.0),
-                          "estimate": est})
-    own_ms[estimate_runs[0][0]] = estimates[0]["ms"]
-    for e in estimates[1:]:
-        e["own_dense_ms"] = own_ms[OWN_DENSE[e["label"]][0]]
+        if mask == "full":
+            own_ms[config_of(run)] = est.seconds * 1e3
+        if run in estimate_runs:
+            estimates.append({"label": label, "ms": est.seconds * 1e3, "density": full_density.get(mask, 1.0),
+                              "estimate": est})
+    for e in estimates:
+        e["own_dense_ms"] = own_ms[OWN_DENSE[e["label"]]]
     print(f"static v6e estimates ({static.calibration().describe('v6e')}); Pallas kernels with exp2 off unless named:")
     for e in estimates:
         blocks = ", ".join(f"{k}={v}" for k, v in e["estimate"].blocks.items())
