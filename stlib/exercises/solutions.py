@@ -154,7 +154,9 @@ def routing_error(q_rows, k, allowed, scale):
     """One candidate mask's error against dense attention on sampled query rows: q_rows [H, S, D],
     k [H, L, D], allowed bool [S, L] -> [H]: the mean over rows and keys of the squared difference
     between the masked softmax (the dense probabilities the mask keeps, renormalised) and the dense one."""
-    p = jax.nn.softmax(jnp.einsum("hsd,hld->hsl", q_rows, k, precision=jax.lax.Precision.HIGHEST) * scale, axis=-1)
+    p = jax.nn.softmax(
+        jnp.einsum("hsd,hld->hsl", q_rows, k, precision=jax.lax.Precision.HIGHEST) * scale, axis=-1
+    )
     kept = jnp.where(allowed[None], p, 0.0)
     mass = jnp.sum(kept, axis=-1, keepdims=True)
     return jnp.mean((kept / jnp.where(mass > 0, mass, 1.0) - p) ** 2, axis=(1, 2))
