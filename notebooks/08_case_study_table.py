@@ -247,11 +247,10 @@ def config_of(run):
     return run[1], run[2], run[3], repr(run[4])
 
 
-OWN_DENSE = {label: config_of((label, impl, "full", block, options)) for label, impl, mask, block, options in estimate_runs}
-own_dense_runs = [(f"{impl} on the full mask", impl, "full", block, options) for impl, _, block, options in
-                  {config_of((None, impl, "full", block, options)): (impl, None, block, options)
-                   for _, impl, _, block, options in estimate_runs}.values()
-                  if config_of((None, impl, "full", block, options)) != config_of(estimate_runs[0])]
+full_runs = [(f"{impl} on the full mask", impl, "full", block, options) for _, impl, _, block, options in estimate_runs]
+OWN_DENSE = {run[0]: config_of(full) for run, full in zip(estimate_runs, full_runs)}  # label -> its own dense run
+own_dense_runs = [r for r in {config_of(r): r for r in full_runs}.values()  # each once; Splash's is the calibration point
+                  if config_of(r) != config_of(estimate_runs[0])]
 estimates, estimate_note = [], None
 try:  # the static TPU estimate (stlib.estimate), where it is available
     from stlib import analysis as static

@@ -12,7 +12,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from stlib.analysis.attribution import attribute
+from stlib.analysis.attribution import Attribution, attribute
 from stlib.analysis.dump import (
     KernelConfig,
     check_libtpu,
@@ -66,11 +66,8 @@ def _is_current(record: dict) -> bool:
     """Whether a cache entry was computed with this libtpu, jax and the kernel sources as they are."""
     key = record.get("key", {})
     try:
-        same_tools = (
-            key.get("format") == FORMAT_VERSION
-            and key.get("libtpu") == check_libtpu()
-            and key.get("jax") == importlib.metadata.version("jax")
-        )
+        tools = tool_key()
+        same_tools = {name: key.get(name) for name in tools} == tools
         if "inview" in key:  # a kernel written outside stlib (stlib.analysis.inview): keyed by its program
             return same_tools
         return same_tools and key.get("source") == source_hash(key["config"]["impl"])
@@ -122,36 +119,64 @@ def source_hash(impl: str) -> str:
     return digest.hexdigest()[:16]
 
 
+def tool_key() -> dict:
+    """What every cache entry is keyed by besides its call: the attribution format, libtpu and jax."""
+    return {"format": FORMAT_VERSION, "libtpu": check_libtpu(), "jax": importlib.metadata.version("jax")}
+
+
+def _entry_path(key_data: dict) -> Path:
+    key = hashlib.sha256(json.dumps(key_data, sort_keys=True).encode()).hexdigest()[:24]
+    return cache_dir() / key_data["libtpu"] / f"{key}.json"
+
+
+def read_entry(key_data: dict) -> dict | None:
+    """The cached entry of ``key_data`` (``tool_key()`` and the call), or None."""
+    path = _entry_path(key_data)
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def write_entry(key_data: dict, entry: dict) -> None:
+    """Store ``entry`` (which holds ``key_data`` under "key") atomically: concurrent writers are safe."""
+    path = _entry_path(key_data)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(entry, indent=1))
+    tmp.replace(path)
+
+
+def attribute_dump(
+    dump: str, chip: str, impl: str | None, keep=None, compute_names: list[str] | None = None
+) -> list[Attribution]:
+    """Every Pallas kernel of a libtpu dump (those ``keep`` keeps, ``dump_files``), its schedule parsed in
+    ``chip``'s form and attributed (``impl``'s rules, or ``compute_names`` for a kernel of no impl)."""
+    form = chip_spec(chip).schedule_form
+    return [
+        attribute(parse_schedule(text, analysis, form), impl, name, compute_names=compute_names)
+        for name, (text, analysis) in sorted(dump_files(dump, keep).items())
+    ]
+
+
 def compiled_attributions(
     impl: str, config: KernelConfig, mask_bytes: bytes | None = None, use_cache: bool = True
 ) -> dict:
     """{"kernels": [Attribution as dict], "layouts": {kernel: [operand layouts]}, "glue_bytes": int,
     "compile_seconds": float} of ``config``, compiled in a subprocess and attributed; cached on disk
     by libtpu version and config."""
-    version = check_libtpu()
     key_data = {
-        "format": FORMAT_VERSION,
-        "libtpu": version,
-        "jax": importlib.metadata.version("jax"),
+        **tool_key(),
         "source": source_hash(impl),
         "config": dataclasses.asdict(dataclasses.replace(config, mask_file=None)),
         "mask": hashlib.sha256(mask_bytes).hexdigest() if mask_bytes else None,
     }
-    key = hashlib.sha256(json.dumps(key_data, sort_keys=True).encode()).hexdigest()[:24]
-    path = cache_dir() / version / f"{key}.json"
-    if use_cache and path.exists():
-        return json.loads(path.read_text())
+    cached = read_entry(key_data) if use_cache else None
+    if cached is not None:
+        return cached
     with tempfile.TemporaryDirectory(prefix="stlib-estimate-") as dump:
         if mask_bytes is not None:
             config = dataclasses.replace(config, mask_file=os.path.join(dump, "mask.pkl"))
             Path(config.mask_file).write_bytes(mask_bytes)
         seconds = compile_with_dump(config, dump)
-        found = dump_files(dump)
-        form = chip_spec(config.chip).schedule_form
-        kernels = []
-        for name, (text, analysis) in sorted(found.items()):
-            attribution = attribute(parse_schedule(text, analysis, form), impl, name)
-            kernels.append(dataclasses.asdict(attribution))
+        kernels = [dataclasses.asdict(a) for a in attribute_dump(dump, config.chip, impl)]
         hlo = read_hlo(dump)
         glue = glue_bytes(hlo)
         layouts = kernel_layouts(hlo)
@@ -168,8 +193,5 @@ def compiled_attributions(
         "compile_seconds": seconds,
     }
     if use_cache:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(result, indent=1))
-        tmp.replace(path)
+        write_entry(key_data, result)
     return result

@@ -212,19 +212,26 @@ def subprocess_env() -> dict:
     return env
 
 
-def compile_with_dump(config: KernelConfig, directory: str, timeout: float | None = None) -> float:
-    """Compile ``config`` for its chip in a subprocess with libtpu's dump written to ``directory``;
-    return the compile seconds. Raises RuntimeError if compilation fails."""
+def run_with_dump(module: str, args: list[str], directory: str, timeout: float | None = None):
+    """``python -m module *args`` in a subprocess that imports this stlib, with libtpu's dump written
+    to ``directory`` (libtpu reads its flags when it loads, so a dump needs a process of its own).
+    Returns the finished process; its exit status is the caller's to judge."""
     env = subprocess_env()
     env["LIBTPU_INIT_ARGS"] = (env.get("LIBTPU_INIT_ARGS", "") + f" --xla_jf_dump_to={directory}").strip()
-    proc = subprocess.run(
-        [sys.executable, "-m", "stlib.compile_report", json.dumps(asdict(config))],
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
         capture_output=True,
         text=True,
         env=env,
         timeout=timeout or COMPILE_TIMEOUT,
         check=False,
     )
+
+
+def compile_with_dump(config: KernelConfig, directory: str, timeout: float | None = None) -> float:
+    """Compile ``config`` for its chip in a subprocess with libtpu's dump written to ``directory``;
+    return the compile seconds. Raises RuntimeError if compilation fails."""
+    proc = run_with_dump("stlib.compile_report", [json.dumps(asdict(config))], directory, timeout)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"compiling {config} failed:\n{proc.stderr[-3000:]}")

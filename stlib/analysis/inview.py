@@ -18,20 +18,14 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib.metadata
-import json
-import os
 import re
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from stlib.analysis.attribution import Attribution, attribute
-from stlib.analysis.cache import FORMAT_VERSION, cache_dir
-from stlib.analysis.dump import COMPILE_TIMEOUT, check_libtpu, dump_files, subprocess_env
-from stlib.analysis.schedule import parse_schedule
-from stlib.device import chip_spec
+from stlib.analysis.attribution import Attribution
+from stlib.analysis.cache import attribute_dump, read_entry, tool_key, write_entry
+from stlib.analysis.dump import run_with_dump
 
 _LOCATION = re.compile(r"loc\(.*?\)\n?")
 
@@ -48,54 +42,28 @@ def kernel_schedules(
     exported = jax.export.export(jax.jit(fn), platforms=["tpu"])(*shapes)
     program = _LOCATION.sub("", exported.mlir_module())  # where the cell was defined changes nothing
     key_data = {
-        "format": FORMAT_VERSION,
-        "libtpu": check_libtpu(),
-        "jax": importlib.metadata.version("jax"),
+        **tool_key(),
         "inview": hashlib.sha256(program.encode()).hexdigest(),
         "chip": chip,
         "kernel_prefix": kernel_prefix,
         "compute_names": list(compute_names),
     }
-    key = hashlib.sha256(json.dumps(key_data, sort_keys=True).encode()).hexdigest()[:24]
-    path = cache_dir() / key_data["libtpu"] / f"{key}.json"
-    if path.exists():
-        return [_attribution(k) for k in json.loads(path.read_text())["kernels"]]
-    kernels = _compile_and_attribute(exported, chip, kernel_prefix, compute_names, timeout)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(
-        json.dumps({"key": key_data, "kernels": [dataclasses.asdict(k) for k in kernels]}, indent=1)
-    )
-    tmp.replace(path)
+    cached = read_entry(key_data)
+    if cached is not None:
+        return [_attribution(k) for k in cached["kernels"]]
+    with tempfile.TemporaryDirectory(prefix="stlib-inview-") as work:
+        blob, dump = Path(work, "exported.bin"), str(Path(work, "dump"))
+        blob.write_bytes(exported.serialize())
+        proc = run_with_dump("stlib.analysis.inview", [str(blob), chip], dump, timeout)
+        if proc.returncode != 0:
+            raise RuntimeError(f"compiling {kernel_prefix} for {chip} failed:\n{proc.stderr[-3000:]}")
+        kernels = attribute_dump(dump, chip, None, lambda name: name.startswith(kernel_prefix), compute_names)
+    write_entry(key_data, {"key": key_data, "kernels": [dataclasses.asdict(k) for k in kernels]})
     return kernels
 
 
 def _attribution(record: dict) -> Attribution:
     return Attribution(**{**record, "grid": None if record["grid"] is None else tuple(record["grid"])})
-
-
-def _compile_and_attribute(exported, chip, kernel_prefix, compute_names, timeout) -> list[Attribution]:
-    with tempfile.TemporaryDirectory(prefix="stlib-inview-") as work:
-        blob, dump = Path(work, "exported.bin"), Path(work, "dump")
-        blob.write_bytes(exported.serialize())
-        env = subprocess_env()
-        env["LIBTPU_INIT_ARGS"] = (env.get("LIBTPU_INIT_ARGS", "") + f" --xla_jf_dump_to={dump}").strip()
-        proc = subprocess.run(
-            [sys.executable, "-m", "stlib.analysis.inview", str(blob), chip],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=timeout or COMPILE_TIMEOUT,
-            check=False,
-        )
-        if proc.returncode != 0:
-            raise RuntimeError(f"compiling {kernel_prefix} for {chip} failed:\n{proc.stderr[-3000:]}")
-        found = dump_files(str(dump), keep=lambda name: name.startswith(kernel_prefix))
-    form = chip_spec(chip).schedule_form
-    return [
-        attribute(parse_schedule(text, analysis, form), None, name, compute_names=compute_names)
-        for name, (text, analysis) in sorted(found.items())
-    ]
 
 
 def per_step(attribution: Attribution) -> dict[str, int]:

@@ -13,6 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from stlib.masks import band_width_for_density
+
 SOLUTIONS: dict[str, Callable] = {}
 
 
@@ -140,13 +142,8 @@ def pattern_updates(rows, grain, chunk):
 # 09 · Sparse VideoGen routing
 
 
-@_solution("09.band_width")
-def band_width(length, density):
-    """The band half-width w whose band |q - k| <= w keeps ``density`` of the L x L pairs: the pairs
-    outside are two triangles of side L - w, so density = 1 - (1 - w / L)^2 (ends neglected); w is
-    rounded up to a multiple of 128 (whole kv tiles) and at most L."""
-    width = length * (1.0 - math.sqrt(1.0 - density))
-    return int(min(math.ceil(width / 128.0) * 128, length))
+# the library's own rule is the answer: w = L * (1 - sqrt(1 - density)), rounded up to whole kv tiles
+SOLUTIONS["09.band_width"] = band_width_for_density
 
 
 @_solution("09.routing_error")
