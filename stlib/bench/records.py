@@ -164,8 +164,11 @@ def time_function(fn, *args, trials: int = 5, warmup: int = 1) -> Timing:
     """Compile ``fn`` (excluded, reported separately; a ``Compiled`` is reused as it is, never
     compiled again), warm up, then time ``trials`` calls with block_until_ready."""
     compiled = fn if isinstance(fn, Compiled) else compile_function(fn, *args)
-    times = _timed_calls(compiled, args, trials, warmup)
-    return Timing(statistics.median(times), min(times), max(times), compiled.compile_ms, trials)
+    return _timing(_timed_calls(compiled, args, trials, warmup), compiled.compile_ms)
+
+
+def _timing(times: list[float], compile_ms: float) -> Timing:
+    return Timing(statistics.median(times), min(times), max(times), compile_ms, len(times))
 
 
 def _timed_calls(compiled: Compiled, args, trials: int, warmup: int) -> list[float]:
@@ -202,7 +205,4 @@ def time_interleaved(
             times[name].extend(_timed_calls(compiled[name], args, trials, warmup=1 if round_ == 0 else 0))
             if progress is not None and round_ == rounds - 1:
                 progress(name)
-    return {
-        name: Timing(statistics.median(t), min(t), max(t), compiled[name].compile_ms, len(t))
-        for name, t in times.items()
-    }
+    return {name: _timing(t, compiled[name].compile_ms) for name, t in times.items()}
