@@ -401,17 +401,40 @@ def _tile_counts(
         pos = np.arange(first * block_q, min(last * block_q, length))
         rows = pos if perm is None else perm[pos]
         real = rows >= 0
-        starts, ends = base.key_intervals(rows[real])
-        tile = (pos[real] // block_q - first)[:, None]
+        rows, tile = rows[real], pos[real] // block_q - first
+        rows, tile, weight = _row_classes(base, rows, tile)
+        starts, ends = base.key_intervals(rows)
+        tile = tile[:, None]
         width = n_keys + 1
         used = ends > starts
         size = (last - first) * width
-        diff = np.bincount((tile * width + starts)[used], minlength=size)
-        diff -= np.bincount((tile * width + ends)[used], minlength=size)
+        weight = None if weight is None else np.broadcast_to(weight[:, None], used.shape)[used]
+        diff = _weighted_bincount((tile * width + starts)[used], weight, size)
+        diff -= _weighted_bincount((tile * width + ends)[used], weight, size)
         coverage = np.cumsum(diff.reshape(last - first, width)[:, :n_keys], axis=1)
         if perm is not None:
             coverage = np.where(perm >= 0, coverage[:, np.maximum(perm, 0)], 0)
         out[first:last] = np.add.reduceat(coverage, kv_starts, axis=1)
+    return out
+
+
+def _row_classes(base: Mask, rows: np.ndarray, tile: np.ndarray):
+    """(rows, tiles, weights): one representative row per (q tile, ``interval_classes`` class) and
+    how many rows it stands for, or the rows themselves (weights None) where the mask has no classes."""
+    classes = base.interval_classes(rows)
+    if classes is None:
+        return rows, tile, None
+    pair = tile.astype(np.int64) * (int(classes.max()) + 1) + classes
+    _, first, count = np.unique(pair, return_index=True, return_counts=True)
+    return rows[first], tile[first], count
+
+
+def _weighted_bincount(index: np.ndarray, weight: np.ndarray | None, size: int) -> np.ndarray:
+    """int64 [size]: occurrences of each index (each counted ``weight`` times where given)."""
+    if weight is None:
+        return np.bincount(index, minlength=size)
+    out = np.zeros(size, np.int64)
+    np.add.at(out, index, weight)
     return out
 
 

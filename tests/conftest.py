@@ -202,7 +202,6 @@ def notebook_run(tmp_path_factory, stlib_home):
 #: missing (a fresh clone): node-id prefixes, the first that matches counts.
 KNOWN_LONG = {
     "tests/test_notebooks.py::test_runs_at_small_configuration[08_": 600,
-    "tests/test_kernels_tile_lane_dense.py::test_per_head_svg_mix_compiles_at_long_videos": 110,
     "tests/test_notebooks.py::test_runs_at_small_configuration[0": 50,
     "tests/test_notebooks.py::test_runs_at_small_configuration[11_": 60,
     "tests/test_notebooks.py::test_runs_at_small_configuration[10_": 30,

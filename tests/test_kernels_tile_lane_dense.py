@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 
-import jax
 import jax.numpy as jnp
 import pytest
 from _kernels import assert_close
@@ -320,31 +319,3 @@ def test_attribution_with_copy_regions_beside_the_step():
         "finalise": 4,
     }
     assert att.ops["finalise"] == {"eup": 1, "vmem": 3}
-
-
-# --------------------------------------------------------------------------------------------
-# compiled for TPU without a TPU: the per-head SVG mix at longer videos
-
-
-@pytest.mark.tpu_compile
-@pytest.mark.parametrize("shape", [(21, 68, 120)], ids=["1080p"])
-def test_per_head_svg_mix_compiles_at_long_videos(shape):
-    """The longest video (1080p, 171,360 tokens), whose step tables are the largest: 720p at 161
-    frames (147,600 tokens) has fewer tiles per row and per column, so its tables fit if these do
-    (one long-video compile per test run)."""
-    from stlib.device import compile_for_tpu
-
-    grid = stlib.VideoGrid(*shape)
-    heads = [masks.spatial_band(grid, 0.25)] * 5 + [masks.temporal_band(grid, 0.25)] * 5
-    orders = [stlib.raster_order(grid)] * 5 + [stlib.token_major_order(grid)] * 5
-    mask = masks.per_head(heads)
-    spec = jax.ShapeDtypeStruct((10, grid.num_tokens, 128), jnp.bfloat16)
-    compiled = compile_for_tpu(
-        lambda q, k, v: stlib.video_attention(q, k, v, grid, mask, impl=IMPL, orders=orders, interpret=False),
-        spec,
-        spec,
-        spec,
-        chip="v6e",
-    )
-    assert ld.KERNEL_PREFIX in compiled.text()
-    assert compiled.memory()["output_size_in_bytes"] == 10 * grid.num_tokens * 128 * 2

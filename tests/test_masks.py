@@ -179,6 +179,26 @@ def test_key_intervals_rebuild_rows(name):
         np.testing.assert_array_equal(row, want[r])
 
 
+CLASSED = [name for name in NAMES if build(name).interval_classes(np.arange(1)) is not None]
+
+
+def test_the_sliding_tiles_have_interval_classes():
+    assert CLASSED and all(name.startswith("sta_") for name in CLASSED), CLASSED
+
+
+@pytest.mark.parametrize("name", CLASSED)
+def test_rows_of_one_interval_class_see_the_same_keys(name):
+    """Where a mask groups rows into classes (layouts count each class once), every row of a class
+    has the same row of the mask."""
+    mask, want = build(name), expected(name)
+    classes = mask.interval_classes(np.arange(want.shape[0]))
+    assert classes.shape == (want.shape[0],) and np.issubdtype(classes.dtype, np.integer)
+    assert len(np.unique(classes)) < want.shape[0], "a class of one row each groups nothing"
+    for c in np.unique(classes):
+        rows = want[classes == c]
+        assert (rows == rows[0]).all(), f"class {c} holds rows that see different keys"
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_allowed_on_index_arrays(name):
     mask, want = build(name), expected(name)

@@ -2,9 +2,12 @@
 (10 heads x 75,600 tokens x 128, bf16) for every trainable TPU kernel, chip and mask of
 ``MASKS``, compiled deviceless (libtpu). A record per case: whether it compiled (else the
 compiler's reason), the compile time, the program's memory (arguments, outputs, temporaries) and
-the backward's Pallas kernels in it. Nothing here is a time on a TPU.
+the backward's Pallas kernels in it. ``--long-videos`` compiles the tile kernels on the per-head SVG mix
+at the longer videos of ``LONG_VIDEOS`` instead, whose step tables (forward and transposed) are the
+largest that must fit SMEM. Nothing here is a time on a TPU.
 
     python -m stlib.bench.backward_compile run [--chips v6e ...] [--impls ...]   # ~10-60 s a case
+    python -m stlib.bench.backward_compile run --long-videos --chips v6e         # minutes a case
     python -m stlib.bench.backward_compile table
 """
 
@@ -26,6 +29,10 @@ MASKS = (
     "sliding tile, 3-D tiled order",
     "per-head SVG (5 spatial, 5 temporal)",
 )
+#: Longer videos than the case study's 21 x 45 x 80 (frames, height, width in latent tokens), for
+#: the per-head SVG mix: 720p at 161 frames (147,600 tokens) and 1080p (171,360 tokens).
+LONG_VIDEOS = {"720p, 161 frames": (41, 45, 80), "1080p": (21, 68, 120)}
+SVG_MIX = MASKS[-1]
 
 
 def trainable_kernels() -> list[str]:
@@ -37,7 +44,7 @@ def trainable_kernels() -> list[str]:
     return [impl.name for impl in registry.tpu_kernels() if impl.plan_runner is not None or impl.baseline]
 
 
-def _raster_mask_and_orders(mask_name: str):
+def _raster_mask_and_orders(mask_name: str, grid=None):
     """The raster-order mask of a ``MASKS`` entry and the token order(s) ``video_attention`` runs
     it in: the sliding tile in its 3-D tiled order, the SVG heads each in their own (spatial: raster,
     temporal: token-major), the rest as they are (None: no reordering)."""
@@ -46,40 +53,41 @@ def _raster_mask_and_orders(mask_name: str):
     from stlib.masks import sliding_tile
     from stlib.masks.catalogue import case_study_masks
 
-    grid = CASE_STUDY.grid
+    grid = grid or CASE_STUDY.grid
     if mask_name.startswith("sliding tile"):
         return sliding_tile(grid, CASE_STUDY.sta_tile, CASE_STUDY.sta_window), tiled_order(
             grid, CASE_STUDY.sta_tile
         )
-    mask = case_study_masks()[mask_name]
+    mask = case_study_masks(grid)[mask_name]
     if mask_name.startswith("per-head SVG"):
         half = CASE_STUDY.num_heads // 2
         return mask, [raster_order(grid)] * half + [token_major_order(grid)] * (CASE_STUDY.num_heads - half)
     return mask, None
 
 
-def compile_backward(impl: str, mask_name: str, chip: str, options=None) -> dict:
+def compile_backward(impl: str, mask_name: str, chip: str, options=None, video=None) -> dict:
     """Compile ``jax.grad`` of ``stlib.attention(impl=...)`` at the case-study shape for ``chip``
-    (``video_attention`` with the mask's own token order where it has one)."""
+    (``video_attention`` with the mask's own token order where it has one); ``video``: a key of
+    ``LONG_VIDEOS``, that grid instead of the case study's."""
     import jax
     import jax.numpy as jnp
 
     from stlib.api import attention, video_attention
     from stlib.configs import CASE_STUDY
     from stlib.device import compile_for_tpu
+    from stlib.geometry import VideoGrid
     from stlib.kernels.backward import DKV_PREFIX, DQ_PREFIX, FUSED_PREFIX
 
-    shape = jax.ShapeDtypeStruct(
-        (CASE_STUDY.num_heads, CASE_STUDY.num_tokens, CASE_STUDY.head_dim), jnp.bfloat16
-    )
-    mask, orders = _raster_mask_and_orders(mask_name)
+    grid = VideoGrid(*LONG_VIDEOS[video]) if video else CASE_STUDY.grid
+    shape = jax.ShapeDtypeStruct((CASE_STUDY.num_heads, grid.num_tokens, CASE_STUDY.head_dim), jnp.bfloat16)
+    mask, orders = _raster_mask_and_orders(mask_name, grid)
 
     def loss(q, k, v):
         if orders is None:
             out = attention(q, k, v, mask, impl=impl, options=options, interpret=False)
         else:
             out = video_attention(
-                q, k, v, CASE_STUDY.grid, mask, impl=impl, orders=orders, options=options, interpret=False
+                q, k, v, grid, mask, impl=impl, orders=orders, options=options, interpret=False
             )
         return jnp.sum(out.astype(jnp.float32))
 
@@ -89,6 +97,7 @@ def compile_backward(impl: str, mask_name: str, chip: str, options=None) -> dict
         "chip": chip,
         "options": options or {},
         "shape": list(shape.shape),
+        **({"video": video} if video else {}),
     }
     start = time.perf_counter()
     try:
@@ -111,25 +120,25 @@ def compile_backward(impl: str, mask_name: str, chip: str, options=None) -> dict
     }
 
 
-def cases(chips=None, impls=None) -> list[tuple[str, str, str, dict | None]]:
-    """(impl, mask, chip, options): every trainable kernel x ``MASKS`` x chip; Splash fused and
-    split."""
+def cases(chips=None, impls=None, long_videos=False) -> list[tuple[str, str, str, dict | None, str | None]]:
+    """(impl, mask, chip, options, video): every trainable kernel x ``MASKS`` x chip, Splash fused
+    and split; with ``long_videos``, the tile kernels x the SVG mix x ``LONG_VIDEOS`` x chip."""
     from stlib import registry
     from stlib.device import CHIPS
 
     out = []
     for chip in chips or CHIPS:
         for impl in impls or trainable_kernels():
-            variants = (
-                [{"fused_backward": True}, {"fused_backward": False}]
-                if registry.get(impl).baseline
-                else [None]
-            )
-            out += [(impl, mask, chip, options) for mask in MASKS for options in variants]
+            baseline = registry.get(impl).baseline
+            if long_videos:
+                out += [] if baseline else [(impl, SVG_MIX, chip, None, video) for video in LONG_VIDEOS]
+                continue
+            variants = [{"fused_backward": True}, {"fused_backward": False}] if baseline else [None]
+            out += [(impl, mask, chip, options, None) for mask in MASKS for options in variants]
     return out
 
 
-def run(chips=None, impls=None, path=None) -> list[dict]:
+def run(chips=None, impls=None, path=None, long_videos=False) -> list[dict]:
     """Compile every case (``cases``), appending each record to ``path`` (default ``RECORDS`` under
     ``stlib.paths.home()``) with the run's provenance."""
     from stlib.bench.progress import progress
@@ -138,8 +147,8 @@ def run(chips=None, impls=None, path=None) -> list[dict]:
     path = Path(path or paths.home() / RECORDS)
     origin = provenance()
     records = []
-    for impl, mask, chip, options in progress(cases(chips, impls), "backward compiles"):
-        record = {**compile_backward(impl, mask, chip, options), **origin}
+    for impl, mask, chip, options, video in progress(cases(chips, impls, long_videos), "backward compiles"):
+        record = {**compile_backward(impl, mask, chip, options, video), **origin}
         with path.open("a") as handle:
             handle.write(json.dumps(record) + "\n")
         records.append(record)
@@ -152,17 +161,20 @@ def read(path=None) -> list[dict]:
     for line in Path(path or paths.home() / RECORDS).read_text().splitlines():
         if line.strip():
             r = json.loads(line)
-            latest[(r["impl"], r["mask"], r["chip"], json.dumps(r["options"], sort_keys=True))] = r
+            latest[
+                (r["impl"], r["mask"], r["chip"], json.dumps(r["options"], sort_keys=True), r.get("video"))
+            ] = r
     return list(latest.values())
 
 
 def format_table(records) -> str:
     """The records as a Markdown table (GB of temporaries per device; the error where one failed)."""
     lines = [
-        "| chip | impl | options | mask | compiled | compile s | temp GB | dq / dk-dv / fused kernels |",
-        "|" + "---|" * 8,
+        "| chip | impl | options | mask | tokens | compiled | compile s | temp GB | dq / dk-dv / fused kernels |",
+        "|" + "---|" * 9,
     ]
-    for r in sorted(records, key=lambda r: (r["chip"], r["impl"], json.dumps(r["options"]), r["mask"])):
+    order = lambda r: (r["chip"], r["impl"], json.dumps(r["options"]), r["mask"], r["shape"][1])
+    for r in sorted(records, key=order):
         options = ", ".join(f"{k}={v}" for k, v in r["options"].items()) or "-"
         if r["compiled"]:
             cells = [
@@ -173,7 +185,8 @@ def format_table(records) -> str:
             ]
         else:
             cells = ["no: " + r["error"][:120].replace("|", "\\|"), "-", "-", "-"]  # a mask's repr holds "|"
-        lines.append("| " + " | ".join([r["chip"], r["impl"], options, r["mask"], *cells]) + " |")
+        tokens = f"{r['shape'][1]:,}" + (f" ({r['video']})" if r.get("video") else "")
+        lines.append("| " + " | ".join([r["chip"], r["impl"], options, r["mask"], tokens, *cells]) + " |")
     return "\n".join(lines)
 
 
@@ -185,10 +198,13 @@ def main(argv=None) -> None:
     run_parser = sub.add_parser("run", help="compile every case (no TPU needed)")
     run_parser.add_argument("--chips", nargs="*")
     run_parser.add_argument("--impls", nargs="*")
+    run_parser.add_argument(
+        "--long-videos", action="store_true", help="the tile kernels on the SVG mix at LONG_VIDEOS"
+    )
     sub.add_parser("table", help="the records as a table")
     args = parser.parse_args(argv)
     if args.command == "run":
-        run(args.chips, args.impls)
+        run(args.chips, args.impls, long_videos=args.long_videos)
     print(format_table(read()))
 
 

@@ -112,6 +112,12 @@ class Mask:
     def _intervals(self, rows, head):
         raise NotImplementedError
 
+    def interval_classes(self, rows: np.ndarray) -> np.ndarray | None:
+        """int64 [n]: a class per query row such that rows of one class have the same key intervals
+        (so a layout computes each class's intervals once), or None where the mask knows no such
+        grouping. Head-uniform masks only: the class holds for every head."""
+        return None
+
     def to_dense(self) -> np.ndarray:
         """bool [L, L], or [H, L, L] for per-head masks. Only for L <= DENSE_LIMIT."""
         if self.length > DENSE_LIMIT:

@@ -150,6 +150,12 @@ class SlidingTileMask(VideoMask):
             out = ok if out is None else out & ok
         return out
 
+    def interval_classes(self, rows):
+        """The query's tile: every token of one 3-D tile sees the same window of tiles."""
+        t, y, x = self.grid.coords(rows)
+        _, ny, nx = self.tile_counts
+        return (div(t, self.tile[0]) * ny + div(y, self.tile[1])) * nx + div(x, self.tile[2])
+
     def _intervals(self, rows, head):
         t, y, x = self.grid.coords(rows)
         (t0, t1), (y0, y1), (x0, x1) = (self._axis_range(a, c, np) for a, c in enumerate((t, y, x)))
