@@ -74,6 +74,28 @@ def test_a_partial_sweep_names_what_it_ran():
     }
 
 
+def test_records_of_an_older_kernel_source_are_not_compared_with_a_newer_ones(tmp_path):
+    import json
+
+    name = ld.NAME
+    old = [
+        record("v6e", "dense", name, (2048, 2048, 512), 10),
+        record("v6e", "dense", name, (512, 1024, 512), 5),
+    ]
+    new = [
+        record("v6e", "dense", name, (2048, 2048, 512), 90),
+        record("v6e", "dense", "splash", (512, 1024, None), 200),
+    ]
+    lines = [{**r, "source": "old"} for r in old] + [{**r, "source": "new"} for r in new]
+    path = tmp_path / "sweep.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    kept = block_sweep.read(path)
+    assert sorted((r["impl"], r["block_q"], r["cycles"]) for r in kept) == [
+        (name, 2048, 90),
+        ("splash", 512, 200),
+    ]
+
+
 @pytest.mark.skipif(not RECORDS.exists(), reason="no committed sweep records")
 def test_package_data_holds_the_committed_sweeps_winners_and_the_kernel_runs_them():
     won = block_sweep.winners(block_sweep.read(RECORDS))

@@ -173,6 +173,36 @@ def test_band_edges_run_as_mixed_patterns(dtype):
         assert_close(out, ref, ATOL[dtype], mask=mask)
 
 
+def test_scores_issued_ahead_change_the_order_not_the_result():
+    """``lookahead``: the order in which a step's k q^T products are issued, nothing else: bit-identical
+    outputs and lse for every lookahead, on a mask whose steps cover every region (FULL, RAGGED, MASKED,
+    patterns with masked sub-tiles)."""
+    length = 1000  # ragged: 1000 % 256 = 232 keys in the last kv block
+    mask = masks.per_head([masks.band(length, 300), masks.causal(length)])
+    layout = stlib.block_layout(mask, 256, 256)
+    present = set(ld.plan_steps(layout, length).present)
+    assert {StepKind.FULL, StepKind.RAGGED, StepKind.MASKED} <= present and max(present) >= ld.FIRST_PATTERN
+    q, k, v = stlib.random_qkv((2, length, 128), jnp.float32, seed=4)
+    runs = {
+        ahead: ld.lane_dense_attention(
+            q,
+            k,
+            v,
+            layout,
+            scale=128**-0.5,
+            options=ld.LaneDenseOptions(block_kv_compute=128, block_kv_register=64, lookahead=ahead),
+            interpret=True,
+            return_lse=True,
+        )
+        for ahead in (0, 1, None)
+    }
+    for out, lse in runs.values():
+        assert (out == runs[0][0]).all() and (lse == runs[0][1]).all()
+    assert_close(
+        runs[None][0], stlib.attention(q, k, v, mask, impl="reference"), ATOL[jnp.float32], mask=mask
+    )
+
+
 def test_bf16_probabilities_error_is_within_the_bf16_tolerance():
     """bf16 p into p.v (the default) against f32 p, both on the same bf16 inputs: the rounding of p
     costs about as much as the output's own bf16 rounding (measured here: both well under 3e-2)."""
@@ -201,6 +231,7 @@ def test_bf16_probabilities_error_is_within_the_bf16_tolerance():
         ({"options": {"block_kv_compute": 100}}, "block_kv_compute=100 must be a multiple of 128"),
         ({"options": {"block_kv_register": 12}}, "block_kv_register=12 must be a multiple of 8"),
         ({"options": {"chip": "v9"}}, "chip='v9' must be one of"),
+        ({"options": {"lookahead": -1}}, "lookahead=-1 must be >= 0"),
         (
             {"options": {"pattern_grain": 100}},
             "pattern_grain=100 must be None, 0 or a positive multiple of 128",

@@ -28,6 +28,7 @@ from stlib.kernels.tile_lane_dense.kernel import (
     VMEM_SHARE,
     LaneDenseOptions,
     check_blocks,
+    fit_lookahead,
     lane_dense_attention,
     vmem_bytes,
     vmem_limit,
@@ -66,6 +67,7 @@ __all__ = [
     "StepKind",
     "StepPlan",
     "check_blocks",
+    "fit_lookahead",
     "grains",
     "kernel_name",
     "lane_dense_attention",
@@ -100,22 +102,25 @@ ROWS_FROM = "v6e"
 
 #: Tokens in one row of the case study's 3x8x16 tiles (five tiles along x): the sliding tile's unit.
 SLIDING_TILE_ROW = 5 * 384
+#: (block_q, block_kv, block_kv_compute) for dense and banded masks, the scores of every chunk issued
+#: ahead (``LaneDenseOptions.lookahead``): chunks of 256 and 512 keys at the blocks that won a chip
+#: before (v5e 1024 x 2048, TPU7x 2048 x 2048, v6e 2560 x 2560; schedules of 1 x 8,192 tokens put
+#: v6e's 2560 x 2560 at 1.96 bundles per 1,000 score pairs with 256 against 2.05 with 512).
 _SQUARE_BLOCKS = (
-    (512, 1024, 512),
+    (1024, 2048, 256),
     (1024, 2048, 512),
+    (2048, 2048, 256),
     (2048, 2048, 512),
-    (2048, 2560, 512),
-    (2560, 2560, 512),
-    (2048, 4096, 1024),
+    (2560, 2560, 256),
 )
 #: The block sweep's candidates (block_q, block_kv, block_kv_compute) per mask family
-#: (``stlib.bench.block_sweep``). The sliding tile's blocks hold whole 3x8x16 tiles (384 tokens): one
-#: tile, a row of five (1,920 tokens, run as pattern steps at the grain of one tile), or two rows.
+#: (``stlib.bench.block_sweep``). The sliding tile's blocks hold whole rows of 3x8x16 tiles (a row of
+#: five: 1,920 tokens, run as pattern steps at the grain of one tile) or two rows; one tile a block
+#: (384 x 384) lost on every chip in the first sweep (0.26 to 0.32 of dense Splash against 0.13 to 0.15).
 SWEEP_CANDIDATES = {
     "dense": _SQUARE_BLOCKS,
     "band 0.25": _SQUARE_BLOCKS,
     "sliding tile": (
-        (384, 384, 384),
         (SLIDING_TILE_ROW, SLIDING_TILE_ROW, 384),
         (2 * SLIDING_TILE_ROW, SLIDING_TILE_ROW, 384),
         (SLIDING_TILE_ROW, 2 * SLIDING_TILE_ROW, 384),

@@ -4,7 +4,9 @@ Scores are k q^T, [chunk, block_q]: keys on sublanes, queries on lanes, so the r
 are [8, block_q] (one value per query along lanes) and their reductions over keys are element-wise
 maxima / sums across vregs, not cross-lane reductions. The kv tile is walked in ``block_kv_compute``
 chunks (one max, one rescale per chunk) and, inside a chunk, in register tiles of
-``block_kv_register`` keys (exp2, then bf16 probabilities into p.v). The accumulator is o^T
+``block_kv_register`` keys (exp2, then bf16 probabilities into p.v). The scores of a step's later
+chunks are issued before its earlier chunks are folded (``lookahead``): the MXU computes chunk c+1's
+k q^T while the EUP exponentiates chunk c, instead of waiting at every chunk's max. The accumulator is o^T
 [D, block_q]; it is transposed once per row, when the output is written in q's dtype. One grid, one
 region per step code of ``steps.StepPlan`` (FULL, RAGGED, MASKED, patterns), chosen per step by the
 code in the scalar-prefetched step table.
@@ -48,6 +50,9 @@ class LaneDenseOptions:
     ``block_kv_register``: keys per register tile inside a chunk (None: the whole chunk);
     ``bf16_probs``: probabilities enter p.v in v's dtype when v is bf16 (f32 inputs stay f32);
     ``pattern_grain``: sub-tile size of pattern steps (None: chosen per layout, 0: no patterns);
+    ``lookahead``: chunks of a step whose scores (k q^T) are issued ahead of the chunk being folded
+    (None: every later chunk of the kv block, as many as fit VMEM, ``fit_lookahead``; 0: none, each
+    chunk's scores just before its max);
     ``chip``: the chip whose VMEM the blocks must fit and whose limit the call asks for (None: the
     chip at hand, else the smallest VMEM in the chip table)."""
 
@@ -56,6 +61,7 @@ class LaneDenseOptions:
     block_kv_register: int | None = 256
     bf16_probs: bool = True
     pattern_grain: int | None = None
+    lookahead: int | None = None
     chip: str | None = None
 
     def __post_init__(self):
@@ -77,6 +83,8 @@ class LaneDenseOptions:
             raise ValueError(
                 f"pattern_grain={self.pattern_grain!r} must be None, 0 or a positive multiple of {LANES}"
             )
+        if self.lookahead is not None:
+            check_positive_int("lookahead", self.lookahead, allow_zero=True)
         if self.chip is not None:
             chip_spec(self.chip)  # raises, naming the chips of the table
 
@@ -94,16 +102,24 @@ def vmem_bytes(
     itemsize: int,
     table: bool = False,
     key_validity: bool = False,
+    lookahead: int | None = None,
 ) -> int:
     """VMEM one call needs (upper estimate): double-buffered q, k, v, o (and mask) blocks, the
-    scratch (m, l [8, block_q] f32, o^T [D, block_q] f32, scaled q), and the temporaries of one chunk
-    (scores [chunk, block_q] f32, probabilities of one register tile, one p.v product); with
-    ``key_validity``, the int32 [block_kv, 1] key column, lane-padded to 128, double-buffered."""
+    scratch (m, l [8, block_q] f32, o^T [D, block_q] f32, scaled q), and the temporaries: the scores
+    live at once ([chunk, block_q] f32 for the chunk folded and each issued ahead of it: every chunk
+    of the kv block with ``lookahead`` None), the probabilities of one register tile, one p.v
+    product; with ``key_validity``, the int32 [block_kv, 1] key column, lane-padded to 128,
+    double-buffered."""
     blocks = 2 * itemsize * head_dim * (2 * block_q + 2 * block_kv) + (2 * block_q * block_kv if table else 0)
     blocks += 2 * block_kv * LANES * 4 if key_validity else 0
     scratch = 2 * SUBLANES * block_q * 4 + head_dim * block_q * 4 + block_q * head_dim * itemsize
+    chunks = block_kv // chunk
+    live = chunks if lookahead is None else min(chunks, 1 + lookahead)
     temps = (
-        chunk * block_q * (4 + (1 if table else 0)) + 3 * register * block_q * 4 + 2 * head_dim * block_q * 4
+        live * chunk * block_q * 4
+        + (chunk * block_q if table else 0)
+        + 3 * register * block_q * 4
+        + 2 * head_dim * block_q * 4
     )
     return blocks + scratch + temps
 
@@ -119,6 +135,7 @@ def check_blocks(
     table: bool = False,
     compiled: bool = True,
     key_validity: bool = False,
+    lookahead: int | None = None,
 ) -> int:
     """Refuse blocks this kernel cannot tile or that overflow the VMEM limit, naming value and limit;
     returns the limit. block_q is the lane dimension of the scores here: a multiple of 128 when
@@ -129,24 +146,56 @@ def check_blocks(
     if table and block_kv % 32:
         raise ValueError(f"{block_kv=} must be a multiple of 32 for an int8 mask table")
     need, limit = (
-        vmem_bytes(block_q, block_kv, chunk, register or chunk, head_dim, itemsize, table, key_validity),
+        vmem_bytes(
+            block_q, block_kv, chunk, register or chunk, head_dim, itemsize, table, key_validity, lookahead
+        ),
         vmem_limit(chip),
     )
     if need > limit:
         raise ValueError(
-            f"blocks {block_q}x{block_kv} (chunk {chunk}, register {register}) need about {need:,} "
+            f"blocks {block_q}x{block_kv} (chunk {chunk}, register {register}, lookahead {lookahead}) "
+            f"need about {need:,} "
             f"bytes of VMEM; the limit on {chip or 'the smallest chip'} is {limit:,}"
         )
     return limit
+
+
+def fit_lookahead(
+    block_q: int,
+    block_kv: int,
+    chunk: int,
+    register: int,
+    head_dim: int,
+    itemsize: int,
+    chip: str | None,
+    table: bool = False,
+    key_validity: bool = False,
+) -> int:
+    """The default ``lookahead``: every later chunk of the kv block, or as many as fit the VMEM
+    limit of ``chip`` beside the rest of ``vmem_bytes`` (0 where none does: ``check_blocks`` then
+    says whether the blocks fit at all)."""
+    limit = vmem_limit(chip)
+    ahead = block_kv // chunk - 1
+    while (
+        ahead
+        and vmem_bytes(block_q, block_kv, chunk, register, head_dim, itemsize, table, key_validity, ahead)
+        > limit
+    ):
+        ahead -= 1
+    return ahead
 
 
 # --------------------------------------------------------------------------------------------
 # the kernel
 
 
-def _chunk_update(
-    q,
-    k,
+def _scores(k, q):
+    """k q^T: f32 [C, n] scores of a chunk's C keys (sublanes) against n queries (lanes)."""
+    return jax.lax.dot_general(k, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+
+
+def _fold(
+    s,
     v,
     m_ref,
     l_ref,
@@ -159,12 +208,11 @@ def _chunk_update(
     allowed=None,
     v_rows_valid=None,
 ):
-    """Fold one chunk of keys into the running softmax of the q lanes ``lanes`` (a static slice of
-    the q tile). q [n, D] (pre-scaled); k, v [C, D]; ``allowed`` bool [C, n] or [C, 1] or None;
+    """Fold one chunk's scores ``s`` [C, n] (k q^T of pre-scaled q) into the running softmax of the q
+    lanes ``lanes`` (a static slice of the q tile). v [C, D]; ``allowed`` bool [C, n] or [C, 1] or None;
     ``v_rows_valid`` bool [C, 1] (rows past the array end hold stale data: zeroed before p.v) or None.
-    Flops: 2 * C * n * D (k q^T) + 2 * C * n * D (v^T p); exps: C * n + n."""
+    Flops: 2 * C * n * D (v^T p); exps: C * n + n."""
     exp = score_scale_exp
-    s = jax.lax.dot_general(k, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)  # [C, n]
     if allowed is not None:
         s = jnp.where(allowed, s, MASK_VALUE)
     if v_rows_valid is not None:
@@ -195,6 +243,24 @@ def _chunk_update(
     acc_ref[:, lanes] = alpha * acc_ref[:, lanes] + pv  # [D, n]
 
 
+def _bind(function, args):
+    """``function(*args)``, called later."""
+    return lambda: function(*args)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One update of a step: keys ``c0 : c0 + size`` of the kv tile against the q lanes ``lanes``;
+    ``allowed``: a function giving the chunk's bool mask (called when it is folded) or None;
+    ``v_rows_valid``: bool [size, 1] or None (see ``_fold``)."""
+
+    c0: int
+    size: int
+    lanes: slice
+    allowed: object = None
+    v_rows_valid: object = None
+
+
 def _build_kernel(
     *,
     steps: StepPlan,
@@ -208,6 +274,7 @@ def _build_kernel(
     p_dtype,
     n_tables: int,
     with_lse: bool = False,
+    lookahead: int | None = None,
 ):
     layout, length, present = steps.layout, steps.length, steps.present
     bq, bkv = layout.block_q, layout.block_kv
@@ -238,21 +305,36 @@ def _build_kernel(
                 qs_ref.dtype
             )  # [bq, D]
 
-        def update(c0, size, lanes=all_lanes, allowed=None, v_rows_valid=None):
-            _chunk_update(
-                qs_ref[lanes, :],
-                k_ref[pl.ds(c0, size), :],
-                v_ref[pl.ds(c0, size), :],
-                m_ref,
-                l_ref,
-                acc_ref,
-                lanes=lanes,
-                score_scale_exp=softmax.exp,
-                register=register,
-                p_dtype=p_dtype,
-                allowed=allowed,
-                v_rows_valid=v_rows_valid,
-            )
+        def fold_all(chunks):
+            """Fold ``chunks`` in order, each chunk's scores issued ``lookahead`` chunks ahead (all of
+            them first when None), so the MXU has the next scores to compute while a chunk's max and
+            exponentials wait on the last of its own."""
+            ahead = len(chunks) if lookahead is None else lookahead
+            scores = {}
+
+            def issue(n):
+                if n < len(chunks) and n not in scores:
+                    c = chunks[n]
+                    scores[n] = _scores(k_ref[pl.ds(c.c0, c.size), :], qs_ref[c.lanes, :])
+
+            for n in range(ahead):
+                issue(n)
+            for n, c in enumerate(chunks):
+                issue(n)
+                issue(n + ahead)
+                _fold(
+                    scores.pop(n),
+                    v_ref[pl.ds(c.c0, c.size), :],
+                    m_ref,
+                    l_ref,
+                    acc_ref,
+                    lanes=c.lanes,
+                    score_scale_exp=softmax.exp,
+                    register=register,
+                    p_dtype=p_dtype,
+                    allowed=None if c.allowed is None else c.allowed(),
+                    v_rows_valid=c.v_rows_valid,
+                )
 
         def region(code):  # the steps of one code: a conditional region of the compiled step
             return pl.when(active & (step_code == code))
@@ -261,15 +343,13 @@ def _build_kernel(
 
             @region(StepKind.FULL)
             def _():
-                for c0 in range(0, bkv, chunk):
-                    update(c0, chunk)
+                fold_all([Chunk(c0, chunk, all_lanes) for c0 in range(0, bkv, chunk)])
 
         if StepKind.RAGGED in present:
 
             @region(StepKind.RAGGED)
             def _():
-                for c in range(tail // chunk):
-                    update(c * chunk, chunk)
+                chunks = [Chunk(c * chunk, chunk, all_lanes) for c in range(tail // chunk)]
                 rem = tail % chunk
                 if (
                     rem
@@ -277,47 +357,66 @@ def _build_kernel(
                     size = min(chunk, round_up(rem, 2 * SUBLANES))
                     c0 = tail - rem
                     if size == rem:
-                        update(c0, size)
+                        chunks.append(Chunk(c0, size, all_lanes))
                     else:
-                        key = jax.lax.broadcasted_iota(jnp.int32, (size, bq), 0)
-                        update(
-                            c0,
-                            size,
-                            allowed=key < rem,
-                            v_rows_valid=jax.lax.broadcasted_iota(jnp.int32, (size, 1), 0) < rem,
+                        chunks.append(
+                            Chunk(
+                                c0,
+                                size,
+                                all_lanes,
+                                allowed=lambda size=size: (
+                                    jax.lax.broadcasted_iota(jnp.int32, (size, bq), 0) < rem
+                                ),
+                                v_rows_valid=jax.lax.broadcasted_iota(jnp.int32, (size, 1), 0) < rem,
+                            )
                         )
+                fold_all(chunks)
 
         if StepKind.MASKED in present:
 
             @region(StepKind.MASKED)
             def _():
-                for c0 in range(0, bkv, chunk):
+                def allowed(c0):
                     keys = ki * bkv + c0 + jax.lax.broadcasted_iota(jnp.int32, (chunk, bq), 0)  # [C, bq]
                     if table:
-                        allowed = (mask_ref[pl.ds(c0, chunk), :] != 0) & (keys < length)
-                    else:
-                        queries = i * bq + jax.lax.broadcasted_iota(jnp.int32, (chunk, bq), 1)
-                        allowed = mask_plan.mask.mask_function(queries, keys, h) & (keys < length)
-                    rows_ok = None
-                    if tail:  # the last kv block runs past the array: its stale rows must not reach p.v
-                        rows_ok = (
-                            ki * bkv + c0 + jax.lax.broadcasted_iota(jnp.int32, (chunk, 1), 0)
-                        ) < length
-                    update(c0, chunk, allowed=allowed, v_rows_valid=rows_ok)
+                        return (mask_ref[pl.ds(c0, chunk), :] != 0) & (keys < length)
+                    queries = i * bq + jax.lax.broadcasted_iota(jnp.int32, (chunk, bq), 1)
+                    return mask_plan.mask.mask_function(queries, keys, h) & (keys < length)
+
+                def rows_ok(c0):  # the last kv block runs past the array: its stale rows must not reach p.v
+                    rows = ki * bkv + c0 + jax.lax.broadcasted_iota(jnp.int32, (chunk, 1), 0)
+                    return rows < length if tail else None
+
+                fold_all(
+                    [
+                        Chunk(
+                            c0, chunk, all_lanes, allowed=lambda c0=c0: allowed(c0), v_rows_valid=rows_ok(c0)
+                        )
+                        for c0 in range(0, bkv, chunk)
+                    ]
+                )
 
         for code in (c for c in present if c >= FIRST_PATTERN):
             pattern = steps.pattern(code)
 
             @region(code)
             def _(pattern=pattern):
-                for k0, keys, lane0, lanes, masked in pattern.updates(bq, bkv, chunk):
-                    allowed = (valid_ref[pl.ds(k0, keys), :] != 0) if pattern.padded else None  # [C, 1]
-                    if masked:  # a PARTIAL sub-tile: the mask on this sub-tile only
-                        queries = i * bq + lane0 + jax.lax.broadcasted_iota(jnp.int32, (keys, lanes), 1)
-                        key_ids = ki * bkv + k0 + jax.lax.broadcasted_iota(jnp.int32, (keys, lanes), 0)
-                        sub = layout.mask.mask_function(queries, key_ids, h)
-                        allowed = sub if allowed is None else sub & allowed
-                    update(k0, keys, slice(lane0, lane0 + lanes), allowed=allowed)
+                def allowed(k0, keys, lane0, lanes, masked):  # None: the sub-tile runs mask-free
+                    valid = (valid_ref[pl.ds(k0, keys), :] != 0) if pattern.padded else None  # [C, 1]
+                    if not masked:
+                        return valid
+                    # a PARTIAL sub-tile: the mask on this sub-tile only
+                    queries = i * bq + lane0 + jax.lax.broadcasted_iota(jnp.int32, (keys, lanes), 1)
+                    key_ids = ki * bkv + k0 + jax.lax.broadcasted_iota(jnp.int32, (keys, lanes), 0)
+                    sub = layout.mask.mask_function(queries, key_ids, h)
+                    return sub if valid is None else sub & valid
+
+                fold_all(
+                    [
+                        Chunk(u[0], u[1], slice(u[2], u[2] + u[3]), allowed=_bind(allowed, u))
+                        for u in pattern.updates(bq, bkv, chunk)  # (k0, keys, lane0, lanes, masked)
+                    ]
+                )
 
         @pl.when(j == extent - 1)
         def _():
@@ -361,17 +460,17 @@ def lane_dense_attention(
     mask_plan = common.plan_mask(layout.mask, layout, steps.codes == StepKind.MASKED)
     table = mask_plan.mode == common.MaskPlanMode.TABLE
     chip = options.chip or current_chip()
+    sizes = (bq, bkv, chunk, register, head_dim, q.dtype.itemsize)
+    lookahead = options.lookahead
+    if lookahead is None:
+        lookahead = fit_lookahead(*sizes, chip, table, steps.key_validity)
     limit = check_blocks(
-        bq,
-        bkv,
-        chunk,
-        register,
-        head_dim,
-        q.dtype.itemsize,
+        *sizes,
         chip,
         table,
         compiled=not resolve_interpret(interpret),
         key_validity=steps.key_validity,
+        lookahead=lookahead,
     )
     if not present:  # nothing to compute: every row sees nothing
         o = jnp.zeros(q.shape, q.dtype)
@@ -408,6 +507,7 @@ def lane_dense_attention(
         p_dtype=p_dtype,
         n_tables=len(tables),
         with_lse=return_lse,
+        lookahead=lookahead,
     )
 
     def row_of(h, i):
