@@ -75,6 +75,7 @@ print(f"stlib from {Path(stlib.__file__).parent}; " + ", ".join(
     f"{d} {importlib.metadata.version(d)}" for d in ("jax", "jaxlib", "libtpu") if importlib.util.find_spec(d)))
 
 # %%
+import dataclasses
 import functools
 import math
 
@@ -486,17 +487,24 @@ shape = jax.ShapeDtypeStruct((SL, 128), jnp.bfloat16)
     lambda q, k, v: lane_dense_attention(q, k, v, sched_band, block_q=SB, block_kv=SB, interpret=False),
     shape, shape, shape, chip="v6e", kernel_prefix="lane_dense_in_view",
     compute_names=[region_name(c) for c in sched_plan.present])
+# the library in the order of the kernel above (lookahead 0), and at its default (every chunk's scores ahead)
 library_config = KernelConfig(impl=lane_dense.NAME, mask="band (density 0.25)", num_heads=1, length=SL, block_q=SB,
-                              block_kv=SB, options={"block_kv_compute": 512, "block_kv_register": 256}, chip="v6e")
+                              block_kv=SB, options={"block_kv_compute": 512, "block_kv_register": 256, "lookahead": 0},
+                              chip="v6e")
+ahead_config = dataclasses.replace(library_config, options={**library_config.options, "lookahead": None})
 (production,) = compiled_attributions(lane_dense.NAME, library_config)["kernels"]
-ours, theirs = per_step(mine), {n: b for n, b in production["paths"].items() if n in per_step(mine)}
-print(f"{'path (bundles)':<18} {'in view':>8} {'library':>8}")
+(ahead,) = compiled_attributions(lane_dense.NAME, ahead_config)["kernels"]
+ours = per_step(mine)
+theirs, ahead_paths = ({n: b for n, b in k["paths"].items() if n in ours} for k in (production, ahead))
+print(f"{'path (bundles)':<18} {'in view':>8} {'library':>8} {'library, scores ahead':>22}")
 for path in ours:
-    print(f"{path:<18} {ours[path]:>8,} {theirs.get(path, 0):>8,}")
+    print(f"{path:<18} {ours[path]:>8,} {theirs.get(path, 0):>8,} {ahead_paths.get(path, 0):>22,}")
 pairs = SB * SB / 1000
 print(f"FULL region per 1,000 score pairs: {ours['compute_full'] / pairs:.2f} bundles in view, "
-      f"{theirs['compute_full'] / pairs:.2f} in the library")
-for who, ops in (("in view", mine.ops["compute_full"]), ("library", production["ops"]["compute_full"])):
+      f"{theirs['compute_full'] / pairs:.2f} in the library, {ahead_paths['compute_full'] / pairs:.2f} with the "
+      f"scores ahead")
+for who, ops in (("in view", mine.ops["compute_full"]), ("library", production["ops"]["compute_full"]),
+                 ("library, scores ahead", ahead["ops"]["compute_full"])):
     print(f"FULL region ops, {who}: " + ", ".join(f"{unit} {n:,}" for unit, n in sorted(ops.items())))
 gaps = {path: ours[path] / theirs[path] - 1 for path in ours if theirs.get(path)}
 widest = max(gaps, key=lambda path: abs(gaps[path]))
@@ -504,9 +512,23 @@ print(f"largest gap: {widest}, {gaps[widest]:+.1%} (static schedules, not measur
 
 # %% [markdown]
 # Read the table this way: the grid step is the step table and the DMAs, and each compute region is
-# the chunk loop; the last line gives the largest gap between the two kernels. The FULL region's VALU
-# count shows where the difference lies: the kernel above scales q by scale x log2 e in every update, the library scales it once per
-# q tile into a VMEM scratch at the row's first step. Both are static schedules, not measurements.
+# the chunk loop; the last line gives the largest gap between the kernel above and the library in
+# the same order. The FULL region's VALU count shows where the difference lies: the kernel above
+# scales q by scale x log2 e in every update, the library scales it once per q tile into a VMEM
+# scratch at the row's first step. All three are static schedules, not measurements.
+#
+# ## The third generation: the next scores while this chunk waits
+#
+# The last column is the library as it runs by default. Its MXU, VALU and EUP op counts are those
+# of the middle column; only the order differs. A chunk's exponentials cannot start before the max
+# of its last score, and its p.v cannot start before its exponentials: in the kernel above, each
+# chunk's k q^T, max, exponentials and p.v follow one another, so the MXU waits while the EUP
+# exponentiates. The library issues the k q^T of the tile's later chunks before it folds the earlier
+# ones (`LaneDenseOptions.lookahead`, by default every chunk that fits VMEM, `fit_lookahead`), so the
+# scheduler has matrix work for the MXU while each chunk's exponentials run. The cost is VMEM: the
+# scores of all chunks are alive at once, `[block_kv, block_q]` f32 (26 MB at 2,560 x 2,560), which
+# `vmem_bytes` counts. At the case-study blocks the block sweep below compares chunks of 256 and
+# 512 keys with every chunk issued ahead.
 #
 # ## What the production kernel adds
 #
@@ -521,6 +543,7 @@ print(f"largest gap: {widest}, {gaps[widest]:+.1%} (static schedules, not measur
 #   read through a second prefetched index;
 # * padded rows of 3-D tiles: a per-key validity column for the patterns whose kv tile holds
 #   padding slots;
+# * the scores of later chunks issued ahead (above);
 # * the log-sum-exp output for the backward (exercise 1) and bf16 or f32 probabilities for p.v;
 # * the VMEM budget per chip (`vmem_limit_bytes`), block checks with messages, and tuned blocks per
 #   chip and pattern, chosen by the block sweep below.

@@ -437,8 +437,10 @@ print(f"{'tile-aligned sparse kernel of the case study':<56} {'n/a':>7} {'n/a':>
 #   judge it by.
 # * **The dense tile.** The second-generation kernel's own dense estimate is the floor of every
 #   sparse speed-up it reports: each bundle saved in its FULL region (notebook 07's schedule table)
-#   is saved on every computed tile. Its score tile passes through VMEM between the max and the
-#   exponential; keeping it in registers is the next kernel's aim.
+#   is saved on every computed tile. Issuing a tile's later scores ahead (notebook 07) took the
+#   v6e FULL region to within a few percent of its MXU floor; the scores still pass through VMEM
+#   between the max and the exponential, and v5e gained nothing from the new order, so v5e's dense
+#   tile is where the next bundles are.
 # * **Training.** The backward over the same tiles (notebook 10) costs more than twice the forward;
 #   the fused kernel is where a training step's time goes.
 # * **Other chips.** The block sweep and the estimates have v5e and TPU7x rows (`python -m

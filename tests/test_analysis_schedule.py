@@ -126,7 +126,11 @@ def test_parser_fails_loudly_on_unknown_format():
         S.parse_schedule(_dump(_program()), _analysis(49))
     with pytest.raises(S.ScheduleFormatError, match="total scheduled bundles"):
         S.parse_schedule(_dump(_program()), "Schedule analysis:\n\tbundles: 50\n")
-    # a branch inside the compute region cannot be attributed to a path
+
+
+def test_a_branch_inside_a_compute_region_counts_as_taken():
+    """A branch the data decides (a conditional rescale) is charged on every execution of its
+    region: the compute path is its 9 bundles once, the branch's body included."""
     nop = ("", "", "")
     nested = _program_with(
         {
@@ -139,8 +143,14 @@ def test_parser_fails_loudly_on_unknown_format():
             31: ("%v3 = vpow2.f32 %v2", "PF", "Start/End empty region 70"),
         }
     )
-    with pytest.raises(S.ScheduleFormatError, match="unattributed branch"):
-        A.attribute(S.parse_schedule(_dump(nested), _analysis(50)), "splash", "x")
+    schedule = S.parse_schedule(_dump(nested), _analysis(50))
+    att = A.attribute(schedule, "splash", "x")
+    plain = A.attribute(S.parse_schedule(_dump(_program()), _analysis(50)), "splash", "x")
+    assert att.paths["compute"] == 31 - 23 + 1
+    assert {k: v for k, v in att.paths.items() if k != "compute"} == {
+        k: v for k, v in plain.paths.items() if k != "compute"
+    }
+    assert att.ops["compute"]["valu"] == 1  # the branch body's vadd
 
 
 # --------------------------------------------------------------------------------------------

@@ -256,6 +256,19 @@ def test_compiled_blocks_need_lanes_and_fit_vmem():
     assert ld.check_blocks(1024, 2048, 512, 256, 128, 2, "v6e") == ld.vmem_limit("v6e")
 
 
+def test_the_default_lookahead_issues_every_chunk_ahead_that_fits_vmem():
+    sizes = (4096, 4096, 256, 256, 128, 2)  # 16 chunks: all their scores are 64 MiB of f32
+    assert ld.fit_lookahead(*sizes, "v6e") == 15  # 96 MiB: every later chunk
+    ahead = ld.fit_lookahead(*sizes, "tpu7x")  # 48 MiB: fewer
+    limit = ld.vmem_limit("tpu7x")
+    assert 0 < ahead < 15
+    assert ld.vmem_bytes(*sizes, lookahead=ahead) <= limit < ld.vmem_bytes(*sizes, lookahead=ahead + 1)
+    assert ld.vmem_bytes(*sizes, lookahead=None) == ld.vmem_bytes(*sizes, lookahead=15)
+    assert ld.check_blocks(*sizes, "tpu7x", lookahead=ahead) == limit
+    with pytest.raises(ValueError, match="lookahead None"):
+        ld.check_blocks(*sizes, "tpu7x")  # every chunk's scores at once: over TPU7x's limit
+
+
 def test_default_blocks_fit_their_chip():
     for chip, blocks in ld.DEFAULT_BLOCKS.items():
         ld.check_blocks(blocks.block_q, blocks.block_kv, blocks.kv_chunk, 256, 128, 2, chip)

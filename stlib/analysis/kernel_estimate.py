@@ -3,7 +3,9 @@ compiler as a stopwatch.
 
 Each Pallas kernel of the call is compiled for a chip of ``ESTIMATE_CHIPS`` without a TPU, its
 scheduled bundles are attributed to control paths (``stlib.analysis.attribution``), multiplied by how
-often each path runs (``stlib.analysis.counts``) and turned into time through the clock it is
+often each path runs (``stlib.analysis.counts``: from the step tables; a branch inside a path that
+only the data decides, such as a rescale taken when the running max grows, counts as taken on every
+execution of its path, ``schedule.flat_cost``) and turned into time through the clock it is
 given (this module knows no calibration: ``stlib.analysis.clock`` calibrates on top of it and
 ``stlib.analysis.static`` composes the two). A bundle issues in one cycle; stalls the schedule does not show are
 folded into the calibrated clock, except the DMA the pipeline cannot hide (``PathCounts.
