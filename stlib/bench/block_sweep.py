@@ -299,7 +299,7 @@ def figure_rows(records, targets: dict | None = None) -> dict:
         "panels": panels,
         "chips": chips,
         "ylabel": "cycles / dense Splash at its best blocks",
-        "targets": {f: (t, f"target {t:.2f} (v6e)") for f, t in (targets or {}).items() if f in panels},
+        "targets": {f: (t, f"target {t:g} (v6e)") for f, t in (targets or {}).items() if f in panels},
     }
 
 
