@@ -119,3 +119,13 @@ def test_a_chip_without_a_sliding_tile_sweep_takes_the_rows_of_the_chip_it_borro
         assert ld.tiled_rows(chip) == ld.TILED_ROWS[ld.ROWS_FROM]
     for chip, rows in ld.TILED_ROWS.items():
         assert ld.tiled_rows(chip) == rows
+
+
+def test_the_table_says_met_or_missed_against_the_chips_target_to_four_places(capsys):
+    name = ld.NAME
+    target = block_sweep.TARGETS["tpu7x"]["band 0.25"]
+    splash = record("tpu7x", "dense", "splash", (1024, 2048, None), 10_000)
+    band = record("tpu7x", "band 0.25", name, (2048, 2048, 512), round(10_000 * (target + 0.0002)))
+    block_sweep.print_table([splash, band])
+    (line,) = [row for row in capsys.readouterr().out.splitlines() if row.startswith("tpu7x  band")]
+    assert f"{target + 0.0002:.4f} {target:g} missed" in line

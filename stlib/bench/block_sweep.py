@@ -247,15 +247,19 @@ def table(records) -> list[dict]:
 
 def print_table(records) -> None:
     print(
-        f"{'chip':<6} {'family':<13} {'blocks':<17} {'ratio':>6} {'target':>7} {'ms':>8} {'grid steps':>10}  "
+        f"{'chip':<6} {'family':<13} {'blocks':<15} {'ratio':>7} {'target':<12} {'ms':>7} {'grid steps':>10}  "
         "dense Splash (best blocks, ms)"
     )
     for row in table(records):
         bq, bkv, chunk = row["blocks"]
-        met = "" if row["target"] is None else ("met" if row["ratio"] <= row["target"] else "missed")
+        target = (
+            ""
+            if row["target"] is None
+            else f"{row['target']:g} " + ("met" if row["ratio"] <= row["target"] else "missed")
+        )
         print(
-            f"{row['chip']:<6} {row['family']:<13} {f'{bq}x{bkv}/{chunk}':<17} {row['ratio']:>6.3f} "
-            f"{row['target'] or '':>5} {met:<6} {row['total_ms']:>7.2f} {row['grid_steps']:>10,}  "
+            f"{row['chip']:<6} {row['family']:<13} {f'{bq}x{bkv}/{chunk}':<15} {row['ratio']:>7.4f} {target:<12} "
+            f"{row['total_ms']:>7.2f} {row['grid_steps']:>10,}  "
             f"{row['splash_blocks'][0]}x{row['splash_blocks'][1]}, {row['splash_ms']:.2f}"
         )
     print("static estimates (not measurements); ms at each chip's calibrated or assumed clock")

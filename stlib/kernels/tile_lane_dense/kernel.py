@@ -51,8 +51,9 @@ class LaneDenseOptions:
     ``bf16_probs``: probabilities enter p.v in v's dtype when v is bf16 (f32 inputs stay f32);
     ``pattern_grain``: sub-tile size of pattern steps (None: chosen per layout, 0: no patterns);
     ``lookahead``: chunks of a step whose scores (k q^T) are issued ahead of the chunk being folded
-    (None: every later chunk of the kv block, as many as fit VMEM, ``fit_lookahead``; 0: none, each
-    chunk's scores just before its max);
+    in the mask-free regions (FULL, RAGGED, patterns without masked sub-tiles; a region that
+    evaluates the mask folds in order) (None: every later chunk of the kv block, as many as fit VMEM,
+    ``fit_lookahead``; 0: none, each chunk's scores just before its max);
     ``chip``: the chip whose VMEM the blocks must fit and whose limit the call asks for (None: the
     chip at hand, else the smallest VMEM in the chip table)."""
 
@@ -307,11 +308,13 @@ def _build_kernel(
                 qs_ref.dtype
             )  # [bq, D]
 
-        def fold_all(chunks):
+        def fold_all(chunks, predicate=False):
             """Fold ``chunks`` in order, each chunk's scores issued ``lookahead`` chunks ahead (all of
             them first when None), so the MXU has the next scores to compute while a chunk's max and
-            exponentials wait on the last of its own."""
-            ahead = len(chunks) if lookahead is None else lookahead
+            exponentials wait on the last of its own. A region that evaluates the mask's predicate
+            (``predicate``) folds each chunk's scores as they come: its iota and index temporaries
+            beside every chunk's scores overflowed VMEM (the per-head SVG mix at 147,600 tokens on v6e)."""
+            ahead = 0 if predicate else len(chunks) if lookahead is None else lookahead
             scores = {}
 
             def issue(n):
@@ -391,11 +394,10 @@ def _build_kernel(
 
                 fold_all(
                     [
-                        Chunk(
-                            c0, chunk, all_lanes, allowed=lambda c0=c0: allowed(c0), v_rows_valid=rows_ok(c0)
-                        )
+                        Chunk(c0, chunk, all_lanes, allowed=_bind(allowed, (c0,)), v_rows_valid=rows_ok(c0))
                         for c0 in range(0, bkv, chunk)
-                    ]
+                    ],
+                    predicate=True,
                 )
 
         for code in (c for c in present if c >= FIRST_PATTERN):
@@ -417,7 +419,8 @@ def _build_kernel(
                     [
                         Chunk(u[0], u[1], slice(u[2], u[2] + u[3]), allowed=_bind(allowed, u))
                         for u in pattern.updates(bq, bkv, chunk)  # (k0, keys, lane0, lanes, masked)
-                    ]
+                    ],
+                    predicate=pattern.masked_sub_tiles > 0,
                 )
 
         @pl.when(j == extent - 1)
