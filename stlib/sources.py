@@ -14,6 +14,8 @@ ROOT = Path(__file__).resolve().parent
 #: ``ast.parse`` from several threads at once can fail in CPython 3.11 ("AST constructor recursion
 #: depth mismatch"); the estimator's tables key their compiles from a thread pool.
 _PARSE = threading.Lock()
+#: (path, mtime, size) -> the file's import statements (``_imported_names``), guarded by ``_PARSE``.
+_PARSED: dict[tuple[str, int, int], tuple] = {}
 
 
 def module_file(module: str, root: Path = ROOT) -> Path | None:
@@ -28,6 +30,24 @@ def module_file(module: str, root: Path = ROOT) -> Path | None:
     return None
 
 
+def _imported_names(path: Path) -> tuple[tuple[str, int, tuple[str, ...]], ...]:
+    """The import statements of one source file as (module, level, names): ``import a.b`` is
+    ("a.b", 0, ()), ``from ..x import y`` ("x", 2, ("y",)). Parsed once per version of the file
+    (its size and modification time): the estimate cache hashes a kernel's sources on every lookup."""
+    stat = path.stat()
+    key = (str(path), stat.st_mtime_ns, stat.st_size)
+    with _PARSE:
+        if key not in _PARSED:
+            found = []
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Import):
+                    found += [(alias.name, 0, ()) for alias in node.names]
+                elif isinstance(node, ast.ImportFrom):
+                    found.append((node.module or "", node.level, tuple(a.name for a in node.names)))
+            _PARSED[key] = tuple(found)
+        return _PARSED[key]
+
+
 def module_imports(module: str, root: Path = ROOT) -> set[str]:
     """The stlib modules ``module`` imports, at module level or inside functions: ``from pkg import
     name`` counts as the submodule ``pkg.name`` where there is one, else as ``pkg`` itself."""
@@ -36,20 +56,17 @@ def module_imports(module: str, root: Path = ROOT) -> set[str]:
         return set()
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found = set()
-    with _PARSE:
-        tree = ast.parse(path.read_text(), str(path))
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = package.split(".")
-                anchor = parts[: len(parts) - node.level + 1]
-                base = ".".join([*anchor, base] if base else anchor)
-            for alias in node.names:
-                sub = f"{base}.{alias.name}"
-                found.add(sub if module_file(sub, root) is not None else base)
+    for base, level, names in _imported_names(path):
+        if not level and not names:  # import a.b
+            found.add(base)
+            continue
+        if level:
+            parts = package.split(".")
+            anchor = parts[: len(parts) - level + 1]
+            base = ".".join([*anchor, base] if base else anchor)
+        for name in names:
+            sub = f"{base}.{name}"
+            found.add(sub if module_file(sub, root) is not None else base)
     return {name for name in found if name == "stlib" or name.startswith("stlib.")}
 
 

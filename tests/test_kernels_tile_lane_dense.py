@@ -92,9 +92,9 @@ def test_sliding_tile_rows_of_tiles_run_as_patterns():
     w-window of three tiles, clamped at the edges: 15 of 25 sub-tiles), mask-free; kv blocks at the
     padded h edge (14 rows in tiles of 4) mask their padding slots by key. Same output as the
     reference, and as the same kernel with patterns off (every block MASKED)."""
-    grid = stlib.VideoGrid(8, 14, 80)
+    grid = stlib.VideoGrid(4, 14, 80)
     tile = (2, 4, 16)
-    mask = masks.sliding_tile(grid, tile, (3, 3, 3))
+    mask = masks.sliding_tile(grid, tile, (1, 3, 3))  # two tiles along t, each its own window
     order = stlib.tiled_order(grid, tile)
     layout = stlib.block_layout(mask.permute(order), 640, 640)
     steps = ld.plan_steps(layout, order.length)

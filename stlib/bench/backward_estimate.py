@@ -3,8 +3,8 @@
 heads x 75,600 tokens x 128, bf16), glue included, per chip. Static estimates with the forward's
 calibrated clock (nothing fitted to backward timings), never measurements.
 
-    python -m stlib.bench.backward_estimate run [--chips v6e tpu7x]   # ~1-4 min a case, cached
-    python -m stlib.bench.backward_estimate table
+    python -m stlib.bench.backward_estimate run [--chips v6e tpu7x] [--impls pallas_tile_lane_dense]
+    python -m stlib.bench.backward_estimate table   # ~1-4 min a case above, cached; this one reads
 
 Records: ``data/backward_estimates.jsonl``, one per (chip, impl, mask, direction, options); Splash's
 backward is the better of its fused and split kernels, each at the best of its tuned candidates.
@@ -35,10 +35,10 @@ def _baseline() -> str:
     return registry.baseline().name
 
 
-def cases(chips=None) -> list[dict]:
+def cases(chips=None, impls=None) -> list[dict]:
     """The estimates of the table: per chip, the tile kernel forward and backward on every mask
     of ``MASKS`` at its default blocks, and dense Splash forward (tuned) and backward (tuned, fused
-    and split)."""
+    and split); only those of ``impls`` where given (a kernel changed, the others' records stand)."""
     baseline, out = _baseline(), []
     for chip in chips or CHIPS:
         for mask in MASKS:
@@ -56,6 +56,11 @@ def cases(chips=None) -> list[dict]:
                     "options": {"fused_backward": fused},
                 }
             )
+    if impls is not None:
+        unknown = set(impls) - {TILE_KERNEL, baseline}
+        if unknown:
+            raise ValueError(f"impls {sorted(unknown)}: the table has {TILE_KERNEL} and {baseline} only")
+        out = [case for case in out if case["impl"] in impls]
     return out
 
 
@@ -103,7 +108,7 @@ def estimate_case(case: dict) -> dict:
     }
 
 
-def run(chips=None, path=None) -> list[dict]:
+def run(chips=None, path=None, impls=None) -> list[dict]:
     """Estimate every case (``cases``), appending each record to ``path`` (default ``RECORDS``)."""
     from stlib.bench.progress import progress
     from stlib.bench.records import provenance
@@ -111,7 +116,7 @@ def run(chips=None, path=None) -> list[dict]:
     path = Path(path or paths.home() / RECORDS)
     origin = provenance()
     records = []
-    for case in progress(cases(chips), "backward estimates"):
+    for case in progress(cases(chips, impls), "backward estimates"):
         record = {**estimate_case(case), **origin}
         with path.open("a") as handle:
             handle.write(json.dumps(record) + "\n")
@@ -224,10 +229,13 @@ def main(argv=None) -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     run_parser = sub.add_parser("run", help="estimate every case (no TPU needed)")
     run_parser.add_argument("--chips", nargs="*")
+    run_parser.add_argument(
+        "--impls", nargs="*", help=f"only these kernels' cases ({TILE_KERNEL}, the baseline)"
+    )
     sub.add_parser("table", help="the records as the targets table")
     args = parser.parse_args(argv)
     if args.command == "run":
-        run(args.chips)
+        run(args.chips, impls=args.impls)
     print(format_table(read()))
 
 
