@@ -218,3 +218,36 @@ def test_backward_methods_are_checked(monkeypatch):
     with pytest.raises(ValueError, match="does not fit in VMEM.*use method='split'"):
         bw.kernel_calls(exact_passes(layout), "fused", **args)
     assert {c.kind for c in bw.kernel_calls(exact_passes(layout), "auto", **args)} == {"dq", "dkv"}
+
+
+def test_rows_of_3d_tiles_train_one_tile_per_backward_block():
+    """The lane-dense forward runs a sliding tile in rows of 3-D tiles (pattern steps); its backward
+    runs one tile per block, where every tile is FULL or EMPTY (``one_tile_layout``), and its
+    gradient is the analytic one."""
+    from stlib.kernels.backward import one_tile_layout
+
+    grid, tile = stlib.VideoGrid(4, 6, 64), (2, 4, 16)  # tiles of 128 tokens, rows of 4; h padded 6 -> 8
+    mask = masks.sliding_tile(grid, tile, (1, 1, 3))
+    order = stlib.tiled_order(grid, tile)
+    permuted = mask.permute(order)
+    rows = stlib.block_layout(permuted, 512, 512)
+    assert rows.kind_counts()["PARTIAL"] > 0  # a row of tiles against another: the w-window masks
+    tiles = one_tile_layout(rows)
+    assert (tiles.block_q, tiles.block_kv) == (128, 128) and tiles.kind_counts()["PARTIAL"] == 0
+    assert (
+        one_tile_layout(stlib.block_layout(masks.band(order.length, 300), 512, 512)) is None
+    )  # no 3-D tiles
+    assert one_tile_layout(tiles) is None  # already one tile per block
+    q, k, v = stlib.random_qkv((2, grid.num_tokens, DIM), seed=6)
+    do = jax.random.normal(jax.random.key(7), q.shape)
+    dense = mask.to_dense()
+    want = analytic_gradients(q, k, v, np.broadcast_to(dense, (2, *dense.shape)), do, DIM**-0.5)
+
+    def loss(q, k, v):
+        out = stlib.video_attention(
+            q, k, v, grid, mask, impl="pallas_tile_lane_dense", orders=order, block_q=512, block_kv=512
+        )
+        return jnp.sum(out * do)
+
+    got = _grad_fn(loss, True)(q, k, v)
+    _assert_gradients(got, want, jnp.float32, np.broadcast_to(dense, (2, *dense.shape)), unseen_keys=False)

@@ -13,7 +13,8 @@ import re
 import jax.numpy as jnp
 import numpy as np
 
-from stlib.device import current_chip, resolve_interpret
+from stlib.device import LANES, current_chip, resolve_interpret
+from stlib.geometry import TokenOrder, tile_rows
 from stlib.kernels import common
 from stlib.kernels.backward_kernels import (
     BACKWARD_PREFIXES,
@@ -242,6 +243,23 @@ def call_schedule_counts(call: KernelCall, num_heads: int, head_dim: int, itemsi
     )
 
 
+def one_tile_layout(layout):
+    """The layout at one 3-D tile per block where the forward's blocks are rows of lane-aligned 3-D
+    tiles (a mask in a padded ``tiled_order``) and, at that grain, every tile is FULL or EMPTY; else
+    None. The forward runs such rows as pattern steps (mask-free sub-tiles); the backward has no
+    patterns, and at ``BACKWARD_TILE`` every one of its tiles would evaluate the mask. Static
+    estimate of the fused backward, sliding tile 3x8x16 window 3, 10 x 75,600 x 128, v6e: 271.7 ms
+    at 1,024 x 1,024 (every tile masked) against 57.3 ms at 384 x 384."""
+    order = getattr(layout.mask, "order", None)
+    rows = tile_rows(order) if isinstance(order, TokenOrder) else None
+    if rows is None or rows[0] % LANES or layout.block_q % rows[0] or layout.block_kv % rows[0]:
+        return None
+    if (layout.block_q, layout.block_kv) == (rows[0], rows[0]):
+        return None  # already one tile per block
+    tiles = block_layout(layout.mask, rows[0], rows[0])
+    return None if tiles.kind_counts()["PARTIAL"] else tiles
+
+
 def tile_training(forward_with_lse, resolve, passes_of, *, own_blocks: bool = False) -> Backward:
     """The ``registry.Backward`` of a flash kernel whose ``forward_with_lse(q, k, v, layout, mask, *,
     scale, options, interpret) -> (o, lse)`` runs the call's ``mask`` (None: dense) on a layout of
@@ -269,8 +287,9 @@ def tile_training(forward_with_lse, resolve, passes_of, *, own_blocks: bool = Fa
             default = common.block_sizes_for(length, None, None, interpret=interpret)
             cap = (default.block_q, default.block_kv) if resolve_interpret(interpret) else BACKWARD_TILE
             sizes = (min(layout.block_q, cap[0]), min(layout.block_kv, cap[1]))
-            if sizes != (layout.block_q, layout.block_kv):
-                layout = block_layout(layout.mask, *sizes)
+            layout = one_tile_layout(layout) or (
+                layout if sizes == (layout.block_q, layout.block_kv) else block_layout(layout.mask, *sizes)
+            )
         chip = getattr(options, "chip", None) or current_chip()  # a kernel sized for a chip: its backward too
         calls = kernel_calls(
             passes_of(layout, options),
@@ -344,6 +363,7 @@ __all__ = [
     "dq_windows",
     "fused_vmem_bytes",
     "kernel_calls",
+    "one_tile_layout",
     "residual_rows",
     "tile_backward",
     "tile_training",
