@@ -386,9 +386,11 @@ print(backward_estimate.format_table(backward_estimate.read(cfg.data / "backward
 # Read the table against its targets: the issue asks for a backward within 2.5x its forward (the
 # fused kernel's flops are exactly 2.5x) and forward + backward within a quarter of dense Splash's.
 # Where a row misses, the per-kernel breakdown in the records (`bundles` per path) says why: a
-# grid step's fixed cost beside a 512 x 1,024 tile, and, for the sliding tile in its 3-D tiled
-# order, the mask evaluated from indices in every PARTIAL tile (the forward uses precomputed tile
-# patterns instead).
+# grid step's fixed cost beside its tile. The sliding tile shows it most. Its forward runs rows of
+# 3-D tiles as pattern steps; the backward has no patterns, so it runs one 3-D tile (384 x 384) per
+# block, where every tile is FULL or EMPTY (`stlib.kernels.backward.one_tile_layout`). At 1,024 x
+# 1,024 every one of its tiles would evaluate the mask from indices: 271.7 ms on v6e against
+# 57.3 ms at one tile per block, whose small tiles pay the step cost instead.
 
 # %% [markdown]
 # The backward also compiles for real chips without one. `python -m stlib.bench.backward_compile
