@@ -207,7 +207,6 @@ KNOWN_LONG = {
     "tests/test_notebooks.py::test_runs_at_small_configuration[10_": 30,
     "tests/test_routing.py::test_plan_compiles_for_v6e_at_case_study_shape": 60,
     "tests/test_analysis_estimate.py::test_estimate_is_deterministic_and_cached": 60,
-    "tests/test_tpu_compile.py::test_compiles_at_case_study_shape[pallas_tile_lane_dense-": 45,
     "tests/test_tpu_compile.py::test_the_backward_compiles_at_case_study_shape[pallas_tile_lane_dense-": 60,
     "tests/test_analysis_estimate.py::test_skipped_masked_and_full_steps": 40,
     "tests/test_tpu_compile.py::test_lane_dense_sliding_tile_in_rows_of_tiles_compiles": 35,
