@@ -18,8 +18,10 @@ from stlib.bench.records import (
     Timing,
     compile_function,
     environment,
+    latest_per_key,
     provenance,
     read_records,
+    record_each,
     time_function,
 )
 
@@ -110,6 +112,48 @@ def test_read_records_latest_run(tmp_path):
 def test_read_records_of_a_missing_file(tmp_path):
     assert read_records(tmp_path / "none.jsonl") == []
     assert read_records(tmp_path / "none.jsonl", latest_run=True) == []
+
+
+def test_record_each_appends_every_record_as_it_is_made_with_the_runs_provenance(tmp_path):
+    path = tmp_path / "sub" / "records.jsonl"
+    seen = []
+
+    def make(item):
+        seen.append(path.read_text().count("\n") if path.exists() else 0)
+        if item == "boom":
+            raise RuntimeError("stopped")
+        return {"case": item, "date": "the record's own"}
+
+    with pytest.raises(RuntimeError, match="stopped"):
+        record_each(["a", "b", "boom"], make, path, "test records")
+    assert seen == [0, 1, 2]  # each record was on disk before the next one was made
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["case"] for r in lines] == ["a", "b"]
+    assert {r["date"] for r in lines} == {lines[0]["date"]} != {"the record's own"}  # provenance wins, once
+    assert all(set(records.PROVENANCE_FIELDS) <= set(r) for r in lines)
+
+
+def test_record_each_reports_a_line_per_record(tmp_path, capsys):
+    out = record_each(
+        [1, 2],
+        lambda i: {"case": i},
+        tmp_path / "r.jsonl",
+        "test records",
+        report=lambda r: f"case {r['case']}",
+    )
+    assert [r["case"] for r in out] == [1, 2]
+    printed = capsys.readouterr().out
+    assert "[test records 1/2] case 1" in printed and "[test records 2/2] case 2" in printed
+
+
+def test_latest_per_key_keeps_the_last_record_of_each_key(tmp_path):
+    path = tmp_path / "r.jsonl"
+    path.write_text(
+        "\n".join(json.dumps(r) for r in [{"k": 1, "v": "old"}, {"k": 2, "v": "x"}, {"k": 1, "v": "new"}])
+        + "\n"
+    )
+    assert latest_per_key(path, lambda r: r["k"]) == {1: {"k": 1, "v": "new"}, 2: {"k": 2, "v": "x"}}
+    assert latest_per_key(tmp_path / "missing.jsonl", lambda r: r["k"]) == {}
 
 
 def test_time_function_statistics():

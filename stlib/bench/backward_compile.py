@@ -17,7 +17,6 @@ import argparse
 import json
 import re
 import time
-from pathlib import Path
 
 from stlib import paths
 
@@ -141,30 +140,22 @@ def cases(chips=None, impls=None, long_videos=False) -> list[tuple[str, str, str
 def run(chips=None, impls=None, path=None, long_videos=False) -> list[dict]:
     """Compile every case (``cases``), appending each record to ``path`` (default ``RECORDS`` under
     ``stlib.paths.home()``) with the run's provenance."""
-    from stlib.bench.progress import progress
-    from stlib.bench.records import provenance
+    from stlib.bench.records import record_each
 
-    path = Path(path or paths.home() / RECORDS)
-    origin = provenance()
-    records = []
-    for impl, mask, chip, options, video in progress(cases(chips, impls, long_videos), "backward compiles"):
-        record = {**compile_backward(impl, mask, chip, options, video), **origin}
-        with path.open("a") as handle:
-            handle.write(json.dumps(record) + "\n")
-        records.append(record)
-    return records
+    path = path or paths.home() / RECORDS
+    return record_each(
+        cases(chips, impls, long_videos), lambda c: compile_backward(*c), path, "backward compiles"
+    )
 
 
 def read(path=None) -> list[dict]:
     """The latest record of each (impl, mask, chip, options) in ``path``."""
-    latest: dict = {}
-    for line in Path(path or paths.home() / RECORDS).read_text().splitlines():
-        if line.strip():
-            r = json.loads(line)
-            latest[
-                (r["impl"], r["mask"], r["chip"], json.dumps(r["options"], sort_keys=True), r.get("video"))
-            ] = r
-    return list(latest.values())
+    from stlib.bench.records import latest_per_key
+
+    def key(r):
+        return r["impl"], r["mask"], r["chip"], json.dumps(r["options"], sort_keys=True), r.get("video")
+
+    return list(latest_per_key(path or paths.home() / RECORDS, key).values())
 
 
 def format_table(records) -> str:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 from stlib import paths
 from stlib.kernels.tile_lane_dense import NAME as TILE_KERNEL  # the best tile kernel
@@ -110,18 +109,11 @@ def estimate_case(case: dict) -> dict:
 
 def run(chips=None, path=None, impls=None) -> list[dict]:
     """Estimate every case (``cases``), appending each record to ``path`` (default ``RECORDS``)."""
-    from stlib.bench.progress import progress
-    from stlib.bench.records import provenance
+    from stlib.bench.records import record_each
 
-    path = Path(path or paths.home() / RECORDS)
-    origin = provenance()
-    records = []
-    for case in progress(cases(chips, impls), "backward estimates"):
-        record = {**estimate_case(case), **origin}
-        with path.open("a") as handle:
-            handle.write(json.dumps(record) + "\n")
-        records.append(record)
-    return records
+    return record_each(
+        cases(chips, impls), estimate_case, path or paths.home() / RECORDS, "backward estimates"
+    )
 
 
 def _key(record: dict) -> tuple:
@@ -136,12 +128,9 @@ def _key(record: dict) -> tuple:
 
 def read(path=None) -> dict[tuple, dict]:
     """The latest record of each case in ``path``, by (chip, impl, mask, backward, options)."""
-    latest: dict = {}
-    for line in Path(path or paths.home() / RECORDS).read_text().splitlines():
-        if line.strip():
-            record = json.loads(line)
-            latest[_key(record)] = record
-    return latest
+    from stlib.bench.records import latest_per_key
+
+    return latest_per_key(path or paths.home() / RECORDS, _key)
 
 
 def targets(records: dict[tuple, dict]) -> list[dict]:

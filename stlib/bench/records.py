@@ -87,11 +87,42 @@ class Recorder:
         """Write ``record`` with the environment, ``run`` and provenance (``provenance``) fields in
         front; return it."""
         full = {**environment(), "run": RUN_ID, **provenance(), **record}
-        with open(self.path, "a") as handle:
-            handle.write(json.dumps(full, default=_jsonable) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
+        append_line(self.path, full)
         return full
+
+
+def append_line(path: Path, record: dict) -> None:
+    """Append ``record`` to the .jsonl file ``path`` as one line, flushed and synced at once."""
+    with open(path, "a") as handle:
+        handle.write(json.dumps(record, default=_jsonable) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def record_each(items, make_record, path: Path, what: str, report=None) -> list[dict]:
+    """``make_record(item)`` for each of ``items`` under a progress bar (``what``): each record gets the
+    run's provenance (``provenance``, taken once) and is appended to ``path`` as soon as it is made, so
+    a long run that stops keeps what it finished. ``report(record)``, if given, returns a line to
+    print for it. Returns the records."""
+    from stlib.bench.progress import Progress
+
+    items = list(items)
+    origin, records = provenance(), []
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with Progress(len(items), what) as bar:
+        for item in items:
+            record = {**make_record(item), **origin}
+            append_line(path, record)
+            records.append(record)
+            bar.step(report(record) if report else "")
+    return records
+
+
+def latest_per_key(path: Path, key) -> dict:
+    """The latest record of each ``key(record)`` in the .jsonl file ``path`` (a later line replaces an
+    earlier one with the same key); {} where the file does not exist."""
+    return {key(record): record for record in read_records(path)}
 
 
 def _jsonable(value):

@@ -25,7 +25,6 @@ import json
 import re
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -168,32 +167,23 @@ def model_plan():
 def run(only=None, path=None) -> list[dict]:
     """Compile each case (``cases(only)``) and append its record to ``path`` (default ``RECORDS``
     under ``stlib.paths.home()``), with the run's provenance."""
-    from stlib.bench.progress import progress
-    from stlib.bench.records import provenance
+    from stlib.bench.records import record_each
 
-    path = path or paths.home() / RECORDS
-    origin = provenance()
     plan = model_plan()
-    records = []
-    for slice_, strategy in progress(cases(only), "slice compiles"):
-        record = {**compile_case(slice_, strategy, plan), **origin}
-        with open(path, "a") as handle:
-            handle.write(json.dumps(record) + "\n")
-        print(
-            json.dumps({k: record[k] for k in ("case", "compile_s", "argument_bytes_per_device")}), flush=True
-        )
-        records.append(record)
-    return records
+    return record_each(
+        cases(only),
+        lambda case: compile_case(*case, plan),
+        path or paths.home() / RECORDS,
+        "slice compiles",
+        report=lambda r: json.dumps({k: r[k] for k in ("case", "compile_s", "argument_bytes_per_device")}),
+    )
 
 
 def read(path=None) -> list[dict]:
     """The latest record of each case in ``path`` (default ``RECORDS`` under ``stlib.paths.home()``)."""
-    latest: dict[str, dict] = {}
-    for line in Path(path or paths.home() / RECORDS).read_text().splitlines():
-        if line.strip():
-            record = json.loads(line)
-            latest[record["case"]] = record
-    return list(latest.values())
+    from stlib.bench.records import latest_per_key
+
+    return list(latest_per_key(path or paths.home() / RECORDS, lambda r: r["case"]).values())
 
 
 def all_to_all_seconds(record: dict) -> float:

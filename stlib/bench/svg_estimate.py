@@ -14,8 +14,6 @@ Records: ``data/svg_estimates.jsonl``, one per (chip, video, impl); the table re
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
 from stlib import paths
 from stlib.bench.backward_compile import LONG_VIDEOS, SVG_MIX, _raster_mask_and_orders
@@ -94,28 +92,18 @@ def estimate_case(case: dict) -> dict:
 
 def run(chips=None, videos=None, path=None) -> list[dict]:
     """Estimate every case (``cases``), appending each record to ``path`` (default ``RECORDS``)."""
-    from stlib.bench.progress import progress
-    from stlib.bench.records import provenance
+    from stlib.bench.records import record_each
 
-    path = Path(path or paths.home() / RECORDS)
-    origin = provenance()
-    records = []
-    for case in progress(cases(chips, videos), "SVG-mix estimates"):
-        record = {**estimate_case(case), **origin}
-        with path.open("a") as handle:
-            handle.write(json.dumps(record) + "\n")
-        records.append(record)
-    return records
+    return record_each(
+        cases(chips, videos), estimate_case, path or paths.home() / RECORDS, "SVG-mix estimates"
+    )
 
 
 def read(path=None) -> dict[tuple, dict]:
     """The latest record of each (chip, video, impl) in ``path``."""
-    latest: dict = {}
-    for line in Path(path or paths.home() / RECORDS).read_text().splitlines():
-        if line.strip():
-            record = json.loads(line)
-            latest[(record["chip"], record["video"], record["impl"])] = record
-    return latest
+    from stlib.bench.records import latest_per_key
+
+    return latest_per_key(path or paths.home() / RECORDS, lambda r: (r["chip"], r["video"], r["impl"]))
 
 
 def ratios(records: dict[tuple, dict]) -> list[dict]:
