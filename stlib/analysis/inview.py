@@ -37,10 +37,7 @@ def kernel_schedules(
     kernel named ``kernel_prefix...``; ``compute_names`` names its conditional compute regions (the
     ``pl.when`` regions with MXU work), in order. Raises RuntimeError when the compile fails and
     ScheduleFormatError when the schedule is not of the grid-loop form the estimator reads."""
-    import jax
-
-    exported = jax.export.export(jax.jit(fn), platforms=["tpu"])(*shapes)
-    program = _LOCATION.sub("", exported.mlir_module())  # where the cell was defined changes nothing
+    exported, program = exported_program(fn, *shapes)
     key_data = {
         **tool_key(),
         "inview": hashlib.sha256(program.encode()).hexdigest(),
@@ -60,6 +57,23 @@ def kernel_schedules(
         kernels = attribute_dump(dump, chip, None, lambda name: name.startswith(kernel_prefix), compute_names)
     write_entry(key_data, {"key": key_data, "kernels": [dataclasses.asdict(k) for k in kernels]})
     return kernels
+
+
+def exported_program(fn, *shapes):
+    """``fn`` exported for TPU at ``shapes``, and its program text without source locations: the
+    text, and so the cache key, is the same in every process. Where a function was defined changes
+    nothing: a notebook cell's file is ``/tmp/ipykernel_<pid>/<hash>.py``, a new one in every kernel,
+    and a Pallas kernel's body carries its locations inside the serialized Mosaic module, where no
+    text substitution reaches; so the export records no traceback frames at all."""
+    import jax
+
+    limit = jax.config.jax_traceback_in_locations_limit
+    jax.config.update("jax_traceback_in_locations_limit", 0)
+    try:
+        exported = jax.export.export(jax.jit(fn), platforms=["tpu"])(*shapes)
+    finally:
+        jax.config.update("jax_traceback_in_locations_limit", limit)
+    return exported, _LOCATION.sub("", exported.mlir_module())
 
 
 def _attribution(record: dict) -> Attribution:
