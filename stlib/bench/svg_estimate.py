@@ -1,7 +1,13 @@
 """The per-head SVG mix in the static estimate: the best tile kernel (``pallas_tile_lane_dense``, its
 default blocks) on the 10-head mix of ``backward_compile`` (5 spatial heads in raster order, 5
-temporal heads in token-major order, density 0.25 each, with the first-frame anchor) against dense
-Splash at its tuned blocks, per chip and video length, glue included. The ratio is clock-free (both
+temporal heads in token-major order, density 0.25 each, with an anchor) against dense Splash at its
+tuned blocks, per chip and video length, glue included.
+
+The anchor (``ANCHORS``): "reordered", the default, is what SVG's plan runs (``stlib.routing``): a
+temporal head keeps the first H*W keys of its token-major order, one run of kv tiles. "frame0" is the
+catalogue's mix as it stands (``case_study_masks``): frame 0 in token-major order is every T-th
+token, so that anchor puts keys in every kv tile of a temporal head, and the kernel computes every
+tile of those heads (the catalogue warns of it). The ratio is clock-free (both
 estimates share the chip's calibrated clock): the block sweep's table (``block_sweep``) for a fourth
 mask. Static estimates, never measurements.
 
@@ -23,6 +29,8 @@ RECORDS = "data/svg_estimates.jsonl"
 #: The videos of the table: the case study's 21 x 45 x 80 latent grid and Wan's 161-frame 720p one.
 VIDEOS = {"case study": (21, 45, 80), "720p, 161 frames": LONG_VIDEOS["720p, 161 frames"]}
 CHIPS = ("v6e", "tpu7x", "v5e")
+#: The temporal heads' anchors (module docstring); the first is the default.
+ANCHORS = ("reordered", "frame0")
 
 
 def _baseline() -> str:
@@ -31,25 +39,40 @@ def _baseline() -> str:
     return registry.baseline().name
 
 
-def kernel_mask(video: str):
+def kernel_mask(video: str, anchor: str = ANCHORS[0]):
     """The mask the tile kernel runs for the SVG mix on ``video``: each head's raster mask in that
-    head's token order (as ``stlib.video_attention`` permutes it)."""
+    head's token order (as ``stlib.video_attention`` permutes it), the temporal heads with ``anchor``
+    (``ANCHORS``; "frame0": the catalogue's mix, "reordered": each head's ``stlib.routing.exact_mask``)."""
+    from stlib import routing
     from stlib.geometry import VideoGrid
-    from stlib.masks import per_head
+    from stlib.masks import band_width_for_density, per_head
 
-    mask, orders = _raster_mask_and_orders(SVG_MIX, VideoGrid(*VIDEOS[video]))
+    if anchor not in ANCHORS:
+        raise ValueError(f"anchor={anchor!r}: choose from {ANCHORS}")
+    grid = VideoGrid(*VIDEOS[video])
+    mask, orders = _raster_mask_and_orders(SVG_MIX, grid)
+    if anchor == "reordered":
+        kinds = [routing.HeadKind.SPATIAL if o.is_identity else routing.HeadKind.TEMPORAL for o in orders]
+        width = band_width_for_density(grid.num_tokens, 0.25)
+        mask = per_head([routing.exact_mask(grid, kind, width) for kind in kinds])
     return per_head([mask.head(h).permute(order) for h, order in enumerate(orders)])
 
 
-def cases(chips=None, videos=None) -> list[dict]:
-    """Per chip and video: the tile kernel on the SVG mix, and dense Splash at its tuned blocks."""
+def cases(chips=None, videos=None, anchors=None) -> list[dict]:
+    """Per chip and video: the tile kernel on the SVG mix (per anchor of ``anchors``, default the
+    first of ``ANCHORS``), and dense Splash at its tuned blocks."""
     unknown = set(videos or ()) - set(VIDEOS)
     if unknown:
         raise ValueError(f"videos {sorted(unknown)}: choose from {sorted(VIDEOS)}")
+    if set(anchors or ()) - set(ANCHORS):
+        raise ValueError(f"anchors {anchors}: choose from {ANCHORS}")
     out = []
     for chip in chips or CHIPS:
         for video in videos or VIDEOS:
-            out.append({"chip": chip, "video": video, "impl": TILE_KERNEL, "mask": SVG_MIX})
+            for anchor in anchors or ANCHORS[:1]:
+                out.append(
+                    {"chip": chip, "video": video, "impl": TILE_KERNEL, "mask": SVG_MIX, "anchor": anchor}
+                )
             out.append({"chip": chip, "video": video, "impl": _baseline(), "mask": "full", "blocks": "tuned"})
     return out
 
@@ -63,7 +86,7 @@ def estimate_case(case: dict) -> dict:
     from stlib.configs import CASE_STUDY
 
     length = math.prod(VIDEOS[case["video"]])
-    mask = kernel_mask(case["video"]) if case["mask"] == SVG_MIX else case["mask"]
+    mask = kernel_mask(case["video"], case["anchor"]) if case["mask"] == SVG_MIX else case["mask"]
     base = {**case, "tokens": length}
     try:
         est = static_estimate(
@@ -90,33 +113,43 @@ def estimate_case(case: dict) -> dict:
     }
 
 
-def run(chips=None, videos=None, path=None) -> list[dict]:
+def run(chips=None, videos=None, anchors=None, path=None) -> list[dict]:
     """Estimate every case (``cases``), appending each record to ``path`` (default ``RECORDS``)."""
     from stlib.bench.records import record_each
 
     return record_each(
-        cases(chips, videos), estimate_case, path or paths.home() / RECORDS, "SVG-mix estimates"
+        cases(chips, videos, anchors), estimate_case, path or paths.home() / RECORDS, "SVG-mix estimates"
     )
 
 
+def _anchor(record: dict) -> str:
+    """A tile-kernel record's anchor ("frame0" for the records written before anchors were named);
+    "" for dense Splash, which has none."""
+    return record.get("anchor", ANCHORS[1]) if record["impl"] == TILE_KERNEL else ""
+
+
 def read(path=None) -> dict[tuple, dict]:
-    """The latest record of each (chip, video, impl) in ``path``."""
+    """The latest record of each (chip, video, impl, anchor) in ``path``."""
     from stlib.bench.records import latest_per_key
 
-    return latest_per_key(path or paths.home() / RECORDS, lambda r: (r["chip"], r["video"], r["impl"]))
+    return latest_per_key(
+        path or paths.home() / RECORDS, lambda r: (r["chip"], r["video"], r["impl"], _anchor(r))
+    )
 
 
 def ratios(records: dict[tuple, dict]) -> list[dict]:
-    """Per chip and video with both estimates: the tile kernel's ms, dense Splash's and their ratio."""
+    """Per chip, video and anchor with both estimates: the tile kernel's ms, dense Splash's and their
+    ratio."""
     rows = []
-    for (chip, video, impl), tile in sorted(records.items()):
-        splash = records.get((chip, video, _baseline()))
+    for (chip, video, impl, anchor), tile in sorted(records.items()):
+        splash = records.get((chip, video, _baseline(), ""))
         if impl != TILE_KERNEL or not (splash and tile["estimated"] and splash["estimated"]):
             continue
         rows.append(
             {
                 "chip": chip,
                 "video": video,
+                "anchor": anchor,
                 "tokens": tile["tokens"],
                 "tile_ms": tile["total_ms"],
                 "splash_ms": splash["total_ms"],
@@ -136,17 +169,17 @@ def format_table(records: dict[tuple, dict]) -> str:
             f"included; {TILE_KERNEL} at its default blocks over dense Splash at its tuned blocks"
         ),
         "",
-        "| chip | video | tokens | tile kernel ms | dense Splash ms | ratio |",
-        "|" + "---|" * 6,
+        "| chip | video | anchor | tokens | tile kernel ms | dense Splash ms | ratio |",
+        "|" + "---|" * 7,
     ]
     for row in ratios(records):
         lines.append(
-            f"| {row['chip']} | {row['video']} | {row['tokens']:,} | {row['tile_ms']:.2f} | "
+            f"| {row['chip']} | {row['video']} | {row['anchor']} | {row['tokens']:,} | {row['tile_ms']:.2f} | "
             f"{row['splash_ms']:.2f} | {row['ratio']:.3f} |"
         )
     for r in records.values():
         if not r["estimated"]:
-            lines.append(f"not estimated: {r['chip']} {r['video']} {r['impl']}: {r['error']}")
+            lines.append(f"not estimated: {r['chip']} {r['video']} {r['impl']} {_anchor(r)}: {r['error']}")
     return "\n".join(lines)
 
 
@@ -158,10 +191,11 @@ def main(argv=None) -> None:
     run_parser = sub.add_parser("run", help="estimate every case (no TPU needed)")
     run_parser.add_argument("--chips", nargs="*")
     run_parser.add_argument("--videos", nargs="*", help=f"of {sorted(VIDEOS)}")
+    run_parser.add_argument("--anchors", nargs="*", help=f"of {ANCHORS} (default: {ANCHORS[0]})")
     sub.add_parser("table", help="the records as the ratio table")
     args = parser.parse_args(argv)
     if args.command == "run":
-        run(args.chips, args.videos)
+        run(args.chips, args.videos, args.anchors)
     print(format_table(read()))
 
 
