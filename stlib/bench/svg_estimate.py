@@ -44,18 +44,22 @@ def kernel_mask(video: str, anchor: str = ANCHORS[0]):
     head's token order (as ``stlib.video_attention`` permutes it), the temporal heads with ``anchor``
     (``ANCHORS``; "frame0": the catalogue's mix, "reordered": each head's ``stlib.routing.exact_mask``)."""
     from stlib import routing
+    from stlib.configs import CASE_STUDY
     from stlib.geometry import VideoGrid
     from stlib.masks import band_width_for_density, per_head
 
     if anchor not in ANCHORS:
         raise ValueError(f"anchor={anchor!r}: choose from {ANCHORS}")
     grid = VideoGrid(*VIDEOS[video])
-    mask, orders = _raster_mask_and_orders(SVG_MIX, grid)
-    if anchor == "reordered":
-        kinds = [routing.HeadKind.SPATIAL if o.is_identity else routing.HeadKind.TEMPORAL for o in orders]
-        width = band_width_for_density(grid.num_tokens, 0.25)
-        mask = per_head([routing.exact_mask(grid, kind, width) for kind in kinds])
-    return per_head([mask.head(h).permute(order) for h, order in enumerate(orders)])
+    if anchor == "frame0":
+        mask, orders = _raster_mask_and_orders(SVG_MIX, grid)
+        return per_head([mask.head(h).permute(order) for h, order in enumerate(orders)])
+    half = CASE_STUDY.num_heads // 2  # as the catalogue's mix: spatial heads first, then temporal
+    kinds = [routing.HeadKind.SPATIAL] * half + [routing.HeadKind.TEMPORAL] * (CASE_STUDY.num_heads - half)
+    width = band_width_for_density(grid.num_tokens, 0.25)
+    return per_head(
+        [routing.exact_mask(grid, kind, width).permute(routing.order_of(grid, kind)) for kind in kinds]
+    )
 
 
 def cases(chips=None, videos=None, anchors=None) -> list[dict]:
