@@ -203,6 +203,37 @@ def test_scores_issued_ahead_change_the_order_not_the_result():
     )
 
 
+def test_queries_per_fold_change_the_grouping_not_the_result():
+    """``block_q_compute``: each fold holds the scores of one slice of the q lanes; on a mask whose
+    steps cover every region (FULL, RAGGED with a sliced last chunk, MASKED, patterns with masked
+    sub-tiles), every slice width gives the reference's output and the whole tile's lse."""
+    length = 1000
+    mask = masks.per_head([masks.band(length, 300), masks.full(length)])
+    layout = stlib.block_layout(mask, 512, 256)
+    present = set(ld.plan_steps(layout, length).present)
+    assert {StepKind.FULL, StepKind.RAGGED, StepKind.MASKED} <= present and max(present) >= ld.FIRST_PATTERN
+    q, k, v = stlib.random_qkv((2, length, 128), jnp.float32, seed=6)
+    ref = stlib.attention(q, k, v, mask, impl="reference")
+    runs = {
+        width: ld.lane_dense_attention(
+            q,
+            k,
+            v,
+            layout,
+            scale=128**-0.5,
+            options=ld.LaneDenseOptions(block_kv_compute=128, block_q_compute=width),
+            interpret=True,
+            return_lse=True,
+        )
+        for width in (None, 128, 384)  # 384: the last slice of a 512-query tile is narrower
+    }
+    for out, lse in runs.values():
+        assert_close(out, ref, ATOL[jnp.float32], mask=mask)
+        assert jnp.allclose(lse, runs[None][1], atol=1e-5, rtol=1e-6)
+    with pytest.raises(ValueError, match="block_q_compute=100 must be None or a positive multiple of 128"):
+        ld.LaneDenseOptions(block_q_compute=100)
+
+
 def test_bf16_probabilities_error_is_within_the_bf16_tolerance():
     """bf16 p into p.v (the default) against f32 p, both on the same bf16 inputs: the rounding of p
     costs about as much as the output's own bf16 rounding (measured here: both well under 3e-2)."""
@@ -258,12 +289,15 @@ def test_compiled_blocks_need_lanes_and_fit_vmem():
 
 def test_the_default_lookahead_issues_every_chunk_ahead_that_fits_vmem():
     sizes = (4096, 4096, 256, 256, 128, 2)  # 16 chunks: all their scores are 64 MiB of f32
-    assert ld.fit_lookahead(*sizes, "v6e") == 15  # 96 MiB: every later chunk
-    ahead = ld.fit_lookahead(*sizes, "tpu7x")  # 48 MiB: fewer
+    assert ld.fit_lookahead(*sizes, chip="v6e") == 15  # 96 MiB: every later chunk
+    ahead = ld.fit_lookahead(*sizes, chip="tpu7x")  # 48 MiB: fewer
     limit = ld.vmem_limit("tpu7x")
     assert 0 < ahead < 15
     assert ld.vmem_bytes(*sizes, lookahead=ahead) <= limit < ld.vmem_bytes(*sizes, lookahead=ahead + 1)
     assert ld.vmem_bytes(*sizes, lookahead=None) == ld.vmem_bytes(*sizes, lookahead=15)
+    assert (
+        ld.fit_lookahead(*sizes, chip="tpu7x", fold_lanes=256) == 15
+    )  # folds of 256 queries: 4 MiB of scores
     assert ld.check_blocks(*sizes, "tpu7x", lookahead=ahead) == limit
     with pytest.raises(ValueError, match="lookahead None"):
         ld.check_blocks(*sizes, "tpu7x")  # every chunk's scores at once: over TPU7x's limit

@@ -10,7 +10,14 @@ at its own candidates, scored by the static estimate; records appended to
 from __future__ import annotations
 
 from stlib import paths, registry
-from stlib.kernels.tile_lane_dense import NAME, SLIDING_TILE_ROW, fit_lookahead, vmem_bytes, vmem_limit
+from stlib.kernels.tile_lane_dense import (
+    FOLD_LANES,
+    NAME,
+    SLIDING_TILE_ROW,
+    fit_lookahead,
+    vmem_bytes,
+    vmem_limit,
+)
 
 #: The kernel swept and the baseline every candidate is a ratio to (dense Splash).
 KERNEL = registry.get(NAME)
@@ -86,8 +93,10 @@ def sweep(
         if impl == NAME:
             options = {"block_kv_compute": chunk, "chip": chip}
             sizes = (bq, bkv, chunk, min(256, chunk), CASE_STUDY.head_dim, 2)
-            record["lookahead"] = fit_lookahead(*sizes, chip)
-            record["vmem_need"] = vmem_bytes(*sizes, lookahead=record["lookahead"])
+            record["fold_lanes"] = FOLD_LANES.get(chip) or bq
+            held = record["fold_lanes"] if family == "dense" else bq  # a pattern step folds whole lane runs
+            record["lookahead"] = fit_lookahead(*sizes, chip=chip, fold_lanes=held)
+            record["vmem_need"] = vmem_bytes(*sizes, lookahead=record["lookahead"], fold_lanes=held)
             record["vmem_limit"] = vmem_limit(chip)
         try:
             est = analysis.estimate(

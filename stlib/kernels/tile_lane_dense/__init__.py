@@ -23,6 +23,7 @@ from stlib.kernels import accounting, common, tuned
 from stlib.kernels.backward import tile_training
 from stlib.kernels.tile import BoundaryPolicy, split_passes
 from stlib.kernels.tile_lane_dense.kernel import (
+    FOLD_LANES,
     KERNEL_PREFIX,
     NAME,
     VMEM_SHARE,
@@ -53,6 +54,7 @@ from stlib.registry import Implementation, ScheduleCounts, register
 __all__ = [
     "DEFAULT_BLOCKS",
     "FIRST_PATTERN",
+    "FOLD_LANES",
     "IMPLEMENTATION",
     "KERNEL_PREFIX",
     "MAX_PATTERNS",
@@ -105,12 +107,15 @@ SLIDING_TILE_ROW = 5 * 384
 #: (block_q, block_kv, block_kv_compute) for dense and banded masks, the scores of every chunk issued
 #: ahead (``LaneDenseOptions.lookahead``): chunks of 256 and 512 keys at the blocks that won a chip
 #: before (v5e 1024 x 2048, TPU7x 2048 x 2048, v6e 2560 x 2560; schedules of 1 x 8,192 tokens put
-#: v6e's 2560 x 2560 at 1.96 bundles per 1,000 score pairs with 256 against 2.05 with 512).
+#: v6e's 2560 x 2560 at 1.96 bundles per 1,000 score pairs with 256 against 2.05 with 512), and of
+#: 128 keys, which folds of 256 queries (``FOLD_LANES``) made pay on v5e (2048 x 2048: 16,330 bundles
+#: a FULL step against 17,435 with 256 keys). 1024 x 2048 / 512 lost on every chip in the last sweep.
 _SQUARE_BLOCKS = (
     (1024, 2048, 256),
-    (1024, 2048, 512),
+    (2048, 2048, 128),
     (2048, 2048, 256),
     (2048, 2048, 512),
+    (2560, 2560, 128),
     (2560, 2560, 256),
 )
 #: The block sweep's candidates (block_q, block_kv, block_kv_compute) per mask family

@@ -42,6 +42,12 @@ from stlib.reference import MASK_VALUE
 
 NAME = "pallas_tile_lane_dense"
 KERNEL_PREFIX = "stlib_tile_ld"
+#: Queries per fold (``LaneDenseOptions.block_q_compute``) by default, per chip; a chip not named
+#: folds its whole q tile at once. From the compiled schedules of the FULL region at 10 x 75,600 x 128
+#: bf16 (bundles per step, whole tile -> 256 queries): v5e 2048 x 2048 / 128 keys a chunk 17,426 ->
+#: 16,330 (and 18,012 -> 17,435 at 256 keys); v6e 2560 x 2560 / 256 12,838 -> 12,647; TPU7x
+#: 2048 x 2048 / 512 8,394 -> 8,779 (slower; 8,752 -> 8,693 at 256 keys).
+FOLD_LANES = {"v5e": 256, "v6e": 256}
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,10 @@ class LaneDenseOptions:
     in the mask-free regions (FULL, RAGGED, patterns without masked sub-tiles; a region that
     evaluates the mask folds in order) (None: every later chunk of the kv block, as many as fit VMEM,
     ``fit_lookahead``; 0: none, each chunk's scores just before its max);
+    ``block_q_compute``: queries per fold in the regions over whole q tiles (FULL, RAGGED, MASKED),
+    the lane width of the scores one fold holds: a step folds each slice of its q lanes through all
+    its chunks in turn, so a fold's scores and statistics are a few dozen vregs, not a spill (None:
+    the chip's ``FOLD_LANES``, else the whole q tile);
     ``chip``: the chip whose VMEM the blocks must fit and whose limit the call asks for (None: the
     chip at hand, else the smallest VMEM in the chip table)."""
 
@@ -64,6 +74,7 @@ class LaneDenseOptions:
     bf16_probs: bool = True
     pattern_grain: int | None = None
     lookahead: int | None = None
+    block_q_compute: int | None = None
     chip: str | None = None
 
     def __post_init__(self):
@@ -87,6 +98,14 @@ class LaneDenseOptions:
             )
         if self.lookahead is not None:
             check_positive_int("lookahead", self.lookahead, allow_zero=True)
+        if self.block_q_compute is not None and (
+            not isinstance(self.block_q_compute, int)
+            or self.block_q_compute <= 0
+            or self.block_q_compute % LANES
+        ):
+            raise ValueError(
+                f"block_q_compute={self.block_q_compute!r} must be None or a positive multiple of {LANES}"
+            )
         if self.chip is not None:
             chip_spec(self.chip)  # raises, naming the chips of the table
 
@@ -112,17 +131,26 @@ def _fold(
     register: int,
     p_dtype,
     allowed=None,
-    v_rows_valid=None,
+    keys_valid=None,
 ):
     """Fold one chunk's scores ``s`` [C, n] (k q^T of pre-scaled q) into the running softmax of the q
-    lanes ``lanes`` (a static slice of the q tile). v [C, D]; ``allowed`` bool [C, n] or [C, 1] or None;
-    ``v_rows_valid`` bool [C, 1] (rows past the array end hold stale data: zeroed before p.v) or None.
-    Flops: 2 * C * n * D (v^T p); exps: C * n + n."""
+    lanes ``lanes`` (a static slice of the q tile). v [C, D]; ``allowed`` bool [C, n] or None: the
+    mask on these pairs, applied to the scores and to the probabilities; ``keys_valid`` bool [C, 1] or
+    None: which keys are real (padding slots of a permuted order, rows past the array end hold stale
+    data), applied to the scores and to v only. Flops: 2 * C * n * D (v^T p); exps: C * n + n.
+
+    Why v and not the probabilities, for a key mask: an invalid key's score is ``MASK_VALUE``, so its
+    probability exp(MASK_VALUE - m) is exactly 0 once the lane has a real maximum m. Only while no
+    allowed key has reached the lane (m == MASK_VALUE) is it exp(0) = 1, and then it adds 1 to l and
+    a zero row of v to o; the first real maximum rescales both by exp(MASK_VALUE - m) = 0, and a lane
+    that never sees one is written as zeros. So a key mask costs one select per score, not two; a
+    pair mask keeps both, since a masked key's v may hold inf or NaN that o must never see."""
     exp = score_scale_exp
+    if keys_valid is not None:
+        s = jnp.where(keys_valid, s, MASK_VALUE)
+        v = jnp.where(keys_valid, v, jnp.zeros((), v.dtype))
     if allowed is not None:
         s = jnp.where(allowed, s, MASK_VALUE)
-    if v_rows_valid is not None:
-        v = jnp.where(v_rows_valid, v, jnp.zeros((), v.dtype))
     m_prev = m_ref[:, lanes]  # [8, n]
     m_next = jnp.maximum(m_prev, jnp.max(s, axis=0, keepdims=True))  # [8, n]
     m_row = m_next[:1]  # [1, n]
@@ -157,14 +185,14 @@ def _bind(function, args):
 @dataclass(frozen=True)
 class Chunk:
     """One update of a step: keys ``c0 : c0 + size`` of the kv tile against the q lanes ``lanes``;
-    ``allowed``: a function giving the chunk's bool mask (called when it is folded) or None;
-    ``v_rows_valid``: bool [size, 1] or None (see ``_fold``)."""
+    ``allowed``: a function giving the chunk's bool pair mask (called when it is folded) or None;
+    ``keys_valid``: a function giving its bool [size, 1] key mask or None (see ``_fold``)."""
 
     c0: int
     size: int
     lanes: slice
     allowed: object = None
-    v_rows_valid: object = None
+    keys_valid: object = None
 
 
 def _build_kernel(
@@ -180,14 +208,20 @@ def _build_kernel(
     p_dtype,
     n_tables: int,
     with_lse: bool = False,
-    lookahead: int | None = None,
+    lookahead: int = 0,
+    fold_lanes: int,
 ):
     layout, length, present = steps.layout, steps.length, steps.present
     bq, bkv = layout.block_q, layout.block_kv
     tail = length % bkv  # real rows of the last kv block (0: the array ends at a block edge)
     table = mask_plan.mode == common.MaskPlanMode.TABLE
     key_column = steps.key_validity
-    all_lanes = slice(0, bq)
+
+    def pieces(lane0: int, lanes: int) -> list[slice]:
+        """The q lanes lane0 : lane0 + lanes in folds of at most ``fold_lanes`` queries each (the
+        regions over whole q tiles; a pattern's updates are lane runs of their own, and cutting them
+        finer cost more than it saved: the sliding tile on v6e, 3840 x 1920, +31k cycles at 384)."""
+        return [slice(a, min(lane0 + lanes, a + fold_lanes)) for a in range(lane0, lane0 + lanes, fold_lanes)]
 
     def kernel(*refs):
         steps_ref, counts_ref = refs[0], refs[1]
@@ -212,12 +246,12 @@ def _build_kernel(
             )  # [bq, D]
 
         def fold_all(chunks, predicate=False):
-            """Fold ``chunks`` in order, each chunk's scores issued ``lookahead`` chunks ahead (all of
-            them first when None), so the MXU has the next scores to compute while a chunk's max and
-            exponentials wait on the last of its own. A region that evaluates the mask's predicate
+            """Fold ``chunks`` in order, each chunk's scores issued ``lookahead`` chunks ahead, so the
+            MXU has the next scores to compute while a chunk's max and exponentials wait on the last
+            of its own. A region that evaluates the mask's predicate
             (``predicate``) folds each chunk's scores as they come: its iota and index temporaries
             beside every chunk's scores overflowed VMEM (the per-head SVG mix at 147,600 tokens on v6e)."""
-            ahead = 0 if predicate else len(chunks) if lookahead is None else lookahead
+            ahead = 0 if predicate else lookahead
             scores = {}
 
             def issue(n):
@@ -241,7 +275,7 @@ def _build_kernel(
                     register=register,
                     p_dtype=p_dtype,
                     allowed=None if c.allowed is None else c.allowed(),
-                    v_rows_valid=c.v_rows_valid,
+                    keys_valid=None if c.keys_valid is None else c.keys_valid(),
                 )
 
         def region(code):  # the steps of one code: a conditional region of the compiled step
@@ -251,53 +285,55 @@ def _build_kernel(
 
             @region(StepKind.FULL)
             def _():
-                fold_all([Chunk(c0, chunk, all_lanes) for c0 in range(0, bkv, chunk)])
+                fold_all([Chunk(c0, chunk, lanes) for lanes in pieces(0, bq) for c0 in range(0, bkv, chunk)])
 
         if StepKind.RAGGED in present:
 
             @region(StepKind.RAGGED)
             def _():
-                chunks = [Chunk(c * chunk, chunk, all_lanes) for c in range(tail // chunk)]
+                keys = [(c * chunk, chunk, None) for c in range(tail // chunk)]  # (c0, size, keys_valid)
                 rem = tail % chunk
                 if (
                     rem
                 ):  # the last chunk sliced to the real rows (rounded up to the sublane tile, then masked)
                     size = min(chunk, round_up(rem, 2 * SUBLANES))
-                    c0 = tail - rem
-                    if size == rem:
-                        chunks.append(Chunk(c0, size, all_lanes))
-                    else:
-                        chunks.append(
-                            Chunk(
-                                c0,
-                                size,
-                                all_lanes,
-                                allowed=lambda size=size: (
-                                    jax.lax.broadcasted_iota(jnp.int32, (size, bq), 0) < rem
-                                ),
-                                v_rows_valid=jax.lax.broadcasted_iota(jnp.int32, (size, 1), 0) < rem,
-                            )
-                        )
-                fold_all(chunks)
+                    valid = None
+                    if size != rem:
+                        valid = lambda size=size: jax.lax.broadcasted_iota(jnp.int32, (size, 1), 0) < rem
+                    keys.append((tail - rem, size, valid))
+                fold_all(
+                    [
+                        Chunk(c0, size, lanes, keys_valid=valid)
+                        for lanes in pieces(0, bq)
+                        for c0, size, valid in keys
+                    ]
+                )
 
         if StepKind.MASKED in present:
 
             @region(StepKind.MASKED)
             def _():
-                def allowed(c0):
-                    keys = ki * bkv + c0 + jax.lax.broadcasted_iota(jnp.int32, (chunk, bq), 0)  # [C, bq]
+                def allowed(c0, lanes):
                     if table:
-                        return (mask_ref[pl.ds(c0, chunk), :] != 0) & (keys < length)
-                    queries = i * bq + jax.lax.broadcasted_iota(jnp.int32, (chunk, bq), 1)
-                    return mask_plan.mask.mask_function(queries, keys, h) & (keys < length)
+                        return mask_ref[pl.ds(c0, chunk), lanes] != 0  # [C, n]
+                    shape = (chunk, lanes.stop - lanes.start)
+                    keys = ki * bkv + c0 + jax.lax.broadcasted_iota(jnp.int32, shape, 0)
+                    queries = i * bq + lanes.start + jax.lax.broadcasted_iota(jnp.int32, shape, 1)
+                    return mask_plan.mask.mask_function(queries, keys, h)
 
-                def rows_ok(c0):  # the last kv block runs past the array: its stale rows must not reach p.v
-                    rows = ki * bkv + c0 + jax.lax.broadcasted_iota(jnp.int32, (chunk, 1), 0)
-                    return rows < length if tail else None
+                def rows_ok(c0):  # the last kv block runs past the array: its stale rows are no keys
+                    return ki * bkv + c0 + jax.lax.broadcasted_iota(jnp.int32, (chunk, 1), 0) < length
 
                 fold_all(
                     [
-                        Chunk(c0, chunk, all_lanes, allowed=_bind(allowed, (c0,)), v_rows_valid=rows_ok(c0))
+                        Chunk(
+                            c0,
+                            chunk,
+                            lanes,
+                            allowed=_bind(allowed, (c0, lanes)),
+                            keys_valid=_bind(rows_ok, (c0,)) if tail else None,
+                        )
+                        for lanes in pieces(0, bq)
                         for c0 in range(0, bkv, chunk)
                     ],
                     predicate=True,
@@ -308,20 +344,24 @@ def _build_kernel(
 
             @region(code)
             def _(pattern=pattern):
-                def allowed(k0, keys, lane0, lanes, masked):  # None: the sub-tile runs mask-free
-                    valid = (valid_ref[pl.ds(k0, keys), :] != 0) if pattern.padded else None  # [C, 1]
-                    if not masked:
-                        return valid
-                    # a PARTIAL sub-tile: the mask on this sub-tile only
+                def keys_valid(k0, keys):  # the kv tile's padding slots are no keys
+                    return valid_ref[pl.ds(k0, keys), :] != 0  # [C, 1]
+
+                def allowed(k0, keys, lane0, lanes):  # a PARTIAL sub-tile: the mask on it only
                     queries = i * bq + lane0 + jax.lax.broadcasted_iota(jnp.int32, (keys, lanes), 1)
                     key_ids = ki * bkv + k0 + jax.lax.broadcasted_iota(jnp.int32, (keys, lanes), 0)
-                    sub = layout.mask.mask_function(queries, key_ids, h)
-                    return sub if valid is None else sub & valid
+                    return layout.mask.mask_function(queries, key_ids, h)
 
                 fold_all(
                     [
-                        Chunk(u[0], u[1], slice(u[2], u[2] + u[3]), allowed=_bind(allowed, u))
-                        for u in pattern.updates(bq, bkv, chunk)  # (k0, keys, lane0, lanes, masked)
+                        Chunk(
+                            k0,
+                            keys,
+                            slice(lane0, lane0 + lanes),
+                            allowed=_bind(allowed, (k0, keys, lane0, lanes)) if masked else None,
+                            keys_valid=_bind(keys_valid, (k0, keys)) if pattern.padded else None,
+                        )
+                        for k0, keys, lane0, lanes, masked in pattern.updates(bq, bkv, chunk)
                     ],
                     predicate=pattern.masked_sub_tiles > 0,
                 )
@@ -369,9 +409,13 @@ def lane_dense_attention(
     table = mask_plan.mode == common.MaskPlanMode.TABLE
     chip = options.chip or current_chip()
     sizes = (bq, bkv, chunk, register, head_dim, q.dtype.itemsize)
+    fold_lanes = options.block_q_compute or FOLD_LANES.get(chip) or bq
+    held = bq if max(present, default=0) >= FIRST_PATTERN else fold_lanes  # a pattern folds whole lane runs
     lookahead = options.lookahead
     if lookahead is None:
-        lookahead = fit_lookahead(*sizes, chip, table, steps.key_validity)
+        lookahead = fit_lookahead(
+            *sizes, chip=chip, table=table, key_validity=steps.key_validity, fold_lanes=held
+        )
     limit = check_blocks(
         *sizes,
         chip,
@@ -379,6 +423,7 @@ def lane_dense_attention(
         compiled=not resolve_interpret(interpret),
         key_validity=steps.key_validity,
         lookahead=lookahead,
+        fold_lanes=held,
     )
     if not present:  # nothing to compute: every row sees nothing
         o = jnp.zeros(q.shape, q.dtype)
@@ -416,6 +461,7 @@ def lane_dense_attention(
         n_tables=len(tables),
         with_lse=return_lse,
         lookahead=lookahead,
+        fold_lanes=fold_lanes,
     )
 
     def row_of(h, i):
