@@ -487,24 +487,29 @@ shape = jax.ShapeDtypeStruct((SL, 128), jnp.bfloat16)
     lambda q, k, v: lane_dense_attention(q, k, v, sched_band, block_q=SB, block_kv=SB, interpret=False),
     shape, shape, shape, chip="v6e", kernel_prefix="lane_dense_in_view",
     compute_names=[region_name(c) for c in sched_plan.present])
-# the library in the order of the kernel above (lookahead 0), and at its default (every chunk's scores ahead)
+# the library in the order of the kernel above (lookahead 0, whole q tiles), with every chunk's scores issued
+# ahead, and at its v6e default (scores ahead, folds of 256 queries)
 library_config = KernelConfig(impl=lane_dense.NAME, mask="band (density 0.25)", num_heads=1, length=SL, block_q=SB,
-                              block_kv=SB, options={"block_kv_compute": 512, "block_kv_register": 256, "lookahead": 0},
-                              chip="v6e")
+                              block_kv=SB, options={"block_kv_compute": 512, "block_kv_register": 256, "lookahead": 0,
+                                                    "block_q_compute": SB}, chip="v6e")
 ahead_config = dataclasses.replace(library_config, options={**library_config.options, "lookahead": None})
+folded_config = dataclasses.replace(ahead_config, options={**ahead_config.options, "block_q_compute": None})
 (production,) = compiled_attributions(lane_dense.NAME, library_config)["kernels"]
 (ahead,) = compiled_attributions(lane_dense.NAME, ahead_config)["kernels"]
+(folded,) = compiled_attributions(lane_dense.NAME, folded_config)["kernels"]
 ours = per_step(mine)
-theirs, ahead_paths = ({n: b for n, b in k["paths"].items() if n in ours} for k in (production, ahead))
-print(f"{'path (bundles)':<18} {'in view':>8} {'library':>8} {'library, scores ahead':>22}")
+theirs, ahead_paths, folded_paths = ({n: b for n, b in k["paths"].items() if n in ours}
+                                     for k in (production, ahead, folded))
+print(f"{'path (bundles)':<18} {'in view':>8} {'library':>8} {'scores ahead':>13} {'folds of 256':>13}")
 for path in ours:
-    print(f"{path:<18} {ours[path]:>8,} {theirs.get(path, 0):>8,} {ahead_paths.get(path, 0):>22,}")
+    print(f"{path:<18} {ours[path]:>8,} {theirs.get(path, 0):>8,} {ahead_paths.get(path, 0):>13,} "
+          f"{folded_paths.get(path, 0):>13,}")
 pairs = SB * SB / 1000
 print(f"FULL region per 1,000 score pairs: {ours['compute_full'] / pairs:.2f} bundles in view, "
       f"{theirs['compute_full'] / pairs:.2f} in the library, {ahead_paths['compute_full'] / pairs:.2f} with the "
-      f"scores ahead")
+      f"scores ahead, {folded_paths['compute_full'] / pairs:.2f} in folds of 256 queries")
 for who, ops in (("in view", mine.ops["compute_full"]), ("library", production["ops"]["compute_full"]),
-                 ("library, scores ahead", ahead["ops"]["compute_full"])):
+                 ("scores ahead", ahead["ops"]["compute_full"]), ("folds of 256", folded["ops"]["compute_full"])):
     print(f"FULL region ops, {who}: " + ", ".join(f"{unit} {n:,}" for unit, n in sorted(ops.items())))
 gaps = {path: ours[path] / theirs[path] - 1 for path in ours if theirs.get(path)}
 widest = max(gaps, key=lambda path: abs(gaps[path]))
@@ -527,8 +532,22 @@ print(f"largest gap: {widest}, {gaps[widest]:+.1%} (static schedules, not measur
 # ones (`LaneDenseOptions.lookahead`, by default every chunk that fits VMEM, `fit_lookahead`), so the
 # scheduler has matrix work for the MXU while each chunk's exponentials run. The cost is VMEM: the
 # scores of all chunks are alive at once, `[block_kv, block_q]` f32 (26 MB at 2,560 x 2,560), which
-# `vmem_bytes` counts. At the case-study blocks the block sweep below compares chunks of 256 and
-# 512 keys with every chunk issued ahead.
+# `vmem_bytes` counts. At the case-study blocks the block sweep below compares chunks of 128, 256
+# and 512 keys with every chunk issued ahead.
+#
+# ## Folds of 256 queries: scores that fit the registers
+#
+# A chunk's scores `[chunk, block_q]` f32 are far more than the 64 vregs hold (256 x 2,048 is 512
+# vregs), so between the max and the exponential the compiler keeps them in VMEM: stores and loads
+# (the `vmem` ops of the FULL region above) beside the MXU's pops. The last column folds each
+# 256-query slice of the q tile through all the tile's chunks in turn
+# (`LaneDenseOptions.block_q_compute`, per chip `FOLD_LANES`): the same MXU and EUP work, a fold's
+# scores `[chunk, 256]` (32 vregs at chunks of 128), and the statistics of one slice (`m`, `l`, a
+# `[D, 256]` slice of o^T) used chunk after chunk. Nothing
+# about the softmax changes: each query's lane sees the same keys in the same order. Whether it pays
+# depends on the chip: at the case-study shape it took v5e's FULL step from 17,426 to 16,330 bundles
+# (2,048 x 2,048, chunks of 128) and v6e's from 12,838 to 12,647 (2,560 x 2,560), and cost TPU7x
+# 4.6% (2,048 x 2,048, chunks of 512), where the whole tile stays the default.
 #
 # ## What the production kernel adds
 #
@@ -543,7 +562,7 @@ print(f"largest gap: {widest}, {gaps[widest]:+.1%} (static schedules, not measur
 #   read through a second prefetched index;
 # * padded rows of 3-D tiles: a per-key validity column for the patterns whose kv tile holds
 #   padding slots;
-# * the scores of later chunks issued ahead (above);
+# * the scores of later chunks issued ahead, and folds of 256 queries (above);
 # * the log-sum-exp output for the backward (exercise 1) and bf16 or f32 probabilities for p.v;
 # * the VMEM budget per chip (`vmem_limit_bytes`), block checks with messages, and tuned blocks per
 #   chip and pattern, chosen by the block sweep below.

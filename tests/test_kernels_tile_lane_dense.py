@@ -1,7 +1,8 @@
 """``pallas_tile_lane_dense`` (keys on sublanes, one pass, per-step kinds): interpret mode against the
 reference on dense, band, sliding-tile (3-D tiled order) and per-head masks at ragged lengths, in f32
 and bf16; blocks refused before compiling; its step tables and schedule counts; the attribution of
-a step region with copy regions beside it; the per-head SVG mix compiled at Wan 720p-161 and 1080p.
+a step region with copy regions beside it (the per-head SVG mix at long videos compiles in
+``python -m stlib.bench.backward_compile run --long-videos``, not here).
 
 Tolerances: conftest's kernel table (f32 2e-5; bf16 3e-2, p rounded to bf16 before p.v).
 """

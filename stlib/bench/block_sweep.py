@@ -94,7 +94,7 @@ def sweep(
             options = {"block_kv_compute": chunk, "chip": chip}
             sizes = (bq, bkv, chunk, min(256, chunk), CASE_STUDY.head_dim, 2)
             record["fold_lanes"] = FOLD_LANES.get(chip) or bq
-            held = record["fold_lanes"] if family == "dense" else bq  # a pattern step folds whole lane runs
+            held = record["fold_lanes"] if family == "dense" else bq  # MASKED and pattern steps: whole runs
             record["lookahead"] = fit_lookahead(*sizes, chip=chip, fold_lanes=held)
             record["vmem_need"] = vmem_bytes(*sizes, lookahead=record["lookahead"], fold_lanes=held)
             record["vmem_limit"] = vmem_limit(chip)

@@ -61,10 +61,10 @@ class LaneDenseOptions:
     in the mask-free regions (FULL, RAGGED, patterns without masked sub-tiles; a region that
     evaluates the mask folds in order) (None: every later chunk of the kv block, as many as fit VMEM,
     ``fit_lookahead``; 0: none, each chunk's scores just before its max);
-    ``block_q_compute``: queries per fold in the regions over whole q tiles (FULL, RAGGED, MASKED),
+    ``block_q_compute``: queries per fold in the mask-free regions over whole q tiles (FULL, RAGGED),
     the lane width of the scores one fold holds: a step folds each slice of its q lanes through all
-    its chunks in turn, so a fold's scores and statistics are a few dozen vregs, not a spill (None:
-    the chip's ``FOLD_LANES``, else the whole q tile);
+    its chunks in turn, so a fold holds [chunk, 256] scores, not [chunk, block_q] (None: the chip's
+    ``FOLD_LANES``, else the whole q tile); MASKED steps and patterns fold whole lane runs;
     ``chip``: the chip whose VMEM the blocks must fit and whose limit the call asks for (None: the
     chip at hand, else the smallest VMEM in the chip table)."""
 
@@ -218,9 +218,10 @@ def _build_kernel(
     key_column = steps.key_validity
 
     def pieces(lane0: int, lanes: int) -> list[slice]:
-        """The q lanes lane0 : lane0 + lanes in folds of at most ``fold_lanes`` queries each (the
-        regions over whole q tiles; a pattern's updates are lane runs of their own, and cutting them
-        finer cost more than it saved: the sliding tile on v6e, 3840 x 1920, +31k cycles at 384)."""
+        """The q lanes lane0 : lane0 + lanes in folds of at most ``fold_lanes`` queries each (FULL and
+        RAGGED steps; a pattern's updates are lane runs of their own, and cutting them finer cost
+        more than it saved: the sliding tile on v6e, 3840 x 1920, +31k cycles at 384 queries; the
+        MASKED region 18,123 -> 27,901 bundles a step at 256, band 0.25 on v6e, 2048 x 2048)."""
         return [slice(a, min(lane0 + lanes, a + fold_lanes)) for a in range(lane0, lane0 + lanes, fold_lanes)]
 
     def kernel(*refs):
@@ -245,25 +246,27 @@ def _build_kernel(
                 qs_ref.dtype
             )  # [bq, D]
 
-        def fold_all(chunks, predicate=False):
+        def fold_all(chunks):
             """Fold ``chunks`` in order, each chunk's scores issued ``lookahead`` chunks ahead, so the
             MXU has the next scores to compute while a chunk's max and exponentials wait on the last
-            of its own. A region that evaluates the mask's predicate
-            (``predicate``) folds each chunk's scores as they come: its iota and index temporaries
-            beside every chunk's scores overflowed VMEM (the per-head SVG mix at 147,600 tokens on v6e)."""
-            ahead = 0 if predicate else lookahead
+            of its own. A chunk whose pair mask is evaluated (``Chunk.allowed``) is issued when it is
+            folded, never ahead: the mask's iota and index temporaries beside every chunk's scores
+            overflowed VMEM (the per-head SVG mix at 147,600 tokens on v6e). The mask-free updates
+            around it are still issued ahead: a band's edge patterns on v6e (band 0.25, 2,048 x
+            2,048, chunks of 256) take 6,523 and 6,254 bundles a step, against 8,060 and 8,255 with
+            every update of the region in order."""
             scores = {}
 
-            def issue(n):
-                if n < len(chunks) and n not in scores:
+            def issue(n, ahead=False):
+                if n < len(chunks) and n not in scores and not (ahead and chunks[n].allowed is not None):
                     c = chunks[n]
                     scores[n] = _scores(k_ref[pl.ds(c.c0, c.size), :], qs_ref[c.lanes, :])
 
-            for n in range(ahead):
-                issue(n)
+            for n in range(lookahead):
+                issue(n, ahead=True)
             for n, c in enumerate(chunks):
                 issue(n)
-                issue(n + ahead)
+                issue(n + lookahead, ahead=True)
                 _fold(
                     scores.pop(n),
                     v_ref[pl.ds(c.c0, c.size), :],
@@ -333,10 +336,9 @@ def _build_kernel(
                             allowed=_bind(allowed, (c0, lanes)),
                             keys_valid=_bind(rows_ok, (c0,)) if tail else None,
                         )
-                        for lanes in pieces(0, bq)
+                        for lanes in [slice(0, bq)]  # whole tiles: folds of 256 queries cost it 54% on v6e
                         for c0 in range(0, bkv, chunk)
                     ],
-                    predicate=True,
                 )
 
         for code in (c for c in present if c >= FIRST_PATTERN):
@@ -363,7 +365,6 @@ def _build_kernel(
                         )
                         for k0, keys, lane0, lanes, masked in pattern.updates(bq, bkv, chunk)
                     ],
-                    predicate=pattern.masked_sub_tiles > 0,
                 )
 
         @pl.when(j == extent - 1)
@@ -410,7 +411,9 @@ def lane_dense_attention(
     chip = options.chip or current_chip()
     sizes = (bq, bkv, chunk, register, head_dim, q.dtype.itemsize)
     fold_lanes = options.block_q_compute or FOLD_LANES.get(chip) or bq
-    held = bq if max(present, default=0) >= FIRST_PATTERN else fold_lanes  # a pattern folds whole lane runs
+    held = (
+        bq if max(present, default=0) >= StepKind.MASKED else fold_lanes
+    )  # MASKED, patterns: whole lane runs
     lookahead = options.lookahead
     if lookahead is None:
         lookahead = fit_lookahead(
