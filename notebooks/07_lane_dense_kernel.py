@@ -488,12 +488,12 @@ shape = jax.ShapeDtypeStruct((SL, 128), jnp.bfloat16)
     shape, shape, shape, chip="v6e", kernel_prefix="lane_dense_in_view",
     compute_names=[region_name(c) for c in sched_plan.present])
 # the library in the order of the kernel above (lookahead 0, whole q tiles), with every chunk's scores issued
-# ahead, and at its v6e default (scores ahead, folds of 256 queries)
+# ahead, and as on v6e by default (scores ahead, folds of 256 queries: FOLD_LANES["v6e"])
 library_config = KernelConfig(impl=lane_dense.NAME, mask="band (density 0.25)", num_heads=1, length=SL, block_q=SB,
                               block_kv=SB, options={"block_kv_compute": 512, "block_kv_register": 256, "lookahead": 0,
                                                     "block_q_compute": SB}, chip="v6e")
 ahead_config = dataclasses.replace(library_config, options={**library_config.options, "lookahead": None})
-folded_config = dataclasses.replace(ahead_config, options={**ahead_config.options, "block_q_compute": None})
+folded_config = dataclasses.replace(ahead_config, options={**ahead_config.options, "block_q_compute": 256})
 (production,) = compiled_attributions(lane_dense.NAME, library_config)["kernels"]
 (ahead,) = compiled_attributions(lane_dense.NAME, ahead_config)["kernels"]
 (folded,) = compiled_attributions(lane_dense.NAME, folded_config)["kernels"]
