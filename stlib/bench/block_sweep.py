@@ -148,8 +148,9 @@ FIGURE = "figures/tile_block_sweep.png"
 
 def read(path=None) -> list[dict]:
     """The sweep's records (``path``, default ``RECORDS`` in ``stlib.paths.home()``) of each kernel's
-    last swept source (its ``source`` hash: an older kernel's estimates are never compared with a
-    newer one's); where a configuration was swept more than once, its latest record."""
+    last swept source on each chip (its ``source`` hash: an older kernel's estimates are never compared
+    with a newer one's, and a chip keeps its last whole sweep until it is swept again); where a
+    configuration was swept more than once, its latest record."""
     import json
     from pathlib import Path
 
@@ -157,8 +158,8 @@ def read(path=None) -> list[dict]:
     for line in Path(path or paths.home() / RECORDS).read_text().splitlines():
         r = json.loads(line)
         latest[(r["chip"], r["family"], r["impl"], r["block_q"], r["block_kv"], r["block_kv_compute"])] = r
-        source[r["impl"]] = r.get("source")
-    return [r for r in latest.values() if r.get("source") == source[r["impl"]]]
+        source[(r["chip"], r["impl"])] = r.get("source")
+    return [r for r in latest.values() if r.get("source") == source[(r["chip"], r["impl"])]]
 
 
 def best_blocks(records) -> dict:
