@@ -545,9 +545,12 @@ print(f"largest gap: {widest}, {gaps[widest]:+.1%} (static schedules, not measur
 # scores `[chunk, 256]` (32 vregs at chunks of 128), and the statistics of one slice (`m`, `l`, a
 # `[D, 256]` slice of o^T) used chunk after chunk. Nothing
 # about the softmax changes: each query's lane sees the same keys in the same order. Whether it pays
-# depends on the chip: at the case-study shape it took v5e's FULL step from 17,426 to 16,330 bundles
-# (2,048 x 2,048, chunks of 128) and v6e's from 12,838 to 12,647 (2,560 x 2,560), and cost TPU7x
-# 4.6% (2,048 x 2,048, chunks of 512), where the whole tile stays the default.
+# depends on the chip and the chunk: at the case-study shape it took v5e's FULL step from 17,426 to
+# 16,330 bundles (2,048 x 2,048, chunks of 128) and v6e's from 12,838 to 12,647 (2,560 x 2,560,
+# chunks of 256), and cost TPU7x 4.6% (2,048 x 2,048, chunks of 512), where the whole tile stays the
+# default. The table above shows the other side on v6e: at 1,024 x 1,024 with chunks of 512 the folds
+# cost more than they save (the last column against the one before it), so read the column before
+# you pick the option for other blocks.
 #
 # ## What the production kernel adds
 #
