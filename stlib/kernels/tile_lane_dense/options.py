@@ -1,0 +1,77 @@
+"""The ``pallas_tile_lane_dense`` kernel's options (``LaneDenseOptions``) and the chips' default
+queries per fold (``FOLD_LANES``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from stlib._checks import check_positive_int
+from stlib.device import LANES, SUBLANES, chip_spec
+from stlib.kernels import common
+
+#: Queries per fold (``LaneDenseOptions.block_q_compute``) by default, per chip; a chip not named
+#: folds its whole q tile at once. From the compiled schedules of the FULL region at 10 x 75,600 x 128
+#: bf16 (bundles per step, whole tile -> 256 queries): v5e 2048 x 2048 / 128 keys a chunk 17,426 ->
+#: 16,330 (and 18,012 -> 17,435 at 256 keys); v6e 2560 x 2560 / 256 12,838 -> 12,647; TPU7x
+#: 2048 x 2048 / 512 8,394 -> 8,779 (slower; 8,752 -> 8,693 at 256 keys).
+FOLD_LANES = {"v5e": 256, "v6e": 256}
+
+
+@dataclass(frozen=True)
+class LaneDenseOptions:
+    """``exp2``: base-2 exponentials with log2(e) folded into q's scale; ``block_kv_compute``: keys per
+    chunk of the inner loop (None: the chip default with default blocks, else the whole kv tile);
+    ``block_kv_register``: keys per register tile inside a chunk (None: the whole chunk);
+    ``bf16_probs``: probabilities enter p.v in v's dtype when v is bf16 (f32 inputs stay f32);
+    ``pattern_grain``: sub-tile size of pattern steps (None: chosen per layout, 0: no patterns);
+    ``lookahead``: chunks of a step whose scores (k q^T) are issued ahead of the chunk being folded
+    in the mask-free regions (FULL, RAGGED, patterns without masked sub-tiles; a region that
+    evaluates the mask folds in order) (None: every later chunk of the kv block, as many as fit VMEM,
+    ``fit_lookahead``; 0: none, each chunk's scores just before its max);
+    ``block_q_compute``: queries per fold in the mask-free regions over whole q tiles (FULL, RAGGED),
+    the lane width of the scores one fold holds: a step folds each slice of its q lanes through all
+    its chunks in turn, so a fold holds [chunk, 256] scores, not [chunk, block_q] (None: the chip's
+    ``FOLD_LANES``, else the whole q tile); MASKED steps and patterns fold whole lane runs;
+    ``chip``: the chip whose VMEM the blocks must fit and whose limit the call asks for (None: the
+    chip at hand, else the smallest VMEM in the chip table)."""
+
+    exp2: bool = True
+    block_kv_compute: int | None = None
+    block_kv_register: int | None = 256
+    bf16_probs: bool = True
+    pattern_grain: int | None = None
+    lookahead: int | None = None
+    block_q_compute: int | None = None
+    chip: str | None = None
+
+    def __post_init__(self):
+        for name in ("exp2", "bf16_probs"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name}={getattr(self, name)!r} must be True or False")
+        if self.block_kv_compute is not None:
+            common.check_chunk(self.block_kv_compute)
+        if self.block_kv_register is not None:
+            check_positive_int("block_kv_register", self.block_kv_register)
+            if self.block_kv_register % SUBLANES:
+                raise ValueError(
+                    f"block_kv_register={self.block_kv_register} must be a multiple of {SUBLANES} "
+                    "(TPU sublane tiling)"
+                )
+        if self.pattern_grain is not None and (
+            not isinstance(self.pattern_grain, int) or self.pattern_grain < 0 or self.pattern_grain % LANES
+        ):
+            raise ValueError(
+                f"pattern_grain={self.pattern_grain!r} must be None, 0 or a positive multiple of {LANES}"
+            )
+        if self.lookahead is not None:
+            check_positive_int("lookahead", self.lookahead, allow_zero=True)
+        if self.block_q_compute is not None and (
+            not isinstance(self.block_q_compute, int)
+            or self.block_q_compute <= 0
+            or self.block_q_compute % LANES
+        ):
+            raise ValueError(
+                f"block_q_compute={self.block_q_compute!r} must be None or a positive multiple of {LANES}"
+            )
+        if self.chip is not None:
+            chip_spec(self.chip)  # raises, naming the chips of the table
