@@ -24,9 +24,9 @@ class LaneDenseOptions:
     ``block_kv_register``: keys per register tile inside a chunk (None: the whole chunk);
     ``bf16_probs``: probabilities enter p.v in v's dtype when v is bf16 (f32 inputs stay f32);
     ``pattern_grain``: sub-tile size of pattern steps (None: chosen per layout, 0: no patterns);
-    ``lookahead``: chunks of a step whose scores (k q^T) are issued ahead of the chunk being folded
-    in the mask-free regions (FULL, RAGGED, patterns without masked sub-tiles; a region that
-    evaluates the mask folds in order) (None: every later chunk of the kv block, as many as fit VMEM,
+    ``lookahead``: chunks of a step whose scores (k q^T) are issued ahead of the chunk being folded;
+    a chunk whose pair mask is evaluated (MASKED steps, a pattern's masked sub-tiles) is issued only
+    when it is folded (None: every later chunk of the kv block, as many as fit VMEM,
     ``fit_lookahead``; 0: none, each chunk's scores just before its max);
     ``block_q_compute``: queries per fold in the mask-free regions over whole q tiles (FULL, RAGGED),
     the lane width of the scores one fold holds: a step folds each slice of its q lanes through all
