@@ -129,3 +129,42 @@ def test_the_table_says_met_or_missed_against_the_chips_target_to_four_places(ca
     block_sweep.print_table([splash, band])
     (line,) = [row for row in capsys.readouterr().out.splitlines() if row.startswith("tpu7x  band")]
     assert f"{target + 0.0002:.4f} {target:g} missed" in line
+
+
+def test_a_sweep_stopped_halfway_writes_the_chips_it_finished_and_none_of_the_one_it_stopped_in(
+    tmp_path, monkeypatch
+):
+    from types import SimpleNamespace
+
+    from stlib import analysis
+
+    class Stopped(Exception):
+        """Not a compiler refusal (those are recorded): the run itself stops."""
+
+    def estimate(impl, mask, chip, block_q, block_kv, options=None):
+        if chip == "v5e" and block_q == 2048:
+            raise Stopped
+        kernel = SimpleNamespace(grid_steps=1, kernel=impl, breakdown={})
+        return SimpleNamespace(
+            seconds=1e-3,
+            total_seconds=1e-3,
+            glue_seconds=0.0,
+            cycles=1_000,
+            kernels=[kernel],
+            memory_seconds=0.0,
+            libtpu_version="fake",
+            clock_hz=1e9,
+        )
+
+    monkeypatch.setattr(analysis, "estimate", estimate)
+    path = tmp_path / "sweep.jsonl"
+    with pytest.raises(Stopped):
+        block_sweep.sweep(chips=("v6e", "v5e"), workers=1, path=path)
+    written = block_sweep.read(path)
+    assert {r["chip"] for r in written} == {"v6e"}
+    swept = {(r["family"], (r["block_q"], r["block_kv"], r["block_kv_compute"])) for r in written}
+    assert swept == {
+        (family, blocks)
+        for impl in (ld.NAME, block_sweep.BASELINE)
+        for family, blocks in block_sweep.candidates(impl)
+    }

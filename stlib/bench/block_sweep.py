@@ -44,10 +44,13 @@ def sweep(
 ):
     """Static estimates of this kernel at every candidate block of ``SWEEP_BLOCKS`` (and the baseline,
     dense Splash, at the ``tuned_candidates`` of its tuned estimate) on ``chips``,
-    appended as records to ``path``; returns the new records. With ``resume``, candidates that
-    already have an estimate in ``path`` are not run again. Candidates that do not compile (VMEM)
+    appended as records to ``path``; returns the new records. A chip's records are appended together
+    once its last candidate is done, so ``read`` never takes a chip's sweep from a run stopped halfway
+    (run again, its finished compiles come back from the estimate cache). With ``resume``, candidates
+    that already have an estimate in ``path`` are not run again. Candidates that do not compile (VMEM)
     are recorded with the compiler's reason."""
     import json
+    from collections import Counter
     from concurrent.futures import ThreadPoolExecutor
     from pathlib import Path
 
@@ -59,12 +62,13 @@ def sweep(
 
     path = path or paths.home() / RECORDS
     origin = provenance()  # date, git revision, jax and libtpu versions, under every record's names
-    jobs = []
-    for chip in chips:  # chip by chip: a partial run is whole for its chips
-        jobs += [(chip, fam, NAME, b) for fam in families for b in SWEEP_BLOCKS[fam]]
-        jobs += [
-            (chip, "dense", BASELINE, (bq, bkv, None)) for bq, bkv in registry.get(BASELINE).tuned_candidates
-        ]
+    jobs = [  # chip by chip: a partial run is whole for its chips
+        (chip, family, impl, blocks)
+        for chip in chips
+        for impl in (NAME, BASELINE)
+        for family, blocks in candidates(impl)
+        if family in families or impl == BASELINE  # every ratio needs the baseline
+    ]
     sources = {impl: source_hash(impl) for impl in (NAME, BASELINE)}
     if resume and Path(path).exists():  # an estimate of the same kernel source is not run again
         done = {
@@ -122,12 +126,17 @@ def sweep(
 
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    records = []
+    records, unwritten = [], []
+    left = Counter(job[0] for job in jobs)  # jobs left per chip
     with ThreadPoolExecutor(max_workers=workers) as pool, Progress(len(jobs), "sweep") as tracker:
         for record in pool.map(lambda job: one(*job), jobs):
             records.append(record)
-            with out.open("a") as handle:
-                handle.write(json.dumps(record) + "\n")
+            unwritten.append(record)
+            left[record["chip"]] -= 1
+            if not left[record["chip"]]:  # a chip's records land together: no partial sweep is read
+                with out.open("a") as handle:
+                    handle.writelines(json.dumps(r) + "\n" for r in unwritten)
+                unwritten.clear()
             tracker.step(
                 f"{record['chip']:<5} {record['family']:<12} {record['impl']:<24} {record['block_q']:>5} "
                 f"{record['block_kv']:>5} {record['block_kv_compute'] or '-':>5} "
@@ -146,11 +155,21 @@ TARGETS = {
 FIGURE = "figures/tile_block_sweep.png"
 
 
+def candidates(impl: str) -> list[tuple]:
+    """(family, (block_q, block_kv, block_kv_compute)) of a whole sweep of ``impl`` on one chip, in
+    the order the sweep runs them: this kernel at ``SWEEP_BLOCKS`` on every family of ``SWEEP_MASKS``,
+    the baseline at its tuned candidates on dense work."""
+    if impl == NAME:
+        return [(family, tuple(b)) for family in SWEEP_MASKS for b in SWEEP_BLOCKS[family]]
+    return [("dense", (bq, bkv, None)) for bq, bkv in registry.get(impl).tuned_candidates]
+
+
 def read(path=None) -> list[dict]:
     """The sweep's records (``path``, default ``RECORDS`` in ``stlib.paths.home()``) of each kernel's
     last swept source on each chip (its ``source`` hash: an older kernel's estimates are never compared
-    with a newer one's, and a chip keeps its last whole sweep until it is swept again); where a
-    configuration was swept more than once, its latest record."""
+    with a newer one's, and a chip keeps its last whole sweep until it is swept again: ``sweep`` writes
+    a chip's records once the chip is done); where a configuration was swept more than once, its
+    latest record."""
     import json
     from pathlib import Path
 
