@@ -117,11 +117,12 @@ def main(argv=None) -> int:
     if not chosen:
         print(f"no notebooks found in {NOTEBOOKS}", file=sys.stderr)
         return 1
-    from stlib.analysis.cache import SEED_FOLDER, export_seed, seed_cache
+    from stlib.analysis.cache import SEED_FOLDER, export_seed, seed_cache, usage_mark
     from stlib.bench.progress import Progress
 
     seed = paths.data_dir() / SEED_FOLDER
     seed_cache(seed)  # the static estimates of the last main job, where the kernel sources still match
+    since = usage_mark()  # the seed keeps the estimates this run reads or writes, no others
     executed = executed_dir()
     rows = []
     tracker = Progress(len(chosen), "notebooks")  # in a log, each notebook's line has the time left
@@ -145,7 +146,7 @@ def main(argv=None) -> int:
     for name, status, seconds, written in rows:
         print(f"{name:<{width}}  {status:<7}{seconds:>9.1f}  {', '.join(written) or '-'}")
     failed = [r for r in rows if r[1] != "ok"]
-    kept = export_seed(seed)  # for the next run, and for the tests (a copy of data/)
+    kept = export_seed(seed, used_since=since)  # for the next run, and for the tests (a copy of data/)
     print(
         f"\n{len(rows) - len(failed)} of {len(rows)} notebooks ran; total {sum(r[2] for r in rows):.0f} s; "
         f"executed notebooks (with their outputs) in {_shown(executed)}/; {kept} static estimates kept in "

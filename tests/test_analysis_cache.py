@@ -99,3 +99,25 @@ def test_the_seed_keeps_current_entries_and_drops_stale_ones(tmp_path, monkeypat
     monkeypatch.setenv("STLIB_CACHE_DIR", str(tmp_path / "fresh"))
     assert cache.seed_cache(seed) == 1 and cache.seed_cache(seed) == 0
     assert (cache.cache_dir() / version / "current.json").exists()
+
+
+def test_the_seed_of_a_run_keeps_only_the_entries_the_run_read_or_wrote(tmp_path, monkeypatch):
+    """``export_seed(used_since=usage_mark())``: a current entry the run never touched (an in-view
+    kernel since rewritten, keyed by its old program) leaves the seed; one read or written stays."""
+    import json
+
+    from stlib.analysis import cache
+
+    monkeypatch.setenv("STLIB_CACHE_DIR", str(tmp_path / "cache"))
+    tools = cache.tool_key()
+    keys = {name: {**tools, "inview": name, "chip": "v6e"} for name in ("unused", "read", "written")}
+    for name in ("unused", "read"):
+        cache.write_entry(keys[name], {"key": keys[name], "kernels": []})
+    since = cache.usage_mark()
+    assert cache.read_entry(keys["read"]) == {"key": keys["read"], "kernels": []}
+    cache.write_entry(keys["written"], {"key": keys["written"], "kernels": []})
+    seed = tmp_path / "seed"
+    assert cache.export_seed(seed, used_since=since) == 2
+    kept = {json.loads(p.read_text())["key"]["inview"] for p in seed.glob("*/*.json")}
+    assert kept == {"read", "written"}
+    assert cache.export_seed(seed) == 3  # without a mark: every current entry

@@ -75,10 +75,30 @@ def _is_current(record: dict) -> bool:
         return False
 
 
-def export_seed(seed: Path) -> int:
-    """Replace the seed with the cache's current entries (``_is_current``); returns how many."""
+def usage_mark() -> float:
+    """A time on the file system's clock (the cache folder's): an entry read or written after this
+    call (``read_entry`` and ``write_entry`` touch it) has a later modification time, one written
+    before it none later. For ``export_seed(used_since=...)``."""
+    folder = cache_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    probe = folder / f".mark.{os.getpid()}"
+    probe.touch()
+    mark = probe.stat().st_mtime
+    while probe.stat().st_mtime <= mark:  # file times come from a coarse clock: wait out its tick
+        os.utime(probe)
+    probe.unlink()
+    return mark
+
+
+def export_seed(seed: Path, used_since: float | None = None) -> int:
+    """Replace the seed with the cache's current entries (``_is_current``), of those only the ones
+    read or written after ``used_since`` (a ``usage_mark``) where it is given; returns how many."""
     seed = Path(seed)
-    current = [p for p in sorted(cache_dir().glob("*/*.json")) if _is_current(json.loads(p.read_text()))]
+    current = [
+        p
+        for p in sorted(cache_dir().glob("*/*.json"))
+        if (used_since is None or p.stat().st_mtime > used_since) and _is_current(json.loads(p.read_text()))
+    ]
     keep = {(p.parent.name, p.name) for p in current}
     for old in seed.glob("*/*.json"):
         if (old.parent.name, old.name) not in keep:
@@ -132,7 +152,14 @@ def _entry_path(key_data: dict) -> Path:
 def read_entry(key_data: dict) -> dict | None:
     """The cached entry of ``key_data`` (``tool_key()`` and the call), or None."""
     path = _entry_path(key_data)
-    return json.loads(path.read_text()) if path.exists() else None
+    if not path.exists():
+        return None
+    entry = json.loads(path.read_text())
+    try:
+        os.utime(path)  # used now (``usage_mark``)
+    except OSError:  # a read-only cache is still read
+        pass
+    return entry
 
 
 def write_entry(key_data: dict, entry: dict) -> None:
