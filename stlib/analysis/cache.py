@@ -10,6 +10,7 @@ import importlib.metadata
 import json
 import os
 import tempfile
+import time
 from pathlib import Path
 
 from stlib.analysis.attribution import Attribution, attribute
@@ -85,6 +86,7 @@ def usage_mark() -> float:
     probe.touch()
     mark = probe.stat().st_mtime
     while probe.stat().st_mtime <= mark:  # file times come from a coarse clock: wait out its tick
+        time.sleep(0.001)
         os.utime(probe)
     probe.unlink()
     return mark
