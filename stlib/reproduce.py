@@ -122,7 +122,7 @@ def main(argv=None) -> int:
 
     seed = paths.data_dir() / SEED_FOLDER
     seed_cache(seed)  # the static estimates of the last main job, where the kernel sources still match
-    since = usage_mark()  # the seed keeps the estimates this run reads or writes, no others
+    since = usage_mark()  # the seed keeps the in-view estimates this run reads or writes, no others
     executed = executed_dir()
     rows = []
     tracker = Progress(len(chosen), "notebooks")  # in a log, each notebook's line has the time left

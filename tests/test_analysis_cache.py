@@ -102,8 +102,9 @@ def test_the_seed_keeps_current_entries_and_drops_stale_ones(tmp_path, monkeypat
 
 
 def test_the_seed_of_a_run_keeps_only_the_entries_the_run_read_or_wrote(tmp_path, monkeypatch):
-    """``export_seed(used_since=usage_mark())``: a current entry the run never touched (an in-view
-    kernel since rewritten, keyed by its old program) leaves the seed; one read or written stays."""
+    """``export_seed(used_since=usage_mark())``: an in-view entry the run never touched (a kernel
+    since rewritten, keyed by its old program) leaves the seed; one read or written stays, and so
+    does an untouched entry keyed by current sources (the tests read those)."""
     import json
 
     from stlib.analysis import cache
@@ -121,3 +122,6 @@ def test_the_seed_of_a_run_keeps_only_the_entries_the_run_read_or_wrote(tmp_path
     kept = {json.loads(p.read_text())["key"]["inview"] for p in seed.glob("*/*.json")}
     assert kept == {"read", "written"}
     assert cache.export_seed(seed) == 3  # without a mark: every current entry
+    sourced = {**tools, "source": cache.source_hash("pallas_tile"), "config": {"impl": "pallas_tile"}}
+    cache.write_entry(sourced, {"key": sourced})
+    assert cache.export_seed(seed, used_since=cache.usage_mark()) == 1  # kept untouched, by its sources

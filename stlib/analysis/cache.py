@@ -93,14 +93,19 @@ def usage_mark() -> float:
 
 
 def export_seed(seed: Path, used_since: float | None = None) -> int:
-    """Replace the seed with the cache's current entries (``_is_current``), of those only the ones
-    read or written after ``used_since`` (a ``usage_mark``) where it is given; returns how many."""
+    """Replace the seed with the cache's current entries (``_is_current``); returns how many. An
+    in-view entry is keyed by its program, not by stlib's sources, so nothing says when it is stale:
+    where ``used_since`` (a ``usage_mark``) is given, only the in-view entries read or written after
+    it are kept (a notebook kernel since rewritten leaves the seed). An entry keyed by sources is
+    kept while they are current, whoever reads it (the tests share the seed)."""
     seed = Path(seed)
-    current = [
-        p
-        for p in sorted(cache_dir().glob("*/*.json"))
-        if (used_since is None or p.stat().st_mtime > used_since) and _is_current(json.loads(p.read_text()))
-    ]
+
+    def kept(path: Path) -> bool:
+        entry = json.loads(path.read_text())
+        unused = used_since is not None and path.stat().st_mtime <= used_since
+        return _is_current(entry) and not ("inview" in entry.get("key", {}) and unused)
+
+    current = [p for p in sorted(cache_dir().glob("*/*.json")) if kept(p)]
     keep = {(p.parent.name, p.name) for p in current}
     for old in seed.glob("*/*.json"):
         if (old.parent.name, old.name) not in keep:
