@@ -152,6 +152,50 @@ def test_tuned_blocks_take_the_best_of_the_sweep(monkeypatch):
     assert len(est.sweep) == len(candidates) and "does not compile" in est.sweep[-1][2]
 
 
+def test_a_sweep_out_of_hbm_is_refused_in_one_sentence(monkeypatch):
+    from stlib.analysis import static
+
+    def fake(impl, mask, chip, *, block_q, block_kv, **kwargs):
+        need = 90 + 20 * 4096 / block_kv  # fewer kv tiles, fewer per-kv-tile partials
+        raise RuntimeError(
+            "compiling failed:\nRESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required "
+            f"for HLO temporaries ({need:.2f}G) exceeds available HBM (94.75G)."
+        )
+
+    monkeypatch.setattr(static, "estimate", fake)
+    with pytest.raises(RuntimeError) as raised:
+        static.static_estimate(
+            "splash", "causal", "tpu7x", num_heads=32, num_kv_heads=8, head_dim=256, length=131072,
+            block_sizes="tuned", backward=True,
+        )  # fmt: skip
+    message = str(raised.value)
+    assert "\n" not in message
+    assert message.startswith(
+        "no block size of the sweep fits the backward of splash (32:8 heads x 131,072 x 256)"
+    )
+    assert (
+        "at blocks 512/2048, needs 130.00 GiB of HLO temporaries against 94.75 GiB (35.25 GiB over" in message
+    )
+    assert "512/1024 170.00 GiB" in message
+
+
+def test_a_sweep_that_fails_otherwise_lists_every_reason(monkeypatch):
+    from stlib.analysis import static
+
+    def fake(impl, mask, chip, *, block_q, block_kv, **kwargs):
+        raise RuntimeError(
+            "exceeds scoped vmem"
+            if block_q > 512
+            else "RESOURCE_EXHAUSTED ... (99.00G) exceeds available HBM (94.75G)"
+        )
+
+    monkeypatch.setattr(static, "estimate", fake)
+    with pytest.raises(RuntimeError, match="no block size of the sweep compiles: .*exceeds scoped vmem"):
+        static.static_estimate(
+            "splash", "causal", "tpu7x", num_heads=4, head_dim=128, length=8192, block_sizes="tuned"
+        )
+
+
 def test_options_are_checked_against_the_implementation():
     with pytest.raises(TypeError, match="no options"):
         estimate("pallas_dense", "none", "v6e", options={"form": "flat"})

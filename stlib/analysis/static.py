@@ -7,12 +7,18 @@ practitioner who tunes would. Composes the clock-free per-kernel estimate
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 
 from stlib import registry
 from stlib.analysis.clock import resolve_clock
 from stlib.analysis.kernel_estimate import Estimate, check_chip, estimate_at_clock, make_config
 from stlib.analysis.schedule import ScheduleFormatError
+
+#: libtpu 0.0.42.1's refusal of a program whose HBM does not fit (sizes in GiB, "G" in its words)
+_HBM_REFUSAL = re.compile(
+    r"total memory required for HLO temporaries \(([0-9.]+)G\) exceeds available HBM \(([0-9.]+)G\)"
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,6 +126,39 @@ def static_estimate(
         if best is None or est.total_seconds < best.total_seconds:
             best = est
     if best is None:
-        raise RuntimeError(f"no block size of the sweep compiles: {sweep}")
+        raise RuntimeError(_no_candidate_fits(impl, chip, common, sweep))
     fields = {f.name: getattr(best, f.name) for f in dataclasses.fields(Estimate)}
     return TunedEstimate(**fields, sweep=tuple(sweep))
+
+
+def hbm_shortfall(message: str) -> tuple[float, float] | None:
+    """(GiB of HLO temporaries the program needs, GiB of HBM the device has) from a compile error's
+    text when it ran out of HBM (libtpu's ``RESOURCE_EXHAUSTED ... exceeds available HBM``), else None.
+
+    >>> hbm_shortfall("Ran out of memory on HBM, the total memory required for HLO temporaries "
+    ...               "(138.15G) exceeds available HBM (94.75G).")
+    (138.15, 94.75)
+    >>> hbm_shortfall("exceeds scoped vmem") is None
+    True
+    """
+    found = _HBM_REFUSAL.search(message)
+    return None if found is None else (float(found[1]), float(found[2]))
+
+
+def _no_candidate_fits(impl: str, chip: str, call: dict, sweep: list) -> str:
+    """The one sentence a tuned estimate raises when no candidate compiles: when every candidate ran
+    out of HBM, how much the smallest program needs against the device's HBM, else the sweep."""
+    needs = [(hbm_shortfall(reason), bq, bkv) for bq, bkv, reason in sweep]
+    if not needs or any(n is None for n, _, _ in needs):
+        return f"no block size of the sweep compiles: {sweep}"
+    (need, have), bq, bkv = min(needs)
+    direction = "backward" if call.get("backward") else "forward"
+    kv = call.get("num_kv_heads") or call["num_heads"]
+    shape = f"{call['num_heads']}:{kv} heads x {call['length']:,} x {call['head_dim']}"
+    return (
+        f"no block size of the sweep fits the {direction} of {impl} ({shape}) in one {chip} device's HBM: "
+        f"the smallest program, at blocks {bq}/{bkv}, needs {need:.2f} GiB of HLO temporaries against "
+        f"{have:.2f} GiB ({need - have:.2f} GiB over; every candidate: "
+        + ", ".join(f"{b}/{k} {n[0]:.2f} GiB" for n, b, k in needs)
+        + ")"
+    )
