@@ -44,6 +44,19 @@ def test_estimate_scales_with_grid_steps(cache):
 
 
 @pytest.mark.tpu_compile
+def test_a_program_of_one_grid_step_is_read(cache):
+    # one head x 1,024 tokens at the lane-dense kernel's default blocks: the compiler drops the grid loop
+    one = estimate(
+        "pallas_tile_lane_dense", "band (density 0.25)", "v6e", num_heads=1, length=1024, clock=1e9
+    )
+    (kernel,) = one.kernels
+    assert kernel.grid_steps == 1 and kernel.breakdown["step"]["count"] == 1
+    assert kernel.breakdown["iteration"]["bundles"] == 0 and kernel.breakdown["step"]["bundles"] > 1000
+    assert kernel.cycles == sum(v["bundles"] for v in kernel.breakdown.values())  # every bundle once
+    assert "µs" in str(one) and "0.00 ms" not in str(one)
+
+
+@pytest.mark.tpu_compile
 def test_skipped_masked_and_full_steps(cache):
     est = estimate("pallas_block_sparse", "band (width 1500)", "v6e", num_heads=2, **SMALL)
     paths = est.path_bundles()

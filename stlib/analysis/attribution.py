@@ -8,7 +8,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from stlib.analysis.schedule import Schedule, ScheduleFormatError, flat_cost
+from stlib.analysis.schedule import Node, Schedule, ScheduleFormatError, flat_cost
 
 _BOUNDS = re.compile(r"iteration_bounds: \(([\d, ]+)\)")
 # an operand's memory space: "hbm", "vmem", ..., or "<no memory space>" (a one-element scalar-prefetch
@@ -48,7 +48,13 @@ def attribute(
     registered implementation (``impl`` None). Raises ScheduleFormatError when the structure differs
     from the one expected."""
     loops = [n for n in schedule.roots if n.kind == "loop"]
-    if len(loops) != 1 or len(schedule.roots) != 1:
+    one_step = not loops
+    if one_step and len(schedule.roots) == 1 and schedule.roots[0].kind == "cond":
+        # a grid of one step: the compiler drops the grid loop and keeps the step region; read it as
+        # a loop of one step (trip = steps + 2, as the grid loop's exit test counts) costing nothing
+        step_region = schedule.roots[0]
+        loops = [Node("loop", step_region.first, step_region.last, -1, "", 3, [step_region])]
+    elif len(loops) != 1 or len(schedule.roots) != 1:
         raise ScheduleFormatError(
             f"{kernel}: expected one grid loop at top level, found "
             f"{[(n.kind, hex(n.first)) for n in schedule.roots]}"
@@ -91,7 +97,10 @@ def attribute(
         raise ScheduleFormatError(
             f"{kernel}: {len(compute)} conditional compute regions, named {compute_names}"
         )
-    names = compute_names if compute_names is not None else _compute_names(impl, kernel, len(compute))
+    if one_step and not conds:  # its one step runs every bundle of the region once: the "step" path
+        names = []
+    else:
+        names = compute_names if compute_names is not None else _compute_names(impl, kernel, len(compute))
     # several regions before / after the compute (a row's copy of a block that ends past the array next to
     # its init / output write) run once per row each: their bundles add up to one init / finalise path
     labelled = [("init", c) for c in before] + list(zip(names, compute)) + [("finalise", c) for c in after]

@@ -155,8 +155,8 @@ class Estimate:
         lines = [
             (
                 f"STATIC ESTIMATE (not a measurement) {self.direction} {self.impl} / {self.mask} on {self.chip}: "
-                f"{self.total_seconds * 1e3:.2f} ms total = kernels {self.seconds * 1e3:.2f} ms + glue "
-                f"{self.glue_seconds * 1e3:.3f} ms; blocks {self.blocks}"
+                f"{format_seconds(self.total_seconds)} total = kernels {format_seconds(self.seconds)} + glue "
+                f"{format_seconds(self.glue_seconds)}; blocks {self.blocks}"
             ),
             f"  clock: {self.clock_assumption}",
             f"  libtpu {self.libtpu_version}; {self.method}",
@@ -164,8 +164,8 @@ class Estimate:
         for k in self.kernels:
             lines.append(
                 f"  kernel {k.kernel}: {k.grid_steps:,} grid steps, {k.cycles:,} cycles -> compute "
-                f"{k.compute_seconds * 1e3:.2f} ms + exposed DMA {k.exposed_dma_seconds * 1e3:.3f} ms, "
-                f"DMA floor {k.memory_seconds * 1e3:.2f} ms ({k.dma_bytes / 1e9:.2f} GB), {k.bound}-bound"
+                f"{format_seconds(k.compute_seconds)} + exposed DMA {format_seconds(k.exposed_dma_seconds)}, "
+                f"DMA floor {format_seconds(k.memory_seconds)} ({k.dma_bytes / 1e9:.2f} GB), {k.bound}-bound"
             )
             for path, v in k.breakdown.items():
                 lines.append(
@@ -174,9 +174,23 @@ class Estimate:
                 )
         lines.append(
             f"  XLA glue around the kernels ({self.glue_bytes / 1e9:.3f} GB / HBM bandwidth, included in the "
-            f"total): {self.glue_seconds * 1e3:.3f} ms"
+            f"total): {format_seconds(self.glue_seconds)}"
         )
         return "\n".join(lines)
+
+
+def format_seconds(seconds: float) -> str:
+    """A time in the unit that shows three significant figures or more: ns, µs, ms or s.
+
+    >>> format_seconds(1.2345e-6), format_seconds(0.0421), format_seconds(2.5), format_seconds(0.0)
+    ('1.23 µs', '42.10 ms', '2.50 s', '0 s')
+    """
+    if seconds == 0:
+        return "0 s"
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
+        if abs(seconds) >= scale:
+            return f"{seconds / scale:.2f} {unit}"
+    return f"{seconds / 1e-9:.2f} ns"
 
 
 def setup_for(impl: str, config: KernelConfig, mask) -> Setup:
