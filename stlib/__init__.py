@@ -5,7 +5,7 @@ from stlib import _versions
 _versions.check_jax(_versions.installed_jax())  # before any jax import: an older jax is one sentence
 
 from stlib import kernels, masks  # importing kernels registers pallas_dense, _block_sparse, _tile, splash
-from stlib.api import IMPLEMENTATIONS, attention, random_qkv, register, video_attention
+from stlib.api import IMPLEMENTATIONS, attention, choose, random_qkv, register, video_attention
 from stlib.configs import CASE_STUDY, SMALL_CPU, WAN_480P, Workload
 from stlib.geometry import (
     TokenOrder,
@@ -33,6 +33,7 @@ __all__ = [
     "attention",
     "attention_fn",
     "block_layout",
+    "choose",
     "kernels",
     "masks",
     "pad_tokens",

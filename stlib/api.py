@@ -16,7 +16,8 @@ import jax.numpy as jnp
 from stlib._checks import check_positive_int
 from stlib.geometry import TokenOrder, VideoGrid, apply_orders, restore_orders
 from stlib.masks import Mask, per_head
-from stlib.registry import DEFAULT_IMPL, IMPLEMENTATIONS, choose, register
+from stlib.registry import AUTO, DEFAULT_IMPL, IMPLEMENTATIONS, register
+from stlib.registry import choose as _choose
 
 
 def _check_block(name: str, value, multiple: int = 8) -> int | None:
@@ -86,14 +87,14 @@ def attention(
     head-uniform or with H heads, or None (dense). ``scale`` defaults to 1/sqrt(D). Returns [H, L, D]
     in q's dtype; query rows that see no key are zeros. ``impl`` names an entry of
     ``IMPLEMENTATIONS``, or "auto" (the default): the best one for the backend and mask
-    (``stlib.registry.choose``: on a TPU the tile kernel, dense Splash without a mask; elsewhere
-    ``xla``). ``options``: that implementation's options (its ``options_type``, or a dict
+    (``stlib.choose(mask)`` says which: on a TPU the tile kernel, dense Splash without a mask;
+    elsewhere ``xla``). ``options``: that implementation's options (its ``options_type``, or a dict
     of its fields; None: defaults). Raises TypeError / ValueError on bad input (shapes, dtypes,
     heads, unknown impl or option, block sizes).
     """
     check_qkv(q, k, v)
     check_mask(mask, q.shape[0], q.shape[1])
-    implementation = choose(impl, mask)
+    implementation = _choose(impl, mask)
     options = implementation.options(options)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[2])
@@ -176,6 +177,23 @@ def video_attention(
     return restore_orders(out, orders)
 
 
+def choose(mask: Mask | None = None, *, backend: str | None = None):
+    """The implementation ``impl="auto"`` runs for ``mask`` (None: dense attention) on ``backend``
+    (None: JAX's default backend): on a TPU the tile kernel for a mask it takes, dense Splash without
+    a mask (or for a mask the tile kernel refuses); elsewhere ``xla``. Raises ValueError when no
+    ranked implementation takes the mask, saying why each refused.
+
+    >>> import stlib
+    >>> stlib.choose(stlib.masks.band(1024, 64), backend="cpu").name
+    'xla'
+    >>> stlib.choose(backend="tpu").name
+    'splash'
+    >>> stlib.choose(stlib.masks.band(1024, 64), backend="tpu").name
+    'pallas_tile_lane_dense'
+    """
+    return _choose(AUTO, mask, backend=backend)
+
+
 def random_qkv(shape, dtype=jnp.float32, seed: int = 0):
     """Three seeded standard-normal [H, L, D] arrays (q, k, v) for tests, notebooks and benchmarks."""
     import jax
@@ -184,4 +202,4 @@ def random_qkv(shape, dtype=jnp.float32, seed: int = 0):
     return tuple(jax.random.normal(key, shape, jnp.float32).astype(dtype) for key in keys)
 
 
-__all__ = ["IMPLEMENTATIONS", "attention", "check_qkv", "random_qkv", "register", "video_attention"]
+__all__ = ["IMPLEMENTATIONS", "attention", "check_qkv", "choose", "random_qkv", "register", "video_attention"]

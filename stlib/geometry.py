@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 
+import jax
 import numpy as np
 
 from stlib._checks import check_positive_int, check_positive_triple
@@ -18,6 +19,7 @@ from stlib._intmath import array_module as _xp
 from stlib._intmath import cdiv, div, mod, round_up
 
 
+@jax.tree_util.register_static  # hashable: jax.jit(stlib.video_attention)(q, k, v, grid, mask) works
 @dataclass(frozen=True)
 class VideoGrid:
     """A video latent token grid of T frames, Y rows, X columns (raster order t, y, x)."""
@@ -58,6 +60,7 @@ class VideoGrid:
             )
 
 
+@jax.tree_util.register_static
 @dataclass(frozen=True, eq=False)
 class TokenOrder:
     """A token order: ``perm[i]`` is the raster index at position i (-1 for a padding slot).

@@ -109,6 +109,21 @@ class BlockLayout:
     def grid_shape(self) -> tuple[int, int]:
         return self.counts.shape[1], self.counts.shape[2]
 
+    def __repr__(self) -> str:
+        """A line of counts, not the arrays.
+
+        >>> import stlib
+        >>> stlib.block_layout(stlib.masks.causal(1024), 256, 256)  # doctest: +ELLIPSIS
+        BlockLayout(CausalMask(L=1024), 256 x 256 tiles, grid 4 x 4, ...: EMPTY 6, PARTIAL 4, FULL 6; ...)
+        """
+        kinds = ", ".join(f"{name} {n}" for name, n in self.kind_counts().items())
+        heads = "1 head layout" if self.num_heads == 1 else f"{self.num_heads} heads"
+        nq, nk = self.grid_shape
+        return (
+            f"BlockLayout({self.mask!r}, {self.block_q} x {self.block_kv} tiles, grid {nq} x {nk}, "
+            f"{heads}: {kinds}; density {self.density:.3f})"
+        )
+
     # --- kinds and summary numbers ------------------------------------------------------------
     @cached_property
     def kinds(self) -> np.ndarray:

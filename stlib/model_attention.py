@@ -32,6 +32,34 @@ def _check_inputs(query, key, value) -> None:
         )
 
 
+#: The keywords of ``stlib.attention`` an ``attention_fn`` passes on (and ``orders`` of
+#: ``video_attention`` with a grid or plan).
+ATTENTION_KEYWORDS = ("scale", "block_q", "block_kv", "options", "interpret")
+
+
+def _check_build(impl: str, attention_kwargs: dict, video: bool) -> None:
+    """Refuse, when the callable is built (not at its first forward), an unknown ``impl``, keyword or
+    option, naming ``stlib.attention_fn``."""
+    from stlib import registry
+
+    allowed = ATTENTION_KEYWORDS + (("orders",) if video else ())
+    unknown = sorted(set(attention_kwargs) - set(allowed))
+    if unknown:
+        raise TypeError(
+            f"stlib.attention_fn() got unexpected keyword(s) {unknown}; besides mask, grid, plan, impl, "
+            f"mesh, axis_name, strategy and batch_axis_name it takes those of stlib.attention: {list(allowed)}"
+        )
+    try:
+        if impl != registry.AUTO:
+            registry.get(impl).options(attention_kwargs.get("options"))
+        for name in ("block_q", "block_kv"):
+            value = attention_kwargs.get(name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+                raise ValueError(f"{name}={value!r} must be a positive int")
+    except (TypeError, ValueError) as error:
+        raise type(error)(f"stlib.attention_fn(): {error}") from None
+
+
 def _refuse_flax_features(mask, bias, dropout_rate, deterministic, module, is_causal) -> None:
     if mask is not None:
         raise ValueError(
@@ -85,6 +113,7 @@ def attention_fn(
     """
     if mask is not None and not isinstance(mask, Mask):
         raise TypeError(f"mask must be a stlib mask (stlib.masks.*) or None, got {type(mask).__name__}")
+    _check_build(impl, attention_kwargs, video=grid is not None or plan is not None)
     if (mesh is None) != (axis_name is None):
         raise ValueError("give mesh and axis_name together (parallel attention), or neither")
     sparse = mask is not None or grid is not None or plan is not None

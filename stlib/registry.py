@@ -137,6 +137,9 @@ class Implementation:
     title: str = ""  # how comparisons name it ("" : its name)
     variants: Mapping[str, Mapping] = field(default_factory=dict)  # labelled options comparisons run
 
+    def __repr__(self) -> str:
+        return f"<stlib implementation {self.name!r}: {self.description}>"
+
     def comparison_runs(self) -> list[tuple[str, dict]]:
         """(label, options) of each variant the benchmark and estimate comparisons run: its
         ``variants``, or its defaults under its title."""
@@ -291,7 +294,11 @@ def get(name: str) -> Implementation:
     """The registered implementation ``name``. Raises ValueError naming the known ones (and "auto",
     which ``choose`` resolves)."""
     if name not in IMPLEMENTATIONS:
-        raise ValueError(f"impl={name!r} is unknown; choose one of {sorted(IMPLEMENTATIONS) + [AUTO]}")
+        import difflib
+
+        close = difflib.get_close_matches(str(name), [*IMPLEMENTATIONS, AUTO], n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"impl={name!r} is unknown{hint}; choose one of {sorted(IMPLEMENTATIONS) + [AUTO]}")
     return IMPLEMENTATIONS[name]
 
 

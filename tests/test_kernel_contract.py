@@ -49,6 +49,30 @@ def test_random_per_head_mask_at_ragged_length_equals_reference(impl, dtype):
     assert_close(out, ref, tolerance(impl, dtype), mask=mask)  # the empty head and rows 3..6 included
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+def test_jit_takes_the_mask_as_an_argument(impl):
+    """Masks are static pytrees: ``jax.jit`` of a function of (q, k, v, mask) runs every
+    implementation, equal to the reference, and traces again only for a mask of another value."""
+    traces = []
+
+    def call(q, k, v, mask):
+        traces.append(mask)
+        block_q, block_kv = small_blocks(impl, mask, LENGTH)
+        return stlib.attention(q, k, v, mask, impl=impl, block_q=block_q, block_kv=block_kv)
+
+    q, k, v = stlib.random_qkv((2, LENGTH, 128), jnp.float32, seed=3)
+    band = masks.band(LENGTH, 40)
+    jitted = jax.jit(call)
+    out = jitted(q, k, v, band)
+    assert_close(
+        out, stlib.attention(q, k, v, band, impl="reference"), tolerance(impl, jnp.float32), mask=band
+    )
+    jitted(q, k, v, masks.band(LENGTH, 40))  # an equal mask, another object: no new trace
+    assert len(traces) == 1
+    jitted(q, k, v, masks.band(LENGTH, 41))
+    assert len(traces) == 2
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("impl", IMPLS)
 def test_mask_with_no_pair_gives_zeros(impl, dtype):
@@ -174,3 +198,14 @@ def test_routed_plan_equals_reference(impl, boundary):
     out = stlib.video_attention(q, k, v, grid, plan=plan, impl=impl)
     ref = stlib.attention(q, k, v, plan.mask, impl="reference")
     assert_close(out, ref, tolerance(impl, jnp.float32), mask=plan.mask)
+
+
+def test_jit_of_the_entry_points_themselves():
+    """``jax.jit(stlib.attention)(q, k, v, mask)`` and ``jax.jit(stlib.video_attention)(q, k, v, grid,
+    mask)`` as a user writes them: no static_argnums, no closure."""
+    grid = stlib.VideoGrid(3, 4, 6)
+    mask = masks.sliding_tile(grid, tile=(1, 2, 2), window=(3, 1, 3))
+    q, k, v = stlib.random_qkv((2, grid.num_tokens, 64), jnp.float32, seed=5)
+    ref = stlib.attention(q, k, v, mask, impl="reference")
+    assert_close(jax.jit(stlib.attention)(q, k, v, mask), ref, 1e-5, mask=mask)
+    assert_close(jax.jit(stlib.video_attention)(q, k, v, grid, mask), ref, 1e-5, mask=mask)

@@ -94,6 +94,25 @@ def test_what_the_contract_cannot_honour_is_refused_by_name():
         stlib.attention_fn(np.ones((4, 4), bool))
 
 
+def test_bad_keywords_are_refused_when_the_callable_is_built():
+    """attention_fn refuses an unknown impl, keyword, option or block size at build time, in an error
+    that names it (not Python's TypeError from stlib.attention at the first forward)."""
+    with pytest.raises(
+        ValueError,
+        match=r"stlib.attention_fn\(\): impl='pallas-tile' is unknown \(did you mean 'pallas_tile'\?\)",
+    ):
+        stlib.attention_fn(_mix(), impl="pallas-tile")
+    with pytest.raises(TypeError, match=r"stlib.attention_fn\(\) got unexpected keyword\(s\) \['blockq'\]"):
+        stlib.attention_fn(_mix(), blockq=128)
+    with pytest.raises(TypeError, match=r"\['orders'\]"):
+        stlib.attention_fn(_mix(), orders=None)  # orders only with a grid or plan
+    with pytest.raises(ValueError, match=r"stlib.attention_fn\(\): block_q=0 must be a positive int"):
+        stlib.attention_fn(_mix(), block_q=0)
+    with pytest.raises(TypeError, match=r"stlib.attention_fn\(\): .*no_such_option"):
+        stlib.attention_fn(_mix(), impl="pallas_tile", options={"no_such_option": 1})
+    stlib.attention_fn(_mix(), grid=GRID, impl="xla", orders=None, scale=0.5, block_q=128)  # all fine
+
+
 def test_a_routed_plan_runs_through_the_callable():
     plan = svg_plan(GRID, ["spatial", "temporal"] * (HEADS // 2), 0.3, block_q=128, block_kv=128)
     q, k, v = qkv(4, HEADS, GRID.num_tokens, 16)

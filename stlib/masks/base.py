@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 
+import jax
 import numpy as np
 
 from stlib._intmath import array_module as _xp
@@ -40,6 +41,12 @@ class Mask:
     num_heads: int | None = None  # None: the same mask for every head
     traceable: bool = False  # _allowed works on jax arrays (so a kernel can evaluate it from iota)
     has_intervals: bool = True
+
+    def __init_subclass__(cls, **kwargs):
+        # every mask is a static pytree (no leaves, hashed by value): jax.jit(stlib.attention)(q, k, v,
+        # mask) traces once per distinct mask, with no static_argnums or closure
+        super().__init_subclass__(**kwargs)
+        jax.tree_util.register_static(cls)
 
     @property
     def shape(self) -> tuple[int, int]:
