@@ -68,6 +68,33 @@ def check_mask(mask, num_heads: int, length: int) -> None:
         raise ValueError(f"mask has {mask.num_heads} heads but q has {num_heads}")
 
 
+#: Most query-key pairs (H x L^2) a Pallas kernel runs in interpret mode unless asked to: 2^32,
+#: e.g. 4 heads x 32,768 tokens, about a minute or two on a 2-core CPU (the case study, 10 heads x
+#: 75,600 tokens, is 13x more: hours).
+INTERPRET_PAIR_LIMIT = 2**32
+
+
+def _check_interpret_size(implementation, shape, interpret, allow_slow: bool) -> None:
+    from stlib.device import resolve_interpret
+
+    if not isinstance(allow_slow, bool):
+        raise TypeError(f"allow_slow_interpret={allow_slow!r} must be True or False")
+    heads, length, _ = shape
+    pairs = heads * length * length
+    if (
+        implementation.is_pallas
+        and resolve_interpret(interpret)
+        and pairs > INTERPRET_PAIR_LIMIT
+        and not allow_slow
+    ):
+        raise ValueError(
+            f"impl={implementation.name!r} would run in Pallas interpret mode (no TPU here) over {heads} heads x "
+            f"{length:,} tokens = {pairs:.2e} query-key pairs, more than stlib.api.INTERPRET_PAIR_LIMIT = "
+            f"{INTERPRET_PAIR_LIMIT:.2e} (minutes to hours on a CPU): run it on a TPU, use fewer tokens "
+            "or heads, impl='xla' (compiled for the CPU), or pass allow_slow_interpret=True"
+        )
+
+
 def attention(
     q,
     k,
@@ -80,6 +107,7 @@ def attention(
     block_kv: int | None = None,
     options=None,
     interpret: bool | None = None,
+    allow_slow_interpret: bool = False,
 ):
     """Multi-head attention softmax(q k^T * scale, mask) v.
 
@@ -90,12 +118,21 @@ def attention(
     (``stlib.choose(mask)`` says which: on a TPU the tile kernel, dense Splash without a mask;
     elsewhere ``xla``). ``options``: that implementation's options (its ``options_type``, or a dict
     of its fields; None: defaults). Raises TypeError / ValueError on bad input (shapes, dtypes,
-    heads, unknown impl or option, block sizes).
+    heads, unknown impl or option, block sizes). A Pallas kernel in interpret mode (off a TPU) over
+    more than ``INTERPRET_PAIR_LIMIT`` query-key pairs (H x L^2: minutes to hours on a CPU) is
+    refused in one sentence unless ``allow_slow_interpret=True``.
+
+    >>> import stlib
+    >>> q, k, v = stlib.random_qkv((2, 256, 64))
+    >>> out = stlib.attention(q, k, v, stlib.masks.band(256, 32), impl="pallas_tile", block_q=128, block_kv=128)
+    >>> out.shape, bool(abs(out - stlib.attention(q, k, v, stlib.masks.band(256, 32), impl="reference")).max() < 1e-4)
+    ((2, 256, 64), True)
     """
     check_qkv(q, k, v)
     check_mask(mask, q.shape[0], q.shape[1])
     implementation = _choose(impl, mask)
     options = implementation.options(options)
+    _check_interpret_size(implementation, q.shape, interpret, allow_slow_interpret)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[2])
     elif not isinstance(scale, numbers.Real) or isinstance(scale, bool) or not math.isfinite(scale):

@@ -34,7 +34,7 @@ def _check_inputs(query, key, value) -> None:
 
 #: The keywords of ``stlib.attention`` an ``attention_fn`` passes on (and ``orders`` of
 #: ``video_attention`` with a grid or plan).
-ATTENTION_KEYWORDS = ("scale", "block_q", "block_kv", "options", "interpret")
+ATTENTION_KEYWORDS = ("scale", "block_q", "block_kv", "options", "interpret", "allow_slow_interpret")
 
 
 def _check_build(impl: str, attention_kwargs: dict, video: bool) -> None:

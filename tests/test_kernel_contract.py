@@ -209,3 +209,22 @@ def test_jit_of_the_entry_points_themselves():
     ref = stlib.attention(q, k, v, mask, impl="reference")
     assert_close(jax.jit(stlib.attention)(q, k, v, mask), ref, 1e-5, mask=mask)
     assert_close(jax.jit(stlib.video_attention)(q, k, v, grid, mask), ref, 1e-5, mask=mask)
+
+
+def test_interpret_mode_past_a_few_minutes_is_refused_unless_asked(monkeypatch):
+    """Off a TPU a Pallas kernel over more than INTERPRET_PAIR_LIMIT pairs is refused in one sentence
+    (the README's case-study call ran for minutes with no output); ``allow_slow_interpret`` runs it."""
+    from stlib import api
+
+    q = jnp.zeros((4, 32_769, 8), jnp.float32)
+    with pytest.raises(
+        ValueError, match=r"interpret mode .* 4 heads x 32,769 tokens .* allow_slow_interpret=True"
+    ):
+        stlib.attention(q, q, q, impl="pallas_dense")
+    stlib.attention(q, q, q, impl="xla")  # compiled for the CPU: no limit
+    monkeypatch.setattr(api, "INTERPRET_PAIR_LIMIT", 2 * LENGTH**2 - 1)
+    q, k, v = stlib.random_qkv((2, LENGTH, 128), jnp.float32, seed=2)
+    with pytest.raises(ValueError, match="INTERPRET_PAIR_LIMIT"):
+        stlib.attention(q, k, v, impl="pallas_dense")
+    out = stlib.attention(q, k, v, impl="pallas_dense", allow_slow_interpret=True)
+    assert_close(out, stlib.attention(q, k, v, impl="reference"), tolerance("pallas_dense", jnp.float32))
