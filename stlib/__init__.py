@@ -19,6 +19,12 @@ from stlib.geometry import (
 from stlib.layout import BlockLayout, TileKind, block_layout
 from stlib.model_attention import attention_fn
 from stlib.parallel import parallel_attention
+from stlib.support import support_table as _support_table
+
+attention.__doc__ += (
+    "\n    What each implementation supports (``stlib.support.support_table``):\n\n"
+    + "\n".join("    " + line for line in _support_table().splitlines())
+)
 
 __all__ = [
     "CASE_STUDY",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import numbers
 
+import jax
 import jax.numpy as jnp
 
 from stlib._checks import check_positive_int
@@ -29,9 +30,10 @@ def _check_block(name: str, value, multiple: int = 8) -> int | None:
     return int(value)
 
 
-def check_qkv(q, k, v) -> None:
+def check_qkv(q, k, v, shared_kv: bool = False) -> None:
     """Raise TypeError / ValueError, naming the argument, unless q, k, v are [H, L, D] floating
-    arrays of one dtype with H, L, D > 0, equal shapes (self-attention)."""
+    arrays of one dtype with H, L, D > 0, equal shapes (self-attention); ``shared_kv``: k and v may
+    have fewer heads than q, a divisor of them."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not hasattr(x, "shape") or not hasattr(x, "dtype"):
             raise TypeError(f"{name} must be an array, got {type(x).__name__}")
@@ -49,7 +51,7 @@ def check_qkv(q, k, v) -> None:
         raise TypeError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype} and {v.dtype}")
     if k.shape != v.shape:
         raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must have the same shape")
-    if q.shape[0] != k.shape[0]:
+    if (q.shape[0] % k.shape[0]) if shared_kv else (q.shape[0] != k.shape[0]):
         raise ValueError(f"q has {q.shape[0]} heads but k has {k.shape[0]}")
     if q.shape[2] != k.shape[2]:
         raise ValueError(f"q head dim {q.shape[2]} differs from k head dim {k.shape[2]}")
@@ -111,9 +113,15 @@ def attention(
 ):
     """Multi-head attention softmax(q k^T * scale, mask) v.
 
-    q, k, v: [H, L, D] floating arrays of one dtype (bf16 / f32); mask: a stlib mask of shape (L, L),
+    q: [..., H, L, D], k and v: [..., H / G, L, D] (leading batch axes, each kv head shared by G
+    consecutive q heads: grouped-query attention), floating arrays of one dtype (bf16 / f32; f16
+    runs in interpret mode and on XLA, untested on a TPU); mask: a stlib mask of shape (L, L),
     head-uniform or with H heads, or None (dense). ``scale`` defaults to 1/sqrt(D). Returns [H, L, D]
-    in q's dtype; query rows that see no key are zeros. ``impl`` names an entry of
+    in q's dtype ([..., H, L, D]); query rows that see no key are zeros. Batch axes run the kernel
+    under ``jax.vmap``; grouped kv heads go to a kernel natively where its capabilities say so
+    (``shared_kv_heads``: Splash), else each kv head is repeated for its G q heads first (the
+    gradient sums back over them). A [L, H, D] array (flax's layout) passed without a mask, with
+    more heads than tokens, is refused: use ``stlib.attention_fn`` for [batch..., L, H, D]. ``impl`` names an entry of
     ``IMPLEMENTATIONS``, or "auto" (the default): the best one for the backend and mask
     (``stlib.choose(mask)`` says which: on a TPU the tile kernel, dense Splash without a mask;
     elsewhere ``xla``). ``options``: that implementation's options (its ``options_type``, or a dict
@@ -128,7 +136,75 @@ def attention(
     >>> out.shape, bool(abs(out - stlib.attention(q, k, v, stlib.masks.band(256, 32), impl="reference")).max() < 1e-4)
     ((2, 256, 64), True)
     """
-    check_qkv(q, k, v)
+    _check_layouts(q, k, v, mask)
+    call = {
+        "impl": impl,
+        "scale": scale,
+        "block_q": block_q,
+        "block_kv": block_kv,
+        "options": options,
+        "interpret": interpret,
+        "allow_slow_interpret": allow_slow_interpret,
+    }
+    batch = q.shape[:-3]
+    group = q.shape[-3] // k.shape[-3]
+    if group > 1 and not _choose(impl, mask).capabilities.shared_kv_heads:
+        k, v = (jnp.repeat(x, group, axis=-3) for x in (k, v))  # [..., H, L, D]
+
+    def one(q, k, v):  # [H, L, D], k and v with H or H / G heads
+        return _attention_heads(q, k, v, mask, **call)
+
+    if not batch:
+        return one(q, k, v)
+    flat = [x.reshape(-1, *x.shape[-3:]) for x in (q, k, v)]
+    return jax.vmap(one)(*flat).reshape(*batch, *q.shape[-3:-1], v.shape[-1])
+
+
+def _check_layouts(q, k, v, mask) -> None:
+    """[..., H, L, D] q and [..., H / G, L, D] k, v of one batch shape; a flax-layout [L, H, D]
+    without a mask refused by name."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+            raise TypeError(f"{name} must be an array, got {type(x).__name__}")
+        if x.ndim < 3:
+            raise ValueError(f"{name} must be [..., H, L, D], got shape {tuple(x.shape)}")
+    if not (q.shape[:-3] == k.shape[:-3] == v.shape[:-3]):
+        raise ValueError(f"q {q.shape}, k {k.shape} and v {v.shape} must share their batch axes [...]")
+    if k.shape != v.shape:
+        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must have the same shape")
+    heads, kv_heads = q.shape[-3], k.shape[-3]
+    if 0 in (*q.shape[-3:], *k.shape[-3:]):
+        return  # check_qkv names the empty axis
+    if heads % kv_heads:
+        raise ValueError(
+            f"k and v have {kv_heads} heads, which must divide the {heads} heads of q (each kv head shared "
+            "by H / G consecutive q heads)"
+        )
+    if mask is None and heads > q.shape[-2]:
+        raise ValueError(
+            f"q {tuple(q.shape)} has more heads ({heads}) than tokens ({q.shape[-2]}): it looks like flax's "
+            "[..., L, H, D]; stlib.attention takes [..., H, L, D] (transpose it), and stlib.attention_fn "
+            "takes [batch..., L, H, D]"
+        )
+
+
+def _attention_heads(
+    q,
+    k,
+    v,
+    mask: Mask | None = None,
+    *,
+    impl: str = DEFAULT_IMPL,
+    scale: float | None = None,
+    block_q: int | None = None,
+    block_kv: int | None = None,
+    options=None,
+    interpret: bool | None = None,
+    allow_slow_interpret: bool = False,
+):
+    """``attention`` on one [H, L, D] call (validated here); k and v with H / G heads only for an
+    implementation that shares kv heads natively."""
+    check_qkv(q, k, v, shared_kv=k.shape[0] != q.shape[0])
     check_mask(mask, q.shape[0], q.shape[1])
     implementation = _choose(impl, mask)
     options = implementation.options(options)

@@ -228,3 +228,44 @@ def test_interpret_mode_past_a_few_minutes_is_refused_unless_asked(monkeypatch):
         stlib.attention(q, k, v, impl="pallas_dense")
     out = stlib.attention(q, k, v, impl="pallas_dense", allow_slow_interpret=True)
     assert_close(out, stlib.attention(q, k, v, impl="reference"), tolerance("pallas_dense", jnp.float32))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_jit_with_batch_axes_and_grouped_kv_heads_equals_the_reference(impl):
+    """q [B, H, L, D] with k, v [B, H / 2, L, D] under jax.jit, the mask an argument: equal to the
+    reference on each batch element with every kv head repeated for its two q heads; gradients too."""
+    mask = masks.band(LENGTH, 40)
+    keys = jax.random.split(jax.random.key(11), 3)
+    q = jax.random.normal(keys[0], (2, 4, LENGTH, 64))
+    k, v = (jax.random.normal(key, (2, 2, LENGTH, 64)) for key in keys[1:])
+    block_q, block_kv = small_blocks(impl, mask, LENGTH)
+
+    @jax.jit
+    def run(q, k, v, mask):
+        return stlib.attention(q, k, v, mask, impl=impl, block_q=block_q, block_kv=block_kv)
+
+    def reference(q, k, v):
+        return jnp.stack(
+            [
+                stlib.attention(q[b], jnp.repeat(k[b], 2, 0), jnp.repeat(v[b], 2, 0), mask, impl="reference")
+                for b in range(2)
+            ]
+        )
+
+    out = run(q, k, v, mask)
+    assert out.shape == q.shape
+    for b in range(2):
+        assert_close(out[b], reference(q, k, v)[b], tolerance(impl, jnp.float32), mask=mask)
+    grads = jax.grad(lambda *x: run(*x, mask).sum(), argnums=(0, 1, 2))(q, k, v)
+    expected = jax.grad(lambda *x: reference(*x).sum(), argnums=(0, 1, 2))(q, k, v)
+    for got, want in zip(grads, expected):
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, atol=20 * tolerance(impl, jnp.float32) + 1e-5)
+
+
+def test_a_flax_layout_without_a_mask_is_refused():
+    x = jnp.zeros((64, 8, 16))  # [L, H, D] as flax holds it, read as H = 64 heads of 8 tokens
+    with pytest.raises(ValueError, match=r"looks like flax's \[..., L, H, D\].*stlib.attention_fn"):
+        stlib.attention(x, x, x)
+    with pytest.raises(ValueError, match="must divide the 4 heads of q"):
+        stlib.attention(jnp.zeros((4, 16, 8)), jnp.zeros((3, 16, 8)), jnp.zeros((3, 16, 8)))

@@ -157,3 +157,17 @@ def test_the_wan_block_runs_forward_and_backward_sharded_as_on_one_device():
     assert _relative_gap(grads[0], grads[1]) <= 2e-3
     with pytest.raises(ValueError, match="dim=60 must be a multiple of num_heads=8"):
         WanBlock(60, 8, 128, rngs=nnx.Rngs(0))
+
+
+def test_the_wan_block_returns_its_dtype():
+    from flax import nnx
+
+    from stlib.wan import WanBlock
+
+    x = jax.random.normal(jax.random.key(0), (1, GRID.num_tokens, 64), jnp.bfloat16)
+    text = jax.random.normal(jax.random.key(1), (1, 24, 64), jnp.bfloat16)
+    time_embedding = jax.random.normal(jax.random.key(2), (1, 6, 64), jnp.bfloat16)
+    for dtype in (jnp.bfloat16, jnp.float32):
+        block = WanBlock(64, HEADS, 128, rngs=nnx.Rngs(0), dtype=dtype)
+        out = block(x.astype(dtype), text.astype(dtype), time_embedding.astype(dtype))
+        assert out.dtype == dtype and out.shape == x.shape and bool(jnp.isfinite(out).all())

@@ -23,3 +23,14 @@ def test_the_readme_example_runs_as_written_and_equals_the_reference(capsys):
     ref = stlib.attention(q, k, v, mask, impl="reference")
     assert out.shape == q.shape and out.dtype == q.dtype
     np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(ref, np.float32), atol=2e-2)
+
+
+def test_the_readme_support_table_is_the_generated_one():
+    from stlib.support import support_table
+
+    text = README.read_text()
+    copy = text.split("<!-- support-table -->\n", 1)[1].split("\n<!-- /support-table -->", 1)[0]
+    assert copy == support_table(), (
+        "regenerate it: python -c 'import stlib.support as s; print(s.support_table())'"
+    )
+    assert support_table().splitlines()[2] in stlib.attention.__doc__.replace("    |", "|")

@@ -129,7 +129,12 @@ class SlidingTileMask(VideoMask):
             if w % 2 == 0:
                 raise ValueError(f"window[{axis}]={w} must be odd (tiles centred on the query's tile)")
             if w > c:
-                raise ValueError(f"window[{axis}]={w} tiles exceeds the {c} tiles of the grid along {axis}")
+                fits = ", ".join(str(n) for n in range(1, c + 1, 2))
+                raise ValueError(
+                    f"window[{axis}]={w} tiles exceeds the {c} tiles of the grid along {axis} "
+                    f"(ceil({grid.shape['TYX'.index(axis)]} / tile[{axis}]={self.tile['TYX'.index(axis)]})): "
+                    f"a window along {axis} of {fits} tiles fits, or a smaller tile[{axis}]"
+                )
 
     def _key(self):
         return (self.grid, self.tile, self.window)
@@ -379,7 +384,22 @@ def sliding_tile(grid: VideoGrid, tile, window) -> Mask:
     """Sliding Tile Attention: a query in tile a sees the keys of the ``window`` tiles (odd, per
     axis) centred on a, the window shifted to stay inside the grid. Ragged border tiles hold fewer
     tokens. For grids divisible by the tile this equals
-    ``neighborhood(grid, kernel_size=window * tile, stride=tile)``."""
+    ``neighborhood(grid, kernel_size=window * tile, stride=tile)``.
+
+    ``tile`` (T, Y, X tokens) and ``window`` (T, Y, X tiles) are positive int triples; each window
+    entry must be odd and at most the grid's tiles along that axis, ceil(grid / tile) (the case
+    study: a (21, 45, 80) grid in (3, 8, 16) tiles is 7 x 6 x 5 tiles, so window (3, 3, 3) fits).
+    Raises ValueError otherwise, naming the windows that fit.
+
+    >>> import stlib
+    >>> grid = stlib.VideoGrid(4, 8, 80)
+    >>> mask = stlib.masks.sliding_tile(grid, tile=(1, 8, 16), window=(3, 1, 3))
+    >>> mask.length, round(stlib.block_layout(mask, 128, 128).density, 3)
+    (2560, 0.45)
+    >>> stlib.masks.sliding_tile(grid, tile=(2, 8, 16), window=(3, 1, 3))
+    Traceback (most recent call last):
+    ValueError: window[T]=3 tiles exceeds the 2 tiles of the grid along T (ceil(4 / tile[T]=2)): a window along T of 1 tiles fits, or a smaller tile[T]
+    """
     return SlidingTileMask(grid, tile, window)
 
 
