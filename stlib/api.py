@@ -147,7 +147,7 @@ def attention(
         "allow_slow_interpret": allow_slow_interpret,
     }
     batch = q.shape[:-3]
-    group = q.shape[-3] // k.shape[-3]
+    group = q.shape[-3] // max(k.shape[-3], 1)
     if group > 1 and not _choose(impl, mask).capabilities.shared_kv_heads:
         k, v = (jnp.repeat(x, group, axis=-3) for x in (k, v))  # [..., H, L, D]
 
