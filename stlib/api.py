@@ -152,7 +152,7 @@ def attention(
         k, v = (jnp.repeat(x, group, axis=-3) for x in (k, v))  # [..., H, L, D]
 
     def one(q, k, v):  # [H, L, D], k and v with H or H / G heads
-        return _attention_heads(q, k, v, mask, **call)
+        return _attention_heads(q, k, v, mask, call)
 
     if not batch:
         return one(q, k, v)
@@ -188,41 +188,28 @@ def _check_layouts(q, k, v, mask) -> None:
         )
 
 
-def _attention_heads(
-    q,
-    k,
-    v,
-    mask: Mask | None = None,
-    *,
-    impl: str = DEFAULT_IMPL,
-    scale: float | None = None,
-    block_q: int | None = None,
-    block_kv: int | None = None,
-    options=None,
-    interpret: bool | None = None,
-    allow_slow_interpret: bool = False,
-):
-    """``attention`` on one [H, L, D] call (validated here); k and v with H / G heads only for an
-    implementation that shares kv heads natively."""
+def _attention_heads(q, k, v, mask: Mask | None, call: dict):
+    """``attention`` on one [H, L, D] call (validated here), ``call`` its keywords; k and v with
+    H / G heads only for an implementation that shares kv heads natively."""
     check_qkv(q, k, v, shared_kv=k.shape[0] != q.shape[0])
     check_mask(mask, q.shape[0], q.shape[1])
-    implementation = _choose(impl, mask)
-    options = implementation.options(options)
-    _check_interpret_size(implementation, q.shape, interpret, allow_slow_interpret)
+    implementation = _choose(call["impl"], mask)
+    options = implementation.options(call["options"])
+    interpret = call["interpret"]
+    _check_interpret_size(implementation, q.shape, interpret, call["allow_slow_interpret"])
+    scale = call["scale"]
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[2])
     elif not isinstance(scale, numbers.Real) or isinstance(scale, bool) or not math.isfinite(scale):
         raise TypeError(f"scale={scale!r} must be a finite number")
-    block_q = _check_block("block_q", block_q)
-    block_kv = _check_block("block_kv", block_kv)
-    call = {
+    kernel_call = {
         "scale": float(scale),
-        "block_q": block_q,
-        "block_kv": block_kv,
+        "block_q": _check_block("block_q", call["block_q"]),
+        "block_kv": _check_block("block_kv", call["block_kv"]),
         "options": options,
         "interpret": interpret,
     }
-    out = implementation.trainable(mask, call)(q, k, v)
+    out = implementation.trainable(mask, kernel_call)(q, k, v)
     valid = None if mask is None else mask.token_validity()
     if valid is not None and not valid.all():
         # padding slots of a permuted mask see nothing: zeros, whatever a kernel computed there

@@ -1,8 +1,11 @@
-"""The estimate cache key (stlib.analysis.cache): it follows every source that an implementation's
-compiled call imports inside stlib (its own module, the entry point, the named masks, transitively,
-lazy imports included) and nothing else: editing one kernel or a plot keeps the others' estimates."""
+"""The estimate cache (stlib.analysis.cache): an entry is keyed by the program its call compiles
+(an edit that leaves the program as it was keeps it); the sweep's source hash follows every source
+that an implementation's compiled call imports inside stlib (its own module, the entry point, the
+named masks, transitively, lazy imports included) and nothing else."""
 
 from __future__ import annotations
+
+import dataclasses
 
 from stlib.analysis import cache
 
@@ -74,8 +77,8 @@ def test_the_real_kernels_keys_leave_out_the_other_kernels_and_the_plots():
 
 
 def test_the_seed_keeps_current_entries_and_drops_stale_ones(tmp_path, monkeypatch):
-    """``export_seed`` writes the cache's entries whose kernel sources are current; ``seed_cache``
-    copies a seed into an empty cache without overwriting."""
+    """``export_seed`` writes the cache's entries of this libtpu, jax and attribution format;
+    ``seed_cache`` copies a seed into an empty cache without overwriting."""
     import json
 
     from stlib.analysis import cache
@@ -88,11 +91,11 @@ def test_the_seed_keeps_current_entries_and_drops_stale_ones(tmp_path, monkeypat
         "format": cache.FORMAT_VERSION,
         "libtpu": version,
         "jax": __import__("importlib").metadata.version("jax"),
-        "source": cache.source_hash("pallas_tile"),
+        "program": "0" * 24,
         "config": {"impl": "pallas_tile"},
     }
     (folder / "current.json").write_text(json.dumps({"key": key}))
-    (folder / "stale.json").write_text(json.dumps({"key": {**key, "source": "0" * 16}}))
+    (folder / "stale.json").write_text(json.dumps({"key": {**key, "format": cache.FORMAT_VERSION - 1}}))
     seed = tmp_path / "seed"
     assert cache.export_seed(seed) == 1
     assert sorted(p.name for p in seed.glob("*/*.json")) == ["current.json"]
@@ -102,9 +105,8 @@ def test_the_seed_keeps_current_entries_and_drops_stale_ones(tmp_path, monkeypat
 
 
 def test_the_seed_of_a_run_keeps_only_the_entries_the_run_read_or_wrote(tmp_path, monkeypatch):
-    """``export_seed(used_since=usage_mark())``: an in-view entry the run never touched (a kernel
-    since rewritten, keyed by its old program) leaves the seed; one read or written stays, and so
-    does an untouched entry keyed by current sources (the tests read those)."""
+    """``export_seed(used_since=usage_mark())``: an entry the run never touched (a kernel since
+    rewritten, keyed by its old program) leaves the seed; one read or written stays."""
     import json
 
     from stlib.analysis import cache
@@ -122,6 +124,28 @@ def test_the_seed_of_a_run_keeps_only_the_entries_the_run_read_or_wrote(tmp_path
     kept = {json.loads(p.read_text())["key"]["inview"] for p in seed.glob("*/*.json")}
     assert kept == {"read", "written"}
     assert cache.export_seed(seed) == 3  # without a mark: every current entry
-    sourced = {**tools, "source": cache.source_hash("pallas_tile"), "config": {"impl": "pallas_tile"}}
-    cache.write_entry(sourced, {"key": sourced})
-    assert cache.export_seed(seed, used_since=cache.usage_mark()) == 1  # kept untouched, by its sources
+    program = {**tools, "program": "0" * 24, "config": {"impl": "pallas_tile"}}
+    cache.write_entry(program, {"key": program})
+    assert cache.export_seed(seed, used_since=cache.usage_mark()) == 0  # untouched since the mark: dropped
+
+
+def test_an_estimate_is_keyed_by_its_program_the_same_in_every_process():
+    """``program_hash``: equal in this process and a fresh one, blind to where the code lives and
+    what its docstrings say, and changed by anything the compiler sees (here a block size)."""
+    import subprocess
+    import sys
+
+    from stlib.analysis.dump import KernelConfig, program_hash, subprocess_env
+
+    config = KernelConfig(impl="pallas_tile", mask="band (width 256)", num_heads=2, length=2048, block_q=512)
+    here = program_hash(config)
+    script = (
+        "from stlib.analysis.dump import KernelConfig, program_hash; "
+        f"print(program_hash(KernelConfig(**{dataclasses.asdict(config)!r})))"
+    )
+    there = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=subprocess_env(), check=True
+    ).stdout.split()[-1]
+    assert here == there
+    assert program_hash(dataclasses.replace(config, block_q=256)) != here
+    assert program_hash(dataclasses.replace(config, backward=True)) not in (here, program_hash(config))

@@ -203,9 +203,19 @@ def test_full_off_a_tpu_refuses_interpret_mode_kernels_only(monkeypatch):
     try:
         assert cfg.size == "full" and cfg.workload == configs.CASE_STUDY and cfg.interpret
         big = jax.ShapeDtypeStruct(configs.CASE_STUDY.qkv_shape, jnp.bfloat16)
-        with pytest.raises(notebook.InterpretAtFullSize, match=r"109,520 grid steps .* STLIB_SIZE=small"):
+        with pytest.raises(ValueError, match=r"INTERPRET_PAIR_LIMIT .* allow_slow_interpret=True"):
             jax.eval_shape(
                 lambda q, k, v: stlib.attention(q, k, v, impl="pallas_dense", block_q=512, block_kv=1024),
+                big,
+                big,
+                big,
+            )
+        # the notebooks' refusal holds even where the library's is lifted
+        with pytest.raises(notebook.InterpretAtFullSize, match=r"109,520 grid steps .* STLIB_SIZE=small"):
+            jax.eval_shape(
+                lambda q, k, v: stlib.attention(
+                    q, k, v, impl="pallas_dense", block_q=512, block_kv=1024, allow_slow_interpret=True
+                ),
                 big,
                 big,
                 big,

@@ -146,8 +146,12 @@ Q, K, V = qkv(0, 2, 16, 8)
 def _bad_cases():
     g = VideoGrid(2, 2, 4)
     yield "rank 2", lambda: stlib.attention(Q[0], K[0], V[0], impl="reference"), ValueError
-    yield "rank 4", lambda: stlib.attention(Q[None], K[None], V[None], impl="reference"), ValueError
-    yield "heads", lambda: stlib.attention(Q, K[:1], V[:1], impl="reference"), ValueError
+    yield (
+        "batch axes",
+        lambda: stlib.attention(Q[None], K[None, None], V[None, None], impl="reference"),
+        ValueError,
+    )
+    yield "heads", lambda: stlib.attention(Q[:1], K, V, impl="reference"), ValueError  # 2 kv heads, 1 q head
     yield "head dims", lambda: stlib.attention(Q[..., :4], K, V, impl="reference"), ValueError
     yield "lengths", lambda: stlib.attention(Q[:, :8], K, V, impl="reference"), ValueError
     yield "k vs v", lambda: stlib.attention(Q, K, V[:, :8], impl="reference"), ValueError

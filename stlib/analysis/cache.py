@@ -1,6 +1,7 @@
 """The compiled kernels of a call, attributed and cached: compile in a subprocess with libtpu's dump
 on (``stlib.analysis.dump``), parse and attribute each Pallas kernel's schedule, and keep the result
-on disk keyed by libtpu, JAX, the kernel sources and the call."""
+on disk keyed by libtpu, JAX, the program the call compiles (``dump.program_hash``) and the rules
+that name its compute regions: an edit that leaves the program as it was keeps the entry."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from stlib.analysis.dump import (
     dump_files,
     glue_bytes,
     kernel_layouts,
+    program_hash,
     read_hlo,
     stlib_dir,
 )
@@ -30,9 +32,10 @@ from stlib.sources import module_sources
 
 #: Bumped when the attribution format or rules change (invalidates the cache). 2: operand layouts,
 #: laid-out glue bytes, per-chip branch forms. 3: TPU7x shadows with the folded empty delay bundle.
-FORMAT_VERSION = 3
+#: 4: entries keyed by the compiled program, not by the sources that shape it.
+FORMAT_VERSION = 4
 #: The modules whose sources shape every compiled call besides the implementation's own: the entry
-#: point the compile subprocess calls, and the named masks it builds.
+#: point the compile subprocess calls, and the named masks it builds (``source_hash``).
 CALL_MODULES = ("stlib.api", "stlib.masks.catalogue")
 
 
@@ -64,16 +67,11 @@ def seed_cache(seed: Path) -> int:
 
 
 def _is_current(record: dict) -> bool:
-    """Whether a cache entry was computed with this libtpu, jax and the kernel sources as they are."""
+    """Whether a cache entry was computed with this libtpu, jax and attribution format (its program
+    and rules are in its key: an entry of a program since changed is never looked up again)."""
     key = record.get("key", {})
-    try:
-        tools = tool_key()
-        same_tools = {name: key.get(name) for name in tools} == tools
-        if "inview" in key:  # a kernel written outside stlib (stlib.analysis.inview): keyed by its program
-            return same_tools
-        return same_tools and key.get("source") == source_hash(key["config"]["impl"])
-    except (KeyError, ValueError):  # an implementation that is gone
-        return False
+    tools = tool_key()
+    return {name: key.get(name) for name in tools} == tools
 
 
 def usage_mark() -> float:
@@ -94,16 +92,15 @@ def usage_mark() -> float:
 
 def export_seed(seed: Path, used_since: float | None = None) -> int:
     """Replace the seed with the cache's current entries (``_is_current``); returns how many. An
-    in-view entry is keyed by its program, not by stlib's sources, so nothing says when it is stale:
-    where ``used_since`` (a ``usage_mark``) is given, only the in-view entries read or written after
-    it are kept (a notebook kernel since rewritten leaves the seed). An entry keyed by sources is
-    kept while they are current, whoever reads it (the tests share the seed)."""
+    entry is keyed by its program, so nothing says when it is stale (a kernel since edited, a
+    notebook kernel since rewritten): where ``used_since`` (a ``usage_mark``) is given, only the
+    entries read or written after it are kept."""
     seed = Path(seed)
 
     def kept(path: Path) -> bool:
         entry = json.loads(path.read_text())
         unused = used_since is not None and path.stat().st_mtime <= used_since
-        return _is_current(entry) and not ("inview" in entry.get("key", {}) and unused)
+        return _is_current(entry) and not unused
 
     current = [p for p in sorted(cache_dir().glob("*/*.json")) if kept(p)]
     keep = {(p.parent.name, p.name) for p in current}
@@ -137,12 +134,30 @@ def source_files(impl: str) -> set[Path]:
 
 
 def source_hash(impl: str) -> str:
-    """Hash of the sources that shape ``impl``'s compiled kernels (``source_files``): an edit to any
-    of them invalidates its cached estimates, an edit elsewhere (a plot, another kernel) none."""
+    """Hash of the sources that shape ``impl``'s compiled kernels (``source_files``): what the block
+    sweep's records are marked with (an edit to any of them starts a new sweep). The estimate cache
+    is keyed by the program instead (``program_hash``)."""
     root = stlib_dir()
     digest = hashlib.sha256()
     for path in sorted(source_files(impl)):
         digest.update(path.relative_to(root).as_posix().encode() + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def rules_hash(impl: str) -> str:
+    """Hash of the source of the rules that name ``impl``'s compute regions (its and its backward's
+    ``compute_regions``): they shape a cached attribution without changing the program."""
+    import inspect
+
+    from stlib.registry import get
+
+    implementation = get(impl)
+    rules = [implementation.compute_regions]
+    if implementation.backward is not None:
+        rules.append(implementation.backward.compute_regions)
+    digest = hashlib.sha256()
+    for rule in rules:
+        digest.update(b"-" if rule is None else inspect.getsource(rule).encode())
     return digest.hexdigest()[:16]
 
 
@@ -195,20 +210,21 @@ def compiled_attributions(
 ) -> dict:
     """{"kernels": [Attribution as dict], "layouts": {kernel: [operand layouts]}, "glue_bytes": int,
     "compile_seconds": float} of ``config``, compiled in a subprocess and attributed; cached on disk
-    by libtpu version and config."""
-    key_data = {
-        **tool_key(),
-        "source": source_hash(impl),
-        "config": dataclasses.asdict(dataclasses.replace(config, mask_file=None)),
-        "mask": hashlib.sha256(mask_bytes).hexdigest() if mask_bytes else None,
-    }
-    cached = read_entry(key_data) if use_cache else None
-    if cached is not None:
-        return cached
+    by libtpu, jax, the program (``program_hash``), the region rules and the config."""
     with tempfile.TemporaryDirectory(prefix="stlib-estimate-") as dump:
         if mask_bytes is not None:
             config = dataclasses.replace(config, mask_file=os.path.join(dump, "mask.pkl"))
             Path(config.mask_file).write_bytes(mask_bytes)
+        key_data = {
+            **tool_key(),
+            "program": program_hash(config),
+            "rules": rules_hash(impl),
+            "config": dataclasses.asdict(dataclasses.replace(config, mask_file=None)),
+            "mask": hashlib.sha256(mask_bytes).hexdigest() if mask_bytes else None,
+        }
+        cached = read_entry(key_data) if use_cache else None
+        if cached is not None:
+            return cached
         seconds = compile_with_dump(config, dump)
         kernels = [dataclasses.asdict(a) for a in attribute_dump(dump, config.chip, impl)]
         hlo = read_hlo(dump)

@@ -97,7 +97,9 @@ def resolve_mask(config: KernelConfig):
     return catalog[config.mask]
 
 
-def _build_and_compile(config: KernelConfig) -> float:
+def traced_call(config: KernelConfig):
+    """(fn, args): the function ``config`` compiles and its abstract arguments (``jax.ShapeDtypeStruct``
+    pytrees); for ``backward``, the gradient function from the forward's residuals (their shapes)."""
     import jax
     import jax.numpy as jnp
 
@@ -105,7 +107,6 @@ def _build_and_compile(config: KernelConfig) -> float:
     from stlib import registry
     from stlib.api import attention
     from stlib.configs import CASE_STUDY
-    from stlib.device import compile_for_tpu
 
     mask = resolve_mask(config)
     length = (config.length or CASE_STUDY.num_tokens) if mask is None else mask.length
@@ -150,15 +151,58 @@ def _build_and_compile(config: KernelConfig) -> float:
                 interpret=False,
             )
 
+    if not config.backward:
+        return fn, (q_shape, k_shape, v_shape)
+    # the residuals as the forward leaves them (shapes only), then the gradient from them
+    gradient = jax.eval_shape(lambda q, k, v: jax.vjp(fn, q, k, v)[1], q_shape, k_shape, v_shape)
+    do_shape = jax.ShapeDtypeStruct((config.num_heads, length, dv), dtype)
+    return (lambda vjp, do: vjp(do)), (gradient, do_shape)
+
+
+def _build_and_compile(config: KernelConfig) -> float:
+    from stlib.device import compile_for_tpu
+
     start = time.perf_counter()
-    if config.backward:
-        # the residuals as the forward leaves them (shapes only), then the gradient from them
-        gradient = jax.eval_shape(lambda q, k, v: jax.vjp(fn, q, k, v)[1], q_shape, k_shape, v_shape)
-        do_shape = jax.ShapeDtypeStruct((config.num_heads, length, dv), dtype)
-        compile_for_tpu(lambda vjp, do: vjp(do), gradient, do_shape, chip=config.chip)
-    else:
-        compile_for_tpu(fn, q_shape, k_shape, v_shape, chip=config.chip)
+    fn, args = traced_call(config)
+    compile_for_tpu(fn, *args, chip=config.chip)
     return time.perf_counter() - start
+
+
+#: A source location in exported program text.
+_LOCATION = re.compile(r"loc\(.*?\)\n?")
+
+
+def exported_program(fn, *shapes):
+    """``fn`` exported for TPU at ``shapes``, and its program text without source locations: the
+    text, and so a cache key made of it, is the same in every process. Where a function was defined
+    changes nothing: a notebook cell's file is ``/tmp/ipykernel_<pid>/<hash>.py``, a new one in every
+    kernel, and a Pallas kernel's body carries its locations inside the serialized Mosaic module,
+    where no text substitution reaches; so the export records no traceback frames at all."""
+    import jax
+
+    limit = jax.config.jax_traceback_in_locations_limit
+    jax.config.update("jax_traceback_in_locations_limit", 0)
+    try:
+        exported = jax.export.export(jax.jit(fn), platforms=["tpu"])(*shapes)
+    finally:
+        jax.config.update("jax_traceback_in_locations_limit", limit)
+    return exported, _LOCATION.sub("", exported.mlir_module())
+
+
+def program_hash(config: KernelConfig) -> str:
+    """Hash of the program ``config`` compiles (``traced_call``, exported for TPU without source
+    locations): what an estimate is keyed by, so an edit that leaves the program as it was (a
+    docstring, a check, a refactor) keeps every cached estimate, and any edit that changes it
+    misses. About a second at the case-study size (the host builds the kernel's tables)."""
+    import hashlib
+
+    _, program = exported_program(*_flat(traced_call(config)))
+    return hashlib.sha256(program.encode()).hexdigest()[:24]
+
+
+def _flat(call):
+    fn, args = call
+    return (fn, *args)
 
 
 def is_pallas_kernel(name: str) -> bool:

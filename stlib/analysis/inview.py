@@ -18,16 +18,13 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import re
 import sys
 import tempfile
 from pathlib import Path
 
 from stlib.analysis.attribution import Attribution
 from stlib.analysis.cache import attribute_dump, read_entry, tool_key, write_entry
-from stlib.analysis.dump import run_with_dump
-
-_LOCATION = re.compile(r"loc\(.*?\)\n?")
+from stlib.analysis.dump import exported_program, run_with_dump
 
 
 def kernel_schedules(
@@ -57,23 +54,6 @@ def kernel_schedules(
         kernels = attribute_dump(dump, chip, None, lambda name: name.startswith(kernel_prefix), compute_names)
     write_entry(key_data, {"key": key_data, "kernels": [dataclasses.asdict(k) for k in kernels]})
     return kernels
-
-
-def exported_program(fn, *shapes):
-    """``fn`` exported for TPU at ``shapes``, and its program text without source locations: the
-    text, and so the cache key, is the same in every process. Where a function was defined changes
-    nothing: a notebook cell's file is ``/tmp/ipykernel_<pid>/<hash>.py``, a new one in every kernel,
-    and a Pallas kernel's body carries its locations inside the serialized Mosaic module, where no
-    text substitution reaches; so the export records no traceback frames at all."""
-    import jax
-
-    limit = jax.config.jax_traceback_in_locations_limit
-    jax.config.update("jax_traceback_in_locations_limit", 0)
-    try:
-        exported = jax.export.export(jax.jit(fn), platforms=["tpu"])(*shapes)
-    finally:
-        jax.config.update("jax_traceback_in_locations_limit", limit)
-    return exported, _LOCATION.sub("", exported.mlir_module())
 
 
 def _attribution(record: dict) -> Attribution:
