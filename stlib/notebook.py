@@ -209,17 +209,19 @@ def auto_choice() -> str:
 
 def max_error(out, q, k, v, mask=None, rows: int = 384) -> float:
     """max |out - reference| for [H, L, D] attention output ``out``: over every row when L fits the
-    materialising reference (``stlib.kernels.xla.REFERENCE_LIMIT``), else over ``rows`` query rows at the
+    materialising reference (``registry.by_role(Role.REFERENCE).capabilities.max_length``), else over ``rows`` query rows at the
     start, middle and end of the sequence (the reference on those rows only, never L x L)."""
     import numpy as np
 
     from stlib.api import attention
-    from stlib.kernels.xla import REFERENCE_LIMIT, REFERENCE_NAME
     from stlib.reference import reference_attention
+    from stlib.registry import Role, by_role
+
+    reference = by_role(Role.REFERENCE)
 
     length, n = q.shape[1], rows // 3
-    if length <= REFERENCE_LIMIT:
-        ref = attention(q, k, v, mask, impl=REFERENCE_NAME)
+    if length <= reference.capabilities.max_length:
+        ref = attention(q, k, v, mask, impl=reference.name)
         return float(jnp.max(jnp.abs(out.astype(jnp.float32) - ref.astype(jnp.float32))))
     err = 0.0
     heads = [0] if mask is None or mask.num_heads is None else range(mask.num_heads)

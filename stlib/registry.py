@@ -15,8 +15,23 @@ import in ``stlib/kernels/__init__.py``): nothing else names it.
 from __future__ import annotations
 
 import dataclasses
+import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+
+
+class Role(enum.StrEnum):
+    """What the rest of stlib (routing, benchmarks, plots, notebooks) asks the registry for instead
+    of importing a kernel's module or naming it: ``by_role(Role.BEST_TILE)``. Each role is held by
+    one implementation at most."""
+
+    REFERENCE = "the materialising reference"
+    XLA = "blocked attention compiled by XLA"
+    BASELINE = "the dense kernel comparisons divide by"
+    DENSE = "dense Pallas flash attention"
+    BLOCK_SPARSE = "block-sparse Pallas kernel"
+    TILE = "first tile kernel (runs routed plans)"
+    BEST_TILE = "best tile kernel"
 
 
 @dataclass(frozen=True)
@@ -81,11 +96,13 @@ class Backward:
 class Capabilities:
     """What an implementation accepts beyond [H, L, D] self-attention with a stlib mask:
     ``shared_kv_heads``: k / v with fewer heads than q (GQA, MQA); ``head_dim_v``: v with its own
-    head dim; ``mask_support(mask) -> str | None``: why a mask is refused (None: accepted)."""
+    head dim; ``mask_support(mask) -> str | None``: why a mask is refused (None: accepted);
+    ``max_length``: the longest sequence it takes (the materialising reference's L x L scores)."""
 
     shared_kv_heads: bool = False
     head_dim_v: bool = False
     mask_support: Callable | None = None
+    max_length: int | None = None  # longest sequence it takes (None: no limit of its own)
 
 
 @dataclass(frozen=True)
@@ -106,8 +123,8 @@ class Implementation:
     ``sweep_candidates``: {mask family: (block_q, block_kv, block_kv_compute)} of a block sweep. ``plan_runner(q,
     k, v, plan, *, scale, options, interpret)`` runs a routed ``stlib.routing.SvgPlan`` with the
     plan's own tile layout (None: the plan's masks go through ``forward``). ``backward``: its
-    training path (``Backward``; None: differentiable only where ``forward`` is plain JAX). ``baseline``: the
-    dense kernel comparisons divide by (one per registry). ``auto_rank``: {situation of
+    training path (``Backward``; None: differentiable only where ``forward`` is plain JAX). ``roles``:
+    the ``Role`` entries it holds (what the rest of stlib asks ``by_role`` for; one holder a role). ``auto_rank``: {situation of
     ``AUTO_SITUATIONS``: rank} where ``impl="auto"`` may pick it, the lowest rank that accepts the
     mask first (``choose``). ``probe_regions``: its two compute
     regions are told apart by a probe compiled with no masked tile. ``title`` and ``variants``
@@ -131,7 +148,7 @@ class Implementation:
     sweep_candidates: Mapping[str, tuple] = field(default_factory=dict)  # family -> (bq, bkv, chunk)
     plan_runner: Callable | None = None
     backward: Backward | None = None
-    baseline: bool = False
+    roles: frozenset = frozenset()  # the ``Role`` entries it holds
     auto_rank: Mapping[str, int] = field(default_factory=dict)  # situation -> rank (0 first)
     probe_regions: bool = False
     title: str = ""  # how comparisons name it ("" : its name)
@@ -173,6 +190,20 @@ class Implementation:
         gradients = _first_order_only(lambda res, do: self.backward.backward(res, do, mask, **call), message)
         run.defvjp(keep_residuals, gradients)
         return run
+
+    @property
+    def baseline(self) -> bool:
+        """Whether comparisons divide by it (``Role.BASELINE``)."""
+        return Role.BASELINE in self.roles
+
+    def option_choices(self, name: str) -> tuple:
+        """The members of the enum-valued option ``name`` of its options type (a CLI's choices)."""
+        import typing
+
+        kind = typing.get_type_hints(self.options_type)[name]
+        if not (isinstance(kind, type) and issubclass(kind, enum.Enum)):
+            raise TypeError(f"option {name!r} of {self.name!r} is not an enum ({kind})")
+        return tuple(kind)
 
     @property
     def is_pallas(self) -> bool:
@@ -282,10 +313,12 @@ def register(implementation: Implementation) -> Implementation:
         raise TypeError(f"register takes an Implementation, got {type(implementation).__name__}")
     if implementation.name in IMPLEMENTATIONS:
         raise ValueError(f"impl={implementation.name!r} is already registered")
-    if implementation.baseline and any(impl.baseline for impl in IMPLEMENTATIONS.values()):
-        raise ValueError(
-            f"impl={implementation.name!r}: a baseline is already registered ({baseline().name!r})"
-        )
+    for role in implementation.roles:
+        holder = next((impl for impl in IMPLEMENTATIONS.values() if role in impl.roles), None)
+        if holder is not None:
+            raise ValueError(
+                f"impl={implementation.name!r}: the role {role.name} ({role}) is already held by {holder.name!r}"
+            )
     IMPLEMENTATIONS[implementation.name] = implementation
     return implementation
 
@@ -339,13 +372,24 @@ def choose(impl: str, mask=None, *, backend: str | None = None) -> Implementatio
     )
 
 
+def by_role(role: Role) -> Implementation:
+    """The implementation that holds ``role``. Raises LookupError when none does.
+
+    >>> import stlib.kernels
+    >>> by_role(Role.BASELINE) is baseline()
+    True
+    """
+    role = Role(role)
+    found = [impl for impl in IMPLEMENTATIONS.values() if role in impl.roles]
+    if not found:
+        raise LookupError(f"no implementation holds the role {str(role)!r} (import stlib.kernels)")
+    return found[0]
+
+
 def baseline() -> Implementation:
     """The dense kernel every comparison is a ratio to (JAX's Splash attention). Raises LookupError
     when none is registered."""
-    found = [impl for impl in IMPLEMENTATIONS.values() if impl.baseline]
-    if not found:
-        raise LookupError("no baseline implementation is registered (import stlib.kernels)")
-    return found[0]
+    return by_role(Role.BASELINE)
 
 
 def tpu_kernels() -> list[Implementation]:
@@ -368,9 +412,11 @@ __all__ = [
     "Config",
     "Implementation",
     "NoOptions",
+    "Role",
     "ScheduleCounts",
     "auto_situation",
     "baseline",
+    "by_role",
     "choose",
     "get",
     "owner_of_kernel",

@@ -19,11 +19,11 @@ from stlib.bench.records import (
     compile_function,
     environment,
     latest_per_key,
-    provenance,
     read_records,
     record_each,
     time_function,
 )
+from stlib.provenance import PROVENANCE_FIELDS, provenance
 
 ENVIRONMENT_FIELDS = {"backend", "device_kind", "jax", "jaxlib", "libtpu", "git_rev"}
 
@@ -46,7 +46,7 @@ def test_writers_default_to_the_home_read_at_each_call(tmp_path, monkeypatch):
 
 def test_provenance_names_date_revision_and_versions():
     fields = provenance()
-    assert tuple(fields) == records.PROVENANCE_FIELDS
+    assert tuple(fields) == PROVENANCE_FIELDS
     assert fields["jax"] and fields["git_rev"] and "libtpu" in fields
     assert datetime.datetime.fromisoformat(fields["date"]).tzinfo is not None  # UTC, to the second
 
@@ -83,7 +83,7 @@ def test_recorder_writes_one_json_line_per_record_with_the_environment(tmp_path)
     assert len(lines) == 2
     first = json.loads(lines[0])
     assert first == json.loads(json.dumps(written, default=records._jsonable))
-    assert ENVIRONMENT_FIELDS | set(records.PROVENANCE_FIELDS) | {
+    assert ENVIRONMENT_FIELDS | set(PROVENANCE_FIELDS) | {
         "run",
         "label",
         "count",
@@ -130,7 +130,7 @@ def test_record_each_appends_every_record_as_it_is_made_with_the_runs_provenance
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert [r["case"] for r in lines] == ["a", "b"]
     assert {r["date"] for r in lines} == {lines[0]["date"]} != {"the record's own"}  # provenance wins, once
-    assert all(set(records.PROVENANCE_FIELDS) <= set(r) for r in lines)
+    assert all(set(PROVENANCE_FIELDS) <= set(r) for r in lines)
 
 
 def test_record_each_reports_a_line_per_record(tmp_path, capsys):

@@ -127,7 +127,7 @@ def test_every_pallas_kernel_takes_the_chip_defaults_off_a_tpu():
 
 def test_one_baseline_and_every_pallas_kernel_has_its_block_rule_and_candidates():
     assert registry.baseline().name == "splash"
-    with pytest.raises(ValueError, match="a baseline is already registered"):
+    with pytest.raises(ValueError, match="the role BASELINE .* is already held by 'splash'"):
         registry.register(dataclasses.replace(registry.baseline(), name="another_baseline"))
     for impl in registry.tpu_kernels():
         assert impl.resolve is not None and impl.tuned_candidates, impl.name
@@ -208,3 +208,16 @@ def test_the_default_impl_is_auto_and_an_unknown_name_lists_it():
     assert (stlib.attention(q, k, v, mask) == stlib.attention(q, k, v, mask, impl="xla")).all()
     with pytest.raises(ValueError, match="'auto'"):
         stlib.attention(q, k, v, mask, impl="fastest")
+
+
+def test_every_role_is_held_once_and_names_what_the_rest_asks_for():
+    holders = {role: registry.by_role(role) for role in registry.Role}
+    assert len({impl.name for impl in holders.values()}) == len(registry.Role)
+    assert holders[registry.Role.BASELINE] is registry.baseline() and holders[registry.Role.BASELINE].baseline
+    assert holders[registry.Role.TILE].plan_runner is not None  # routed plans run on it
+    assert holders[registry.Role.REFERENCE].capabilities.max_length > 0
+    assert {b.value for b in holders[registry.Role.TILE].option_choices("boundary")} == {"exact", "balanced"}
+    with pytest.raises(TypeError, match="not an enum"):
+        holders[registry.Role.BEST_TILE].option_choices("lookahead")
+    with pytest.raises(ValueError):
+        registry.by_role("the fastest kernel")

@@ -21,7 +21,6 @@ from stlib.analysis.kernel_estimate import ESTIMATE_CHIPS
 from stlib.analysis.static import estimate, static_estimate
 from stlib.analysis.tables import STA_MASK, calibration_table, case_study_table
 from stlib.configs import CASE_STUDY, PUBLISHED
-from stlib.kernels.tile import BoundaryPolicy, GridForm
 
 
 def _print_calibration(rows, chip: str = "v6e") -> None:
@@ -80,8 +79,8 @@ def _print_table(rows, chip: str) -> None:
 def _published(use_cache: bool = True) -> None:
     from stlib import plotting
     from stlib.analysis.published import RECORDS, format_table, record_path, table
-    from stlib.bench.records import provenance
     from stlib.paths import figures_dir
+    from stlib.provenance import provenance
 
     rows = table(use_cache)
     path = record_path(RECORDS)
@@ -102,8 +101,9 @@ def main(argv=None) -> None:
     one.add_argument("--chip", default="v6e", choices=ESTIMATE_CHIPS)
     one.add_argument("--block-q", type=int)
     one.add_argument("--block-kv", type=int)
-    one.add_argument("--form", choices=[f.value for f in GridForm])
-    one.add_argument("--boundary", choices=[b.value for b in BoundaryPolicy])
+    tile = registry.by_role(registry.Role.TILE)
+    one.add_argument("--form", choices=[f.value for f in tile.option_choices("form")])
+    one.add_argument("--boundary", choices=[b.value for b in tile.option_choices("boundary")])
     one.add_argument("--heads", type=int, default=CASE_STUDY.num_heads)
     one.add_argument("--kv-heads", type=int, help="kv heads shared by the q heads (Splash only)")
     one.add_argument("--head-dim", type=int, default=CASE_STUDY.head_dim)

@@ -75,7 +75,10 @@ def compile_backward(impl: str, mask_name: str, chip: str, options=None, video=N
     from stlib.configs import CASE_STUDY
     from stlib.device import compile_for_tpu
     from stlib.geometry import VideoGrid
-    from stlib.kernels.backward import DKV_PREFIX, DQ_PREFIX, FUSED_PREFIX
+    from stlib.registry import Role, by_role
+
+    # the tile kernels' backward kernels: dq, dk / dv, and fused
+    dq_prefix, dkv_prefix, fused_prefix = by_role(Role.TILE).backward.kernel_names
 
     grid = VideoGrid(*LONG_VIDEOS[video]) if video else CASE_STUDY.grid
     shape = jax.ShapeDtypeStruct((CASE_STUDY.num_heads, grid.num_tokens, CASE_STUDY.head_dim), jnp.bfloat16)
@@ -106,16 +109,16 @@ def compile_backward(impl: str, mask_name: str, chip: str, options=None, video=N
     text = compiled.text()
     kernels = {
         prefix: len(set(re.findall(rf"%({prefix}[\w.]*) = ", text)))
-        for prefix in (DQ_PREFIX, DKV_PREFIX, FUSED_PREFIX)
+        for prefix in (dq_prefix, dkv_prefix, fused_prefix)
     }
     return {
         **record,
         "compiled": True,
         "compile_s": round(time.perf_counter() - start, 1),
         **compiled.memory(),
-        "dq_kernels": kernels[DQ_PREFIX],
-        "dkv_kernels": kernels[DKV_PREFIX],
-        "fused_kernels": kernels[FUSED_PREFIX],
+        "dq_kernels": kernels[dq_prefix],
+        "dkv_kernels": kernels[dkv_prefix],
+        "fused_kernels": kernels[fused_prefix],
     }
 
 

@@ -15,8 +15,11 @@ from __future__ import annotations
 import argparse
 import json
 
+import stlib.kernels  # noqa: F401 - registers the kernels the roles name
 from stlib import paths
-from stlib.kernels.tile_lane_dense import NAME as TILE_KERNEL  # the best tile kernel
+from stlib.registry import Role, by_role
+
+TILE_KERNEL = by_role(Role.BEST_TILE).name
 
 RECORDS = "data/backward_estimates.jsonl"
 #: The tile kernel's masks (case-study catalogue names); Splash runs dense.

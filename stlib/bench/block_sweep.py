@@ -57,8 +57,8 @@ def sweep(
     from stlib import analysis
     from stlib.analysis.cache import source_hash
     from stlib.bench.progress import Progress
-    from stlib.bench.records import provenance
     from stlib.configs import CASE_STUDY
+    from stlib.provenance import provenance
 
     path = path or paths.home() / RECORDS
     origin = provenance()  # date, git revision, jax and libtpu versions, under every record's names
@@ -230,7 +230,7 @@ def winners(records) -> dict[str, dict]:
 def tuned_blocks(records) -> dict:
     """The kernel's tuned blocks as its package data holds them (``stlib.kernels.tuned``): the
     ``winners`` of ``records`` per chip, with the records' provenance."""
-    from stlib.bench.records import provenance
+    from stlib.provenance import provenance
 
     return {
         "implementation": NAME,

@@ -22,7 +22,7 @@ from stlib.bench.progress import Progress
 from stlib.bench.records import Compiled, Recorder, compile_function, time_function
 from stlib.configs import CASE_STUDY, DENSITIES, PUBLISHED, SMALL_CPU
 from stlib.device import backend, compile_for_tpu, on_tpu, resolve_interpret
-from stlib.kernels import xla
+from stlib.registry import Role, by_role
 
 #: The workload the case study runs at off a TPU (Pallas interpret mode).
 CPU_CASE = SMALL_CPU
@@ -214,14 +214,16 @@ def run_cpu_scaling(
                 if density == 1.0
                 else masks.band(length, masks.band_width_for_density(length, density))
             )
-            fn = functools.partial(stlib.attention, mask=mask, impl=xla.XLA_NAME, block_q=256, block_kv=256)
+            fn = functools.partial(
+                stlib.attention, mask=mask, impl=by_role(Role.XLA).name, block_q=256, block_kv=256
+            )
             timing = time_function(fn, q, k, v, trials=trials)
             layout = stlib.block_layout(mask, 256, 256)
             dense_ms = timing.median_ms if density == 1.0 else dense_ms
             record = recorder.write(
                 {
                     "benchmark": "cpu-scaling",
-                    "impl": xla.XLA_NAME,
+                    "impl": by_role(Role.XLA).name,
                     "mask": repr(mask),
                     "length": length,
                     "heads": num_heads,

@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import argparse
 
+import stlib.kernels  # noqa: F401 - registers the kernels the roles name
 from stlib import paths
 from stlib.bench.backward_compile import LONG_VIDEOS, SVG_MIX, _raster_mask_and_orders
-from stlib.kernels.tile_lane_dense import NAME as TILE_KERNEL
+from stlib.registry import Role, by_role
+
+TILE_KERNEL = by_role(Role.BEST_TILE).name
 
 RECORDS = "data/svg_estimates.jsonl"
 #: The videos of the table: the case study's 21 x 45 x 80 latent grid and Wan's 161-frame 720p one.

@@ -14,12 +14,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import stlib.kernels  # noqa: F401 - registers the kernels the roles name
 from stlib.geometry import VideoGrid
-from stlib.kernels.tile import NAME as TILE_KERNEL
-from stlib.kernels.tile import BoundaryPolicy
-from stlib.kernels.xla import REFERENCE_NAME
+from stlib.registry import Role, by_role
 from stlib.routing import Anchor, SvgPlan, route, svg_plan
 from stlib.synthetic import HeadKind, head_kinds
+
+#: The kernel routed plans run on, and the reference their quality is measured against.
+ROUTED_KERNEL = by_role(Role.TILE).name
+REFERENCE_NAME = by_role(Role.REFERENCE).name
+#: The boundary policies of the tile kernel's options (EXACT, BALANCED).
+BOUNDARIES = by_role(Role.TILE).option_choices("boundary")
 
 
 def attention_quality(q, k, v, plan: SvgPlan, *, scale: float | None = None) -> dict[str, np.ndarray]:
@@ -51,7 +56,7 @@ def plan_work(plan: SvgPlan, head_dim: int) -> dict:
     allowed-pair density, and every chip's roofline bound (``stlib.roofline.work_summary``)."""
     from stlib.roofline import work_summary
 
-    summary = work_summary(TILE_KERNEL, plan.layout, plan.num_heads, head_dim, options=plan.options)
+    summary = work_summary(ROUTED_KERNEL, plan.layout, plan.num_heads, head_dim, options=plan.options)
     dense_flops = 4.0 * plan.grid.num_tokens**2 * head_dim * plan.num_heads
     return {
         "executed_vs_dense": summary["executed_flops"] / dense_flops,
@@ -78,7 +83,7 @@ def quality_sweep(
     *,
     seed: int = 0,
     anchors=(Anchor.REORDERED, Anchor.FRAME0),
-    boundaries=tuple(BoundaryPolicy),
+    boundaries=BOUNDARIES,
     block_q: int = 128,
     block_kv: int = 128,
     full_grid: VideoGrid | None = None,
@@ -121,7 +126,7 @@ def quality_sweep(
                         "kinds": [str(x) for x in chosen],
                         "density": density,
                         "anchor": str(Anchor(anchor)),
-                        "boundary": str(BoundaryPolicy(boundary)),
+                        "boundary": str(type(BOUNDARIES[0])(boundary)),
                         "block_q": block_q,
                         "block_kv": block_kv,
                         "width": plan.width,

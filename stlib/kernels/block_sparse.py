@@ -22,7 +22,7 @@ from stlib.kernels.backward import tile_training
 from stlib.kernels.passes import exact_passes
 from stlib.layout import BlockLayout, TileKind, block_layout
 from stlib.masks import Mask, full
-from stlib.registry import Implementation, register
+from stlib.registry import Implementation, Role, register
 
 NAME = "pallas_block_sparse"
 
@@ -209,6 +209,7 @@ def block_sparse_schedule_counts(setup, attribution):
 IMPLEMENTATION = register(
     Implementation(
         name=NAME,
+        roles=frozenset({Role.BLOCK_SPARSE}),
         forward=_forward,
         description="the Splash idea from scratch: full grid, a prefetched step table, skipped steps fetch nothing",
         options_type=common.FlashOptions,

@@ -17,7 +17,7 @@ from stlib.kernels import accounting, common
 from stlib.kernels.backward import tile_training
 from stlib.kernels.passes import exact_passes
 from stlib.masks import DENSE_LIMIT, Mask, full
-from stlib.registry import Implementation, register
+from stlib.registry import Implementation, Role, register
 
 NAME = "pallas_dense"
 
@@ -147,6 +147,7 @@ def dense_schedule_counts(setup, attribution):
 IMPLEMENTATION = register(
     Implementation(
         name=NAME,
+        roles=frozenset({Role.DENSE}),
         forward=_forward,
         description="flash attention in Pallas over every tile, masking element by element",
         options_type=common.FlashOptions,

@@ -37,7 +37,7 @@ from stlib.device import resolve_interpret
 from stlib.kernels.accounting import block_changes, work_from_counts
 from stlib.kernels.common import ALL_CHIPS, LANES
 from stlib.layout import TileKind, block_layout
-from stlib.registry import Capabilities, Implementation, ScheduleCounts, register
+from stlib.registry import Capabilities, Implementation, Role, ScheduleCounts, register
 
 # Splash tiles are multiples of the 128-lane vector width (q, kv and the kv compute chunk).
 #: Default tiles: 512 queries x 1024 keys per grid step, scores computed 512 keys at a time.
@@ -377,6 +377,7 @@ def _backward_counts(setup, attribution, blocks: SplashBlocks, layout) -> Schedu
 IMPLEMENTATION = register(
     Implementation(
         name="splash",
+        roles=frozenset({Role.BASELINE}),
         title="Splash",
         forward=splash_attention,
         description="JAX's Splash attention on stlib masks: the baseline",
@@ -392,7 +393,6 @@ IMPLEMENTATION = register(
         ),
         capabilities=Capabilities(shared_kv_heads=True, head_dim_v=True, mask_support=mask_support),
         tuned_candidates=TUNED_CANDIDATES,
-        baseline=True,
         auto_rank={"tpu-dense": 0, "tpu-masked": 1},  # dense on a TPU; a mask the tile kernel refuses
     )
 )

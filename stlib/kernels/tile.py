@@ -33,7 +33,7 @@ from stlib.kernels.backward import tile_training
 from stlib.kernels.passes import BoundaryPolicy, Pass, PassKind, balanced_keep, split_passes
 from stlib.layout import BlockLayout, block_layout, flat_steps, row_tables
 from stlib.masks import Mask, full
-from stlib.registry import Implementation, ScheduleCounts, register
+from stlib.registry import Implementation, Role, ScheduleCounts, register
 
 NAME = "pallas_tile"
 
@@ -379,6 +379,7 @@ def tile_schedule_counts(setup, attribution) -> ScheduleCounts:
 IMPLEMENTATION = register(
     Implementation(
         name=NAME,
+        roles=frozenset({Role.TILE}),
         forward=_forward,
         description="tile-aligned sparse kernel: a grid over non-empty tiles only, mask-free main pass",
         options_type=TileOptions,

@@ -8,7 +8,7 @@ from stlib._intmath import round_up
 from stlib.layout import block_layout
 from stlib.masks import DENSE_LIMIT, full
 from stlib.reference import reference_attention, xla_block_sparse_attention
-from stlib.registry import Capabilities, Implementation, register
+from stlib.registry import Capabilities, Implementation, Role, register
 
 REFERENCE_NAME, XLA_NAME = "reference", "xla"
 #: Largest L the materialising reference accepts.
@@ -63,16 +63,20 @@ def _block_sparse_work(layout, num_heads, head_dim, options):
 REFERENCE = register(
     Implementation(
         name=REFERENCE_NAME,
+        roles=frozenset({Role.REFERENCE}),
         forward=_reference,
         description="softmax(q k^T * scale, mask) v with the [H, L, L] scores materialised",
         work=_dense_work,
-        capabilities=Capabilities(mask_support=lambda mask: _too_long(mask.length)),
+        capabilities=Capabilities(
+            mask_support=lambda mask: _too_long(mask.length), max_length=REFERENCE_LIMIT
+        ),
         auto_rank={"elsewhere": 1},  # off a TPU, for a short sequence whose mask table xla refuses
     )
 )
 XLA = register(
     Implementation(
         name=XLA_NAME,
+        roles=frozenset({Role.XLA}),
         forward=_xla,
         description="plain JAX over the non-empty tiles of each row (no Pallas)",
         work=_block_sparse_work,

@@ -210,10 +210,8 @@ def step_codes(plan, title: str, head: int = 0):
     """A lane-dense step plan (``stlib.kernels.tile_lane_dense.StepPlan``): left, the region each
     (q tile, kv tile) runs (not computed / FULL / RAGGED / MASKED / each pattern); right, the first
     pattern's sub-tiles (kv sub-tile x q sub-tile, FULL ones computed, the rest skipped)."""
-    from stlib.kernels.tile_lane_dense import StepKind
-
     codes = np.asarray(plan.codes)[min(head, plan.codes.shape[0] - 1)]
-    names = ["not computed", *(k.name for k in StepKind)] + [
+    names = ["not computed", *(k.name for k in plan.step_kinds)] + [
         f"pattern {n}{' (padded keys)' if p.padded else ''}" for n, p in enumerate(plan.patterns)
     ]
     colors = ["#f2f2f2", KIND_COLORS[2], "#8fb3d9", KIND_COLORS[1], *PALETTE[2 : 2 + len(plan.patterns)]]

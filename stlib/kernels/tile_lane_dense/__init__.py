@@ -49,7 +49,7 @@ from stlib.kernels.tile_lane_dense.steps import (
 )
 from stlib.layout import BlockLayout, block_layout
 from stlib.masks import Mask, PermutedMask, full
-from stlib.registry import Implementation, ScheduleCounts, register
+from stlib.registry import Implementation, Role, ScheduleCounts, register
 
 __all__ = [
     "DEFAULT_BLOCKS",
@@ -261,6 +261,7 @@ def lane_dense_schedule_counts(setup, attribution) -> ScheduleCounts:
 IMPLEMENTATION = register(
     Implementation(
         name=NAME,
+        roles=frozenset({Role.BEST_TILE}),
         forward=_forward,
         description="tile-aligned sparse kernel, keys on sublanes: lane-dense softmax statistics, one pass, "
         "per-step FULL / RAGGED / MASKED flags, no padded inputs",

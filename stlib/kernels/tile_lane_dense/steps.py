@@ -123,6 +123,11 @@ class StepPlan:
         self.codes.flags.writeable = False  # plans are shared (``plan_steps`` caches them)
 
     @property
+    def step_kinds(self) -> type[StepKind]:
+        """The step codes below ``FIRST_PATTERN`` (a plot's legend reads their names here)."""
+        return StepKind
+
+    @property
     def present(self) -> tuple[int, ...]:
         return tuple(int(c) for c in np.unique(self.codes) if c >= 0)
 
