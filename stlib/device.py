@@ -57,10 +57,9 @@ class Chip:
 
     @functools.cached_property
     def _info(self):
-        from jax._src.pallas.mosaic import tpu_info
         from jax.experimental.pallas import tpu as pltpu
 
-        return pltpu.get_tpu_info_for_chip(tpu_info.ChipVersion(self.jax_version), 1)
+        return pltpu.get_tpu_info_for_chip(pltpu.ChipVersion(self.jax_version), 1)
 
     @property
     def bf16_flops(self) -> float:  # FLOP/s per device

@@ -110,6 +110,20 @@ def test_the_analysis_imports_nothing_of_the_benchmarks():
     assert found == {}
 
 
+def test_no_private_jax_import():
+    """stlib calls JAX's public API only (``jax._src`` moves between releases without notice)."""
+    found = []
+    for file in sorted(sources.ROOT.rglob("*.py")):
+        for node in ast.walk(ast.parse(file.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            found += [
+                f"{file.relative_to(sources.ROOT)}:{node.lineno}" for n in names if n.startswith("jax._src")
+            ]
+    assert found == []
+
+
 def test_import_stlib_loads_no_estimator_until_used():
     code = (
         "import sys, stlib; print(sorted(m for m in sys.modules if m.startswith('stlib.analysis'))); "
