@@ -10,6 +10,7 @@ count. That is O(rows * intervals + q_tiles * L) and never touches L x L.
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -359,6 +360,13 @@ def block_layout(mask: Mask, block_q: int, block_kv: int) -> BlockLayout:
         raise TypeError(f"block_layout needs a stlib mask, got {type(mask).__name__}")
     check_positive_int("block_q", block_q)
     check_positive_int("block_kv", block_kv)
+    return _block_layout(mask, block_q, block_kv)
+
+
+@functools.lru_cache(maxsize=32)
+def _block_layout(mask: Mask, block_q: int, block_kv: int) -> BlockLayout:
+    """``block_layout``, built once per (mask by value, blocks): a call's forward, its backward and
+    the estimator share one layout (its arrays read-only)."""
     heads = [None] if mask.num_heads is None else list(range(mask.num_heads))
     cache: dict[tuple, np.ndarray] = {}  # heads equal in mask and order (by value) are counted once
     counts = []
@@ -370,12 +378,14 @@ def block_layout(mask: Mask, block_q: int, block_kv: int) -> BlockLayout:
     valid = valid_tokens(mask)
     valid_per_q = _valid_per_tile(mask, block_q).astype(np.int64)
     valid_per_k = _valid_per_tile(mask, block_kv).astype(np.int64)
+    counts, valid_pairs = np.stack(counts), valid_per_q[:, None] * valid_per_k[None, :]
+    counts.flags.writeable = valid_pairs.flags.writeable = False
     return BlockLayout(
         mask=mask,
         block_q=block_q,
         block_kv=block_kv,
-        counts=np.stack(counts),
-        valid_pairs=valid_per_q[:, None] * valid_per_k[None, :],
+        counts=counts,
+        valid_pairs=valid_pairs,
         num_tokens=int(valid.sum()),
     )
 

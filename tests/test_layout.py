@@ -431,3 +431,28 @@ def test_block_layout_bad_input():
             block_layout(m, bq, bk)
     with pytest.raises(ValueError):
         block_layout(m, 8, 8).table_bytes("columns")
+
+
+def test_one_gradient_of_attention_builds_its_layout_once():
+    """The forward, the backward and their custom_vjp share one ``block_layout`` per (mask, blocks)."""
+    import jax
+
+    import stlib
+    from stlib import layout as layout_module
+    from stlib.registry import Role, by_role
+
+    q, k, v = stlib.random_qkv((2, 512, 64))
+    mask = stlib.masks.band(512, 64)
+    for role in (Role.TILE, Role.BEST_TILE):
+        impl = by_role(role).name
+        layout_module._block_layout.cache_clear()
+
+        def loss(q, k, v, impl=impl):
+            return stlib.attention(q, k, v, mask, impl=impl, block_q=128, block_kv=128).sum()
+
+        jax.eval_shape(jax.grad(loss, argnums=(0, 1, 2)), q, k, v)
+        info = layout_module._block_layout.cache_info()
+        assert info.misses == 1 and info.hits >= 1, (impl, info)
+    built = block_layout(mask, 128, 128)
+    with pytest.raises(ValueError, match="read-only"):
+        built.counts[0, 0, 0] = 0
