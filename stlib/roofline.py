@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from stlib.accounting import KernelWork
 from stlib.device import CHIPS, chip_spec
-from stlib.kernels.accounting import KernelWork
 from stlib.layout import BlockLayout
 
 

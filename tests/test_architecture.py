@@ -68,11 +68,10 @@ def test_no_kernel_is_named_by_string_outside_the_kernels():
 
 #: Kernel modules still imported from outside ``stlib/kernels/`` (issue 34 left them): routing builds
 #: the first tile kernel's passes, the case list and the block sweep read a kernel's block rules and
-#: VMEM model, the roofline takes ``KernelWork``. The list must shrink to empty: an import added
+#: VMEM model. The list must shrink to empty: an import added
 #: anywhere else fails, and so does one listed here that is gone (strike it off).
 KERNEL_IMPORTS_LEFT = {
     "stlib.routing": {"stlib.kernels.common", "stlib.kernels.tile"},
-    "stlib.roofline": {"stlib.kernels.accounting"},
     "stlib.bench.cases": {
         "stlib.kernels.block_sparse",
         "stlib.kernels.dense",

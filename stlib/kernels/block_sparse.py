@@ -17,7 +17,8 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from stlib.kernels import accounting, common
+from stlib import accounting
+from stlib.kernels import common
 from stlib.kernels.backward import tile_training
 from stlib.kernels.passes import exact_passes
 from stlib.layout import BlockLayout, TileKind, block_layout

@@ -13,7 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
 
-from stlib.kernels import accounting, common
+from stlib import accounting
+from stlib.kernels import common
 from stlib.kernels.backward import tile_training
 from stlib.kernels.passes import exact_passes
 from stlib.masks import DENSE_LIMIT, Mask, full

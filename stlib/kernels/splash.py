@@ -33,8 +33,8 @@ from jax.experimental.pallas.ops.tpu import splash_attention as sa
 
 from stlib import masks as M
 from stlib._intmath import round_up
+from stlib.accounting import block_changes, work_from_counts
 from stlib.device import resolve_interpret
-from stlib.kernels.accounting import block_changes, work_from_counts
 from stlib.kernels.common import ALL_CHIPS, LANES
 from stlib.layout import TileKind, block_layout
 from stlib.registry import Capabilities, Implementation, Role, ScheduleCounts, register

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import dataclasses
 
+from stlib import accounting
 from stlib._intmath import round_up
 from stlib.device import LANES, current_chip, resolve_interpret
 from stlib.geometry import tile_rows
-from stlib.kernels import accounting, common, tuned
+from stlib.kernels import common, tuned
 from stlib.kernels.backward import tile_training
 from stlib.kernels.tile import BoundaryPolicy, split_passes
 from stlib.kernels.tile_lane_dense.kernel import (
