@@ -196,14 +196,14 @@ class Implementation:
         """Whether comparisons divide by it (``Role.BASELINE``)."""
         return Role.BASELINE in self.roles
 
-    def option_choices(self, name: str) -> tuple:
-        """The members of the enum-valued option ``name`` of its options type (a CLI's choices)."""
+    def option_enum(self, name: str) -> type[enum.Enum]:
+        """The enum type of option ``name`` of its options type (its members: a CLI's choices)."""
         import typing
 
         kind = typing.get_type_hints(self.options_type)[name]
         if not (isinstance(kind, type) and issubclass(kind, enum.Enum)):
             raise TypeError(f"option {name!r} of {self.name!r} is not an enum ({kind})")
-        return tuple(kind)
+        return kind
 
     @property
     def is_pallas(self) -> bool:
@@ -314,7 +314,11 @@ def register(implementation: Implementation) -> Implementation:
     if implementation.name in IMPLEMENTATIONS:
         raise ValueError(f"impl={implementation.name!r} is already registered")
     for role in implementation.roles:
-        holder = next((impl for impl in IMPLEMENTATIONS.values() if role in impl.roles), None)
+        if not isinstance(role, Role):
+            raise TypeError(
+                f"impl={implementation.name!r}: roles must be stlib.registry.Role members, got {role!r}"
+            )
+        holder = _holder(role)
         if holder is not None:
             raise ValueError(
                 f"impl={implementation.name!r}: the role {role.name} ({role}) is already held by {holder.name!r}"
@@ -380,10 +384,14 @@ def by_role(role: Role) -> Implementation:
     True
     """
     role = Role(role)
-    found = [impl for impl in IMPLEMENTATIONS.values() if role in impl.roles]
-    if not found:
+    holder = _holder(role)
+    if holder is None:
         raise LookupError(f"no implementation holds the role {str(role)!r} (import stlib.kernels)")
-    return found[0]
+    return holder
+
+
+def _holder(role: Role) -> Implementation | None:
+    return next((impl for impl in IMPLEMENTATIONS.values() if role in impl.roles), None)
 
 
 def baseline() -> Implementation:

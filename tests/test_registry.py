@@ -216,8 +216,8 @@ def test_every_role_is_held_once_and_names_what_the_rest_asks_for():
     assert holders[registry.Role.BASELINE] is registry.baseline() and holders[registry.Role.BASELINE].baseline
     assert holders[registry.Role.TILE].plan_runner is not None  # routed plans run on it
     assert holders[registry.Role.REFERENCE].capabilities.max_length > 0
-    assert {b.value for b in holders[registry.Role.TILE].option_choices("boundary")} == {"exact", "balanced"}
+    assert {b.value for b in holders[registry.Role.TILE].option_enum("boundary")} == {"exact", "balanced"}
     with pytest.raises(TypeError, match="not an enum"):
-        holders[registry.Role.BEST_TILE].option_choices("lookahead")
+        holders[registry.Role.BEST_TILE].option_enum("lookahead")
     with pytest.raises(ValueError):
         registry.by_role("the fastest kernel")

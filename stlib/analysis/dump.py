@@ -196,13 +196,9 @@ def program_hash(config: KernelConfig) -> str:
     misses. About a second at the case-study size (the host builds the kernel's tables)."""
     import hashlib
 
-    _, program = exported_program(*_flat(traced_call(config)))
+    fn, args = traced_call(config)
+    _, program = exported_program(fn, *args)
     return hashlib.sha256(program.encode()).hexdigest()[:24]
-
-
-def _flat(call):
-    fn, args = call
-    return (fn, *args)
 
 
 def is_pallas_kernel(name: str) -> bool:

@@ -205,6 +205,7 @@ def run_cpu_scaling(
     """xla block-sparse attention vs dense xla attention (the same blocked loop over every tile)."""
     recorder = Recorder(_out_dir(out_dir) / "cpu_scaling.jsonl")
     tracker = Progress(len(lengths) * (1 + len(densities)), "cpu scaling")
+    xla = by_role(Role.XLA).name
     for length in lengths:
         q, k, v = stlib.random_qkv((num_heads, length, head_dim), jnp.float32, seed=length)
         dense_ms = None
@@ -214,16 +215,14 @@ def run_cpu_scaling(
                 if density == 1.0
                 else masks.band(length, masks.band_width_for_density(length, density))
             )
-            fn = functools.partial(
-                stlib.attention, mask=mask, impl=by_role(Role.XLA).name, block_q=256, block_kv=256
-            )
+            fn = functools.partial(stlib.attention, mask=mask, impl=xla, block_q=256, block_kv=256)
             timing = time_function(fn, q, k, v, trials=trials)
             layout = stlib.block_layout(mask, 256, 256)
             dense_ms = timing.median_ms if density == 1.0 else dense_ms
             record = recorder.write(
                 {
                     "benchmark": "cpu-scaling",
-                    "impl": by_role(Role.XLA).name,
+                    "impl": xla,
                     "mask": repr(mask),
                     "length": length,
                     "heads": num_heads,

@@ -23,8 +23,8 @@ from stlib.synthetic import HeadKind, head_kinds
 #: The kernel routed plans run on, and the reference their quality is measured against.
 ROUTED_KERNEL = by_role(Role.TILE).name
 REFERENCE_NAME = by_role(Role.REFERENCE).name
-#: The boundary policies of the tile kernel's options (EXACT, BALANCED).
-BOUNDARIES = by_role(Role.TILE).option_choices("boundary")
+#: The tile kernel's boundary policy (EXACT, BALANCED).
+BoundaryPolicy = by_role(Role.TILE).option_enum("boundary")
 
 
 def attention_quality(q, k, v, plan: SvgPlan, *, scale: float | None = None) -> dict[str, np.ndarray]:
@@ -83,7 +83,7 @@ def quality_sweep(
     *,
     seed: int = 0,
     anchors=(Anchor.REORDERED, Anchor.FRAME0),
-    boundaries=BOUNDARIES,
+    boundaries=tuple(BoundaryPolicy),
     block_q: int = 128,
     block_kv: int = 128,
     full_grid: VideoGrid | None = None,
@@ -126,7 +126,7 @@ def quality_sweep(
                         "kinds": [str(x) for x in chosen],
                         "density": density,
                         "anchor": str(Anchor(anchor)),
-                        "boundary": str(type(BOUNDARIES[0])(boundary)),
+                        "boundary": str(BoundaryPolicy(boundary)),
                         "block_q": block_q,
                         "block_kv": block_kv,
                         "width": plan.width,
