@@ -293,7 +293,7 @@ plotting.save(fig, cfg.figure("00_roofline_step"))
 # 2. Attention is 4 L² d; the rest is L d (12 d + 4 f + 4 x 512) + 4 x 512 x d². Setting them
 #    equal gives L ≈ (12 d + 4 f + 2048) / 4 ≈ 29,700 tokens: just below 480p, where
 #    `configs.WAN_14B.flops` gives 52%.
-# 3. The v5e floor is 148.6 ms (its peak, in the hardware table, is 4.7x below the v6e's):
+# 3. The v5e floor is 148.5 ms (its peak, in the hardware table, is 4.7x below the v6e's):
 #    4 x 78.7 = 315 ms would be 47% of its peak against
 #    the v6e's 40%, so the v6e would be further from its floor (its exponentials and vector work
 #    did not grow as much as its matrix units).

@@ -390,7 +390,10 @@ else:
 #   Splash on dense work already (its own dense estimate is below Splash's), and the two gains
 #   multiply. Where the estimates rank kernels differently from the work model, the difference lies
 #   in how each kernel's inner loop is written, not in which tiles it computes; only a TPU run can
-#   confirm it.
+#   confirm it. One difference is in Splash's source: its forward (`jax.experimental.pallas.ops.tpu.
+#   splash_attention`, jax 0.10.2) casts v to f32 before p · v, so its compiled p · v streams f32
+#   registers of 8 rows through the MXUs where a bf16 register carries 16, twice the MXU time of the
+#   tile kernels' bf16 p · v. tokamax's copy of Splash dropped that cast in January 2026.
 # * **The second generation wins where the first paid for layout and passes**: one pass instead of
 #   three, no LSE written and merged, statistics one per query instead of 128 copies, the block
 #   sweep's large blocks instead of 512 x 1,024 (the estimate cell prints the blocks each ran with),

@@ -383,6 +383,22 @@ from stlib.bench import backward_estimate
 print(backward_estimate.format_table(backward_estimate.read(cfg.data / "backward_estimates.jsonl")))
 
 # %% [markdown]
+# ### What the backward's MXUs are fed
+#
+# A bundle issues in one cycle, but a matmul path cannot run faster than its MXUs are fed. libtpu's
+# per-bundle utilization dump holds an MXU busy for every row a `vmatmul` streams and for nothing
+# of a `vmatpush`, which loads the MXU's stationary operand, the weights. The estimate charges a pushed
+# weight row as a streamed one (`stlib.analysis.mxu_input`: both arrive through the unit's operand
+# path; an assumption no TPU here can test) and takes the longer of a path's bundles and its
+# busiest MXU's feed. The forward streams a whole q block through each weight tile, so it pushes
+# little. Splash's dK/dV kernel streams only its kv chunk through q- and dO-weights, so it pushes
+# a weight row for every few rows it multiplies, and on its busier MXU the feed outlasts the
+# bundles. The rows below are the committed records' compute paths, one execution each.
+
+# %%
+print(backward_estimate.format_mxu_feed(backward_estimate.read(cfg.data / "backward_estimates.jsonl")))
+
+# %% [markdown]
 # Read the table against its targets: the issue asks for a backward within 2.5x its forward (the
 # fused kernel's flops are exactly 2.5x) and forward + backward within a quarter of dense Splash's.
 # Where a row misses, the per-kernel breakdown in the records (`bundles` per path) says why: a

@@ -335,9 +335,9 @@ plotting.save(fig, cfg.figure("11_ulysses_traffic"))
 # Read the table this way. Heads sharding moves nothing, and each device holds 1 / N of q, k, v
 # (the input share column). Ulysses moves four arrays of a device's share (the all-to-all columns).
 # Modelled on the ICI, that traffic is a small fraction of even the sparse kernel's estimated time
-# at density 0.25. The last column gives the density at which it would match the kernel's time:
-# on the 4-chip slices there is none, because the traffic is below the kernel's fixed cost (the
-# line's value at density 0). On v6e 4x4 it is far below any pattern the series uses. Ulysses pays
+# at density 0.25. The last column gives the density at which it would match the kernel's time
+# (the kernel's line through its dense and band 0.25 estimates, solved for the traffic): on every
+# slice it is below 0.02, far below any pattern the series uses. Ulysses pays
 # where the sequence must arrive split, as it does between the sequence-parallel parts of a DiT
 # block. Heads sharding is free when the heads already are.
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from stlib.analysis.mxu_input import KernelMxu
 from stlib.analysis.schedule import Node, Schedule, ScheduleFormatError, flat_cost
 
 _BOUNDS = re.compile(r"iteration_bounds: \(([\d, ]+)\)")
@@ -25,7 +26,9 @@ class Attribution:
     ``paths``: "call" (outside the grid loop, once), "iteration" (grid loop outside the step
     region, steps + 2 times; conditional copy regions beside the step region are counted in it at
     every iteration: an upper bound), "step" (every grid step), then per region "init", "compute",
-    "compute_full", "compute_masked", "finalise" (when it runs)."""
+    "compute_full", "compute_masked", "finalise" (when it runs). ``mxu_cycles``: per execution of
+    a path with MXU ops, the cycles its busiest MXU is fed (``stlib.analysis.mxu_input``; empty when
+    the dump had no per-bundle utilization)."""
 
     kernel: str
     trip: int
@@ -34,6 +37,7 @@ class Attribution:
     ops: dict[str, dict[str, int]]
     total_bundles: int
     operands: list  # per operand index: [memory space ("hbm" / "vmem"), dtype, shape, "input" / "output"]
+    mxu_cycles: dict[str, int] = field(default_factory=dict)
 
     @property
     def grid_steps(self) -> int:
@@ -41,12 +45,17 @@ class Attribution:
 
 
 def attribute(
-    schedule: Schedule, impl: str | None, kernel: str, compute_names: list[str] | None = None
+    schedule: Schedule,
+    impl: str | None,
+    kernel: str,
+    compute_names: list[str] | None = None,
+    occupancy: list[int] | None = None,
 ) -> Attribution:
     """Attribute the bundles of ``schedule`` (the Pallas kernel ``kernel`` of ``impl``) to paths.
     ``compute_names``: the names of its conditional compute regions, in order, for a kernel of no
-    registered implementation (``impl`` None). Raises ScheduleFormatError when the structure differs
-    from the one expected."""
+    registered implementation (``impl`` None); ``occupancy``: the compiler's MXU occupancy per
+    bundle (``mxu_input.parse_utilization``), for the paths' MXU input. Raises ScheduleFormatError
+    when the structure differs from the one expected."""
     loops = [n for n in schedule.roots if n.kind == "loop"]
     one_step = not loops
     if one_step and len(schedule.roots) == 1 and schedule.roots[0].kind == "cond":
@@ -117,8 +126,12 @@ def attribute(
         "iteration": schedule.ops(grid_loop.first, grid_loop.last, (stage,)),
         "step": schedule.ops(stage.first, stage.last, tuple(conds)),
     }
+    feed = KernelMxu.of(schedule, occupancy) if occupancy is not None else None
+    mxu_cycles = {"step": feed.cycles(schedule, stage, skip_conds=True)} if feed else {}
     for name, node in labelled:
         paths[name] = paths.get(name, 0) + flat_cost(node, name)
+        if feed:
+            mxu_cycles[name] = mxu_cycles.get(name, 0) + feed.cycles(schedule, node)
         merged = ops.setdefault(name, {})
         for unit, n in schedule.ops(node.first, node.last).items():
             merged[unit] = merged.get(unit, 0) + n
@@ -135,6 +148,7 @@ def attribute(
         ops,
         len(schedule.bundles),
         [operands[i] for i in range(len(operands))],
+        {path: n for path, n in mxu_cycles.items() if n},
     )
 
 

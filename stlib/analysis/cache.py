@@ -26,14 +26,16 @@ from stlib.analysis.dump import (
     read_hlo,
     stlib_dir,
 )
+from stlib.analysis.mxu_input import parse_utilization
 from stlib.analysis.schedule import ScheduleFormatError, parse_schedule
 from stlib.device import chip_spec
 from stlib.sources import module_sources
 
 #: Bumped when the attribution format or rules change (invalidates the cache). 2: operand layouts,
 #: laid-out glue bytes, per-chip branch forms. 3: TPU7x shadows with the folded empty delay bundle.
-#: 4: entries keyed by the compiled program, not by the sources that shape it.
-FORMAT_VERSION = 4
+#: 4: entries keyed by the compiled program, not by the sources that shape it. 5: each path's MXU
+#: input (``mxu_input``: multiplied + pushed rows at the compiler's MXU rate).
+FORMAT_VERSION = 5
 #: The modules whose sources shape every compiled call besides the implementation's own: the entry
 #: point the compile subprocess calls, and the named masks it builds (``source_hash``).
 CALL_MODULES = ("stlib.api", "stlib.masks.catalogue")
@@ -199,10 +201,12 @@ def attribute_dump(
     """Every Pallas kernel of a libtpu dump (those ``keep`` keeps, ``dump_files``), its schedule parsed in
     ``chip``'s form and attributed (``impl``'s rules, or ``compute_names`` for a kernel of no impl)."""
     form = chip_spec(chip).schedule_form
-    return [
-        attribute(parse_schedule(text, analysis, form), impl, name, compute_names=compute_names)
-        for name, (text, analysis) in sorted(dump_files(dump, keep).items())
-    ]
+    out = []
+    for name, (text, analysis, utilization) in sorted(dump_files(dump, keep).items()):
+        schedule = parse_schedule(text, analysis, form)
+        occupancy = parse_utilization(utilization, len(schedule.bundles))
+        out.append(attribute(schedule, impl, name, compute_names=compute_names, occupancy=occupancy))
+    return out
 
 
 def compiled_attributions(

@@ -301,28 +301,30 @@ def check_libtpu() -> str:
     return version
 
 
-def dump_files(directory: str, keep=None) -> dict[str, tuple[str, str]]:
-    """{kernel: (final bundles, schedule analysis)} of each Pallas kernel in a libtpu dump that ``keep``
-    (a predicate on its name; default: a registered implementation's kernel) keeps."""
+#: The dumps of one kernel the estimate reads: its scheduled bundles, the schedule analysis (their
+#: count) and the compiler's per-bundle unit utilization (its MXU occupancy).
+DUMPED = ("final_bundles", "schedule-analysis_final_bundles", "final_hlo-static-per-bundle-utilization")
+
+
+def dump_files(directory: str, keep=None) -> dict[str, tuple[str, str, str]]:
+    """{kernel: (final bundles, schedule analysis, per-bundle utilization)} of each Pallas kernel in a
+    libtpu dump that ``keep`` (a predicate on its name; default: a registered implementation's
+    kernel) keeps."""
     keep = keep or is_pallas_kernel
     files: dict[str, dict[str, str]] = {}
     for name in os.listdir(directory):
         match = _STEP.match(name)
-        if (
-            match
-            and keep(match["kernel"])
-            and match["what"] in ("final_bundles", "schedule-analysis_final_bundles")
-        ):
+        if match and keep(match["kernel"]) and match["what"] in DUMPED:
             entry = files.setdefault(match["kernel"], {})
             if match["what"] in entry:
                 raise ScheduleFormatError(f"two {match['what']} dumps for kernel {match['kernel']}")
             entry[match["what"]] = Path(directory, name).read_text(errors="replace")
-    if not files or any(len(v) != 2 for v in files.values()):
+    if not files or any(len(v) != len(DUMPED) for v in files.values()):
         raise ScheduleFormatError(
-            f"no final_bundles + schedule-analysis pair per Pallas kernel in {directory}: "
+            f"no {' + '.join(DUMPED)} dumps per Pallas kernel in {directory}: "
             f"{ {k: sorted(v) for k, v in files.items()} }"
         )
-    return {k: (v["final_bundles"], v["schedule-analysis_final_bundles"]) for k, v in files.items()}
+    return {k: tuple(v[what] for what in DUMPED) for k, v in files.items()}
 
 
 def read_hlo(directory: str) -> str:

@@ -7,7 +7,9 @@ often each path runs (``stlib.analysis.counts``: from the step tables; a branch 
 only the data decides, such as a rescale taken when the running max grows, counts as taken on every
 execution of its path, ``schedule.flat_cost``) and turned into time through the clock it is
 given (this module knows no calibration: ``stlib.analysis.clock`` calibrates on top of it and
-``stlib.analysis.static`` composes the two). A bundle issues in one cycle; stalls the schedule does not show are
+``stlib.analysis.static`` composes the two). A bundle issues in one cycle, and a path takes no fewer
+cycles than its busiest MXU is fed (``stlib.analysis.mxu_input``: the rows it multiplies and the
+weight rows pushed into it, at the compiler's own MXU rate); stalls the schedule does not show are
 folded into the calibrated clock, except the DMA the pipeline cannot hide (``PathCounts.
 exposed_seconds``: prologue, and steps whose compute is shorter than their copies), which is added;
 the HBM bytes the kernel's DMAs move (at their laid-out sizes) / bandwidth floor each kernel's time.
@@ -39,7 +41,8 @@ from stlib.roofline import ComputeOrMemoryBound
 ESTIMATE_CHIPS = ("v6e", "v5e", "tpu7x")
 
 METHOD = (
-    "static estimate: VLIW bundles of the libtpu schedule per control path (1 bundle = 1 cycle) x path "
+    "static estimate: VLIW bundles of the libtpu schedule per control path (1 bundle = 1 cycle; the "
+    "busiest MXU's input where longer: multiplied + pushed rows at the compiler's MXU rate) x path "
     "counts from the tile layout / calibrated clock, + exposed DMA (prologue, steps shorter than their "
     "copies), floored by laid-out kernel DMA bytes / HBM bandwidth; + XLA glue bytes / HBM bandwidth"
 )
@@ -50,7 +53,7 @@ class KernelEstimate(ComputeOrMemoryBound):
     kernel: str
     grid_steps: int
     cycles: int
-    breakdown: dict[str, dict]  # path -> {"bundles": per execution, "count": executions, "cycles"}
+    breakdown: dict[str, dict]  # path -> {"bundles", "mxu" (cycles fed) per execution, "count", "cycles"}
     compute_seconds: float
     dma_bytes: int
     memory_seconds: float
@@ -168,9 +171,11 @@ class Estimate:
                 f"DMA floor {format_seconds(k.memory_seconds)} ({k.dma_bytes / 1e9:.2f} GB), {k.bound}-bound"
             )
             for path, v in k.breakdown.items():
+                fed = v.get("mxu", 0)
+                bound = f"  MXU-fed: {fed:,} cycles" if fed > v["bundles"] else ""
                 lines.append(
                     f"    {path:<15} {v['bundles']:>7,} bundles x {v['count']:>11,} = "
-                    f"{v['cycles']:>15,} cycles ({v['cycles'] / max(k.cycles, 1):6.1%})"
+                    f"{v['cycles']:>15,} cycles ({v['cycles'] / max(k.cycles, 1):6.1%}){bound}"
                 )
         lines.append(
             f"  XLA glue around the kernels ({self.glue_bytes / 1e9:.3f} GB / HBM bandwidth, included in the "
@@ -368,17 +373,19 @@ def estimate_at_clock(
                 f"says {counts.grid_steps}"
             )
         executions = {"call": 1, "iteration": att.trip, "step": att.grid_steps, **counts.counts}
+        per_execution = path_cycles(att)
         breakdown = {}
         for path, bundles in att.paths.items():
             if path not in executions:
                 raise ScheduleFormatError(f"{att.kernel}: no count for path {path!r}")
             breakdown[path] = {
                 "bundles": bundles,
+                "mxu": att.mxu_cycles.get(path, 0),
                 "count": executions[path],
-                "cycles": bundles * executions[path],
+                "cycles": per_execution[path] * executions[path],
             }
         cycles = sum(v["cycles"] for v in breakdown.values())
-        exposed = counts.exposed_seconds(_computed_step_cycles(att.paths) / hz, bandwidth)
+        exposed = counts.exposed_seconds(_computed_step_cycles(per_execution) / hz, bandwidth)
         kernels.append(
             KernelEstimate(
                 att.kernel,
@@ -413,8 +420,15 @@ def estimate_at_clock(
     )
 
 
+def path_cycles(att: Attribution) -> dict[str, int]:
+    """Cycles one execution of each path takes: its bundles (one issues per cycle), or the cycles
+    its busiest MXU is fed where that is longer (``stlib.analysis.mxu_input``: a path cannot issue
+    faster than its MXU input arrives)."""
+    return {path: max(bundles, att.mxu_cycles.get(path, 0)) for path, bundles in att.paths.items()}
+
+
 def _computed_step_cycles(paths: dict[str, int]) -> int:
-    """Bundles of the cheapest grid step that computes a tile: loop iteration + step + its cheapest
+    """Cycles of the cheapest grid step that computes a tile: loop iteration + step + its cheapest
     compute region (the step itself for a kernel whose compute is unconditional)."""
     compute = [v for p, v in paths.items() if p.startswith("compute")]
     return paths["iteration"] + paths["step"] + (min(compute) if compute else 0)

@@ -102,6 +102,7 @@ def estimate_case(case: dict) -> dict:
                 "exposed_dma_ms": k.exposed_dma_seconds * 1e3,
                 "dma_floor_ms": k.memory_seconds * 1e3,
                 "bundles": {p: v["bundles"] for p, v in k.breakdown.items()},
+                "mxu_fed": {p: v["mxu"] for p, v in k.breakdown.items() if v["mxu"]},
             }
             for k in est.kernels
         ],
@@ -233,3 +234,54 @@ def main(argv=None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def mxu_feed(records: dict[tuple, dict]) -> list[dict]:
+    """Per estimated case and kernel, each path that runs matmuls: its bundles per execution and
+    the cycles its busiest MXU is fed (``stlib.analysis.mxu_input``), and which of the two the
+    estimate charges (the longer).
+
+    >>> record = {"chip": "tpu7x", "impl": "splash", "mask": "none", "backward": True, "estimated": True,
+    ...           "options": {"fused_backward": True},
+    ...           "kernels": [{"kernel": "splash_mha_dkv", "bundles": {"step": 400, "compute": 21042},
+    ...                        "mxu_fed": {"compute": 28389}}]}
+    >>> [(r["path"], r["bundles"], r["mxu_fed"], r["charged"]) for r in mxu_feed({("k",): record})]
+    [('compute', 21042, 28389, 'MXU feed')]
+    """
+    rows = []
+    for record in records.values():
+        if not record.get("estimated"):
+            continue
+        for kernel in record["kernels"]:
+            for path, fed in kernel.get("mxu_fed", {}).items():
+                bundles = kernel["bundles"][path]
+                rows.append(
+                    {
+                        "chip": record["chip"],
+                        "impl": record["impl"],
+                        "mask": record["mask"],
+                        "direction": "backward" if record["backward"] else "forward",
+                        "options": record.get("options") or {},
+                        "kernel": kernel["kernel"],
+                        "path": path,
+                        "bundles": bundles,
+                        "mxu_fed": fed,
+                        "charged": "MXU feed" if fed > bundles else "bundles",
+                    }
+                )
+    return rows
+
+
+def format_mxu_feed(records: dict[tuple, dict]) -> str:
+    """``mxu_feed`` as a table: one line per kernel path that runs matmuls."""
+    lines = [
+        f"{'chip':<6} {'impl':<23} {'mask':<30} {'direction':<9} {'kernel':<38} {'path':<15} "
+        f"{'bundles':>8} {'MXU fed':>8} {'fed/bundles':>11}  charged"
+    ]
+    for r in mxu_feed(records):
+        kind = " fused" if r["options"].get("fused_backward") else (" split" if r["options"] else "")
+        lines.append(
+            f"{r['chip']:<6} {r['impl'] + kind:<23} {r['mask'][:30]:<30} {r['direction']:<9} {r['kernel'][:38]:<38} "
+            f"{r['path']:<15} {r['bundles']:>8,} {r['mxu_fed']:>8,} {r['mxu_fed'] / r['bundles']:>11.2f}  {r['charged']}"
+        )
+    return "\n".join(lines)

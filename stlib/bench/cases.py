@@ -13,10 +13,10 @@ import numpy as np
 import stlib
 import stlib.kernels  # registers the Pallas kernels with stlib.attention
 from stlib import masks, registry
+from stlib.registry import Role, by_role
 from stlib._intmath import cdiv
 from stlib.configs import DENSITIES, Workload
 from stlib.geometry import VideoGrid, tiled_order
-from stlib.kernels import block_sparse, dense, tile, tile_lane_dense
 from stlib.kernels.tile_lane_dense import tiled_blocks
 from stlib.roofline import work_summary
 
@@ -76,10 +76,12 @@ def case_study_cases(workload: Workload, tpu: bool, densities=DENSITIES) -> list
     big = {"block_q": 512, "block_kv": 1024} if tpu else {"block_q": 128, "block_kv": 128}
     tile_bq = tile_bkv = int(np.prod(sta_tile))
     baseline = registry.baseline()
+    dense, block_sparse = by_role(Role.DENSE).name, by_role(Role.BLOCK_SPARSE).name
+    tile, best_tile = by_role(Role.TILE).name, by_role(Role.BEST_TILE).name
     cases = [
         Case(baseline.name, "dense", masks.full(length), f"{baseline.title} (dense)", **big),
-        Case(dense.NAME, "dense", masks.full(length), f"{dense.NAME} (dense)", **big),
-        Case(tile.NAME, "dense", masks.full(length), f"{tile.NAME} (dense)", **big),
+        Case(dense, "dense", masks.full(length), f"{dense} (dense)", **big),
+        Case(tile, "dense", masks.full(length), f"{tile} (dense)", **big),
     ]
     for density in densities:
         band = masks.band(length, masks.band_width_for_density(length, density))
@@ -95,21 +97,21 @@ def case_study_cases(workload: Workload, tpu: bool, densities=DENSITIES) -> list
             continue  # the whole grid: that is the dense case
         sta = masks.sliding_tile(grid, sta_tile, window)
         cases += [
-            Case(block_sparse.NAME, "sliding tile", sta, f"{block_sparse.NAME} (raster)", **big),
+            Case(block_sparse, "sliding tile", sta, f"{block_sparse} (raster)", **big),
             Case(
-                tile.NAME,
+                tile,
                 "sliding tile",
                 sta.permute(order),
-                f"{tile.NAME} (3-D tiled)",
+                f"{tile} (3-D tiled)",
                 block_q=tile_bq,
                 block_kv=tile_bkv,
                 order=order,
             ),
             Case(
-                tile.NAME,
+                tile,
                 "sliding tile",
                 sta,
-                f"{tile.NAME} (3-D tiled) + reordering",
+                f"{tile} (3-D tiled) + reordering",
                 block_q=tile_bq,
                 block_kv=tile_bkv,
                 order=order,
@@ -120,10 +122,10 @@ def case_study_cases(workload: Workload, tpu: bool, densities=DENSITIES) -> list
         if rows is not None:
             cases.append(
                 Case(
-                    tile_lane_dense.NAME,
+                    best_tile,
                     "sliding tile",
                     sta.permute(order),
-                    f"{tile_lane_dense.NAME} (rows of 3-D tiles)",
+                    f"{best_tile} (rows of 3-D tiles)",
                     block_q=rows.block_q,
                     block_kv=rows.block_kv,
                     order=order,
