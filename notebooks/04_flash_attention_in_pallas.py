@@ -483,14 +483,14 @@ print(f"VMEM by count (both): q, o tiles x2 {4 * 512 * 128 * 2:,} B + k, v tiles
 # * any length: `common.pad_sequence` pads q, k, v to the blocks and the padded keys are masked
 #   (`common.iota_mask` with `key < length`), the output cut back;
 # * a mask: evaluated in-kernel from iota for lazy masks, or read from a dense int8 copy
-#   (`common.MaskPlan`), on every tile;
+#   (`stlib.passes.MaskPlan`), on every tile;
 # * q pre-scaled once per step (`common.scaled_q`), and the kv tile walked in chunks of
 #   `block_kv_compute` keys (`common.update_tile`'s `fori_loop`) so the score tile stays small;
 # * `exp2` (`common.SoftmaxOptions`): base-2 exponentials with log2 e folded into the scale;
 # * a guard for rows that see no key (`common.finish_row` writes 0, not 0/0), and the
 #   log-sum-exp output the tile kernel's passes need;
-# * block sizes per chip from the chip table (`common.block_sizes_for`), validated against the
-#   (8, 128) rule (`common.BlockSizes`), and the interpret switch (`common.run_pallas`).
+# * block sizes per chip from the chip table (`stlib.blocks.block_sizes_for`), validated against the
+#   (8, 128) rule (`stlib.blocks.BlockSizes`), and the interpret switch (`common.run_pallas`).
 #
 # ### Exercise 2: write the accumulate step
 #

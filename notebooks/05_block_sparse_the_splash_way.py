@@ -335,7 +335,7 @@ print(f"step table: {mod_steps.size} int32 entries, {smem_bytes(mod_steps.shape)
 #   one shared table when every head has the same mask;
 # * any mask: PARTIAL tiles evaluate a lazy mask's own predicate from iota (`common.iota_mask`),
 #   or read a deduplicated int8 table of tile masks through a second prefetched index
-#   (`common.plan_mask`, `common.carried_index`), and the SMEM budget is checked with a message
+#   (`stlib.passes.plan_mask`, `common.carried_index`), and the SMEM budget is checked with a message
 #   (`common.check_prefetch`);
 # * padding to the blocks (`common.pad_sequence`): a ragged last tile is marked masked;
 # * the shared update (`common.update_tile`): q pre-scaled, kv chunks, optional exp2;

@@ -540,7 +540,7 @@ print("(the teaching kernel's arguments include the 64 MiB int8 [L, L] mask; the
 # * a third pass, "ragged" (`split_passes`, `PassKind.RAGGED`): FULL tiles whose keys end in
 #   padding compare each key with the tile's count of real keys instead of evaluating the mask;
 # * masked tiles from the mask's predicate on iota, or a deduplicated int8 tile table steered by a
-#   carried index (`common.plan_mask`, `common.carried_index`), never a dense [L, L] array;
+#   carried index (`stlib.passes.plan_mask`, `common.carried_index`), never a dense [L, L] array;
 # * balanced rounding of boundary tiles (`balanced_keep`, `BoundaryPolicy.BALANCED`);
 # * exp2 on by default (`TileOptions`), padding, the merge with `common.merge_partials`, and the
 #   SMEM check (`common.check_prefetch`).

@@ -83,7 +83,7 @@ import stlib
 from stlib import exercises, masks, notebook, plotting
 from stlib.bench import backward_compile
 from stlib.kernels.backward import DKV_MATMULS, DQ_MATMULS, FORWARD_MATMULS, backward_work
-from stlib.kernels.passes import exact_passes
+from stlib.passes import exact_passes
 from stlib.layout import row_tables
 from stlib.masks.catalogue import case_study_masks
 

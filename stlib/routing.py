@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from stlib._checks import check_fraction
+from stlib.blocks import BlockSizes, block_sizes_for
 from stlib.geometry import (
     TokenOrder,
     VideoGrid,
@@ -36,9 +37,6 @@ from stlib.geometry import (
     restore_orders,
     token_major_order,
 )
-from stlib.kernels import common
-from stlib.kernels.tile import NAME as TILE_KERNEL
-from stlib.kernels.tile import BoundaryPolicy, Pass, PassKind, TileOptions, split_passes
 from stlib.layout import BlockLayout, block_layout
 from stlib.masks import (
     FirstFrameMask,
@@ -50,6 +48,7 @@ from stlib.masks import (
     spatial_band,
     temporal_band,
 )
+from stlib.passes import BoundaryPolicy, Pass, PassKind, split_passes
 from stlib.synthetic import HeadKind, head_kinds
 
 
@@ -146,8 +145,11 @@ class SvgPlan:
         return self.layout.block_kv
 
     @property
-    def options(self) -> TileOptions:
-        return TileOptions(boundary=self.boundary)
+    def options(self):
+        """The tile kernel's options (``Role.TILE``) for this plan's boundary policy."""
+        from stlib.registry import Role, by_role
+
+        return by_role(Role.TILE).options({"boundary": self.boundary})
 
     def _tiles(self, kind: PassKind) -> np.ndarray:
         out = np.zeros(self.num_heads, np.int64)
@@ -255,14 +257,17 @@ class SvgPlan:
             orders = orders[:1]
         return restore_orders(kernel(*(apply_orders(x, orders) for x in (q, k, v))), orders)
 
-    def run(self, q, k, v, *, impl: str = TILE_KERNEL, scale=None, options=None, interpret=None, **kwargs):
-        """Attention of raster-order q, k, v [H, L, D] under this plan; returns raster order. An
+    def run(self, q, k, v, *, impl: str | None = None, scale=None, options=None, interpret=None, **kwargs):
+        """Attention of raster-order q, k, v [H, L, D] under this plan; returns raster order. ``impl``:
+        a registered name, "auto", or None for the tile kernel the plans are cut for (the registry's
+        ``Role.TILE``). An
         implementation with a ``plan_runner`` (the tile kernels) reorders per head, runs the plan's
         own layout and restores; any other runs ``self.mask`` through ``stlib.attention``. Raises
         ValueError when q's heads or length, or explicit blocks, do not match the plan."""
         from stlib.api import attention, check_qkv
-        from stlib.registry import IMPLEMENTATIONS, choose
+        from stlib.registry import IMPLEMENTATIONS, Role, by_role, choose
 
+        impl = impl or by_role(Role.TILE).name
         check_qkv(q, k, v)
         self.grid.check_length(q.shape[1])
         if q.shape[0] != self.num_heads:
@@ -324,7 +329,7 @@ def svg_plan(
         raise TypeError(f"grid must be a stlib.VideoGrid, got {type(grid).__name__}")
     kinds = head_kinds(kinds)
     density = _check_density(density)
-    common.BlockSizes(block_q, block_kv)  # validates the TPU tiling rule, naming the value
+    BlockSizes(block_q, block_kv)  # validates the TPU tiling rule, naming the value
     anchor = _enum("anchor", anchor, Anchor)
     boundary = _enum("boundary", boundary, BoundaryPolicy)
     width = band_width_for_density(grid.num_tokens, density)
@@ -425,7 +430,7 @@ def route(
             "needs finite inputs"
         )
     kinds = tuple(cands[i] for i in np.argmin(mse, axis=0))
-    sizes = common.block_sizes_for(length, block_q, block_kv)
+    sizes = block_sizes_for(length, block_q, block_kv)
     plan = svg_plan(
         grid, kinds, density, block_q=sizes.block_q, block_kv=sizes.block_kv, anchor=anchor, boundary=boundary
     )
@@ -442,7 +447,7 @@ def run_plan(
     v,
     plan: SvgPlan,
     *,
-    impl: str = TILE_KERNEL,
+    impl: str | None = None,
     scale: float | None = None,
     options=None,
     interpret: bool | None = None,

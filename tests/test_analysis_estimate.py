@@ -248,7 +248,7 @@ def test_the_backward_estimate_reads_the_fused_and_splash_backward_kernels(cache
     step per non-empty tile and head."""
     from stlib import block_layout, masks
     from stlib.kernels.backward import BACKWARD_TILE, FUSED_PREFIX
-    from stlib.kernels.passes import split_passes
+    from stlib.passes import split_passes
 
     band = "band (density 0.25)"
     bwd = estimate("pallas_tile_lane_dense", band, "v6e", num_heads=2, backward=True, **SMALL)

@@ -24,12 +24,11 @@ def _fed_program():
     """The synthetic program with a matmul on mxu0 before the compute region's inner loop (4 trips)
     and, in the loop body, a matmul and two weight pushes on mxu0 and one f32 matmul on mxu1."""
     program = _program()
-    program[27] = (
+    ops = (
         "%v7 = vmatmul.mubr.bf16.gmra.mrb[4].mxu0 %v1  ;;  %8 = vmatpush1.bf16.msra.mxu0 %v2  ;;  "
-        "%9 = vmatpush3.bf16.xpose.msra.mxu0 %v3  ;;  %v10 = vmatmul.mubr.f32.gmra.mxu1 %v4",
-        "",
-        "",
+        "%9 = vmatpush3.bf16.xpose.msra.mxu0 %v3  ;;  %v10 = vmatmul.mubr.f32.gmra.mxu1 %v4"
     )
+    program[27] = (ops, "", "")
     return program
 
 

@@ -182,7 +182,7 @@ def test_the_fused_and_the_split_backward_equal_the_analytic_gradient(method, mo
     holds two q tiles (the dq of a head then crosses several calls)."""
     from stlib.kernels import backward as bw
     from stlib.kernels import common
-    from stlib.kernels.passes import exact_passes
+    from stlib.passes import exact_passes
 
     dense, mask, (q, k, v), do = _mask_and_data(jnp.float32, seed=2)
     scale = DIM**-0.5
@@ -208,7 +208,7 @@ def test_the_fused_and_the_split_backward_equal_the_analytic_gradient(method, mo
 def test_backward_methods_are_checked(monkeypatch):
     from stlib.kernels import backward as bw
     from stlib.kernels import common
-    from stlib.kernels.passes import exact_passes
+    from stlib.passes import exact_passes
 
     layout = stlib.block_layout(masks.band(512, 40), 128, 128)
     args = {"num_q_tiles": 4, "block_q": 128, "block_kv": 128, "head_dim": DIM, "itemsize": 4, "chip": None}

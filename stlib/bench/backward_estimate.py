@@ -275,8 +275,10 @@ def mxu_feed(records: dict[tuple, dict]) -> list[dict]:
 def format_mxu_feed(records: dict[tuple, dict]) -> str:
     """``mxu_feed`` as a table: one line per kernel path that runs matmuls."""
     lines = [
-        f"{'chip':<6} {'impl':<23} {'mask':<30} {'direction':<9} {'kernel':<38} {'path':<15} "
-        f"{'bundles':>8} {'MXU fed':>8} {'fed/bundles':>11}  charged"
+        (
+            f"{'chip':<6} {'impl':<23} {'mask':<30} {'direction':<9} {'kernel':<38} {'path':<15} "
+            f"{'bundles':>8} {'MXU fed':>8} {'fed/bundles':>11}  charged"
+        )
     ]
     for r in mxu_feed(records):
         kind = " fused" if r["options"].get("fused_backward") else (" split" if r["options"] else "")

@@ -13,11 +13,11 @@ import numpy as np
 import stlib
 import stlib.kernels  # registers the Pallas kernels with stlib.attention
 from stlib import masks, registry
-from stlib.registry import Role, by_role
 from stlib._intmath import cdiv
 from stlib.configs import DENSITIES, Workload
 from stlib.geometry import VideoGrid, tiled_order
 from stlib.kernels.tile_lane_dense import tiled_blocks
+from stlib.registry import Role, by_role
 from stlib.roofline import work_summary
 
 

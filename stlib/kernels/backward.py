@@ -13,6 +13,7 @@ import re
 import jax.numpy as jnp
 import numpy as np
 
+from stlib.blocks import block_sizes_for
 from stlib.device import LANES, current_chip, resolve_interpret
 from stlib.geometry import TokenOrder, tile_rows
 from stlib.kernels import common
@@ -32,6 +33,7 @@ from stlib.kernels.backward_kernels import (
 )
 from stlib.layout import block_layout
 from stlib.masks import full
+from stlib.passes import MaskPlan, MaskPlanMode
 from stlib.registry import Backward
 
 #: The backward's own tiles, compiled for a TPU, where the forward's are larger (``tile_training``'s
@@ -63,7 +65,7 @@ class KernelCall:
     name: str
     kind: str
     selected: np.ndarray
-    plan: common.MaskPlan
+    plan: MaskPlan
     window: tuple[int, int] | None = None
 
 
@@ -216,7 +218,7 @@ def call_schedule_counts(call: KernelCall, num_heads: int, head_dim: int, itemsi
     rows, extent = _call_grid(call, num_heads)
     mult = num_heads if call.selected.shape[0] == 1 else 1
     computed = mult * int(call.selected.sum())
-    table = bq * bkv if call.plan.mode == common.MaskPlanMode.TABLE else 0  # int8 mask block per step
+    table = bq * bkv if call.plan.mode == MaskPlanMode.TABLE else 0  # int8 mask block per step
     rows_f32 = 2 * bq * 4  # lse and di rows
     if call.kind == "dq":
         row_bytes = bq * head_dim * (2 * itemsize + 2 * 4) + rows_f32  # q, dO; dq in and out (f32)
@@ -284,7 +286,7 @@ def tile_training(forward_with_lse, resolve, passes_of, *, own_blocks: bool = Fa
         blocks, ``own_blocks``) and its kernel calls, sized for the chip the forward was."""
         layout, options = layout_of(mask, length, block_q, block_kv, options, interpret)
         if own_blocks:
-            default = common.block_sizes_for(length, None, None, interpret=interpret)
+            default = block_sizes_for(length, None, None, interpret=interpret)
             cap = (default.block_q, default.block_kv) if resolve_interpret(interpret) else BACKWARD_TILE
             sizes = (min(layout.block_q, cap[0]), min(layout.block_kv, cap[1]))
             layout = one_tile_layout(layout) or (

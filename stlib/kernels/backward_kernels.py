@@ -38,24 +38,25 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from stlib.kernels import common
+from stlib.passes import MaskPlan, MaskPlanMode
 
 #: Name prefixes of the backward's Pallas kernels in a compiled program.
 DQ_PREFIX, DKV_PREFIX, FUSED_PREFIX = "stlib_bwd_dq", "stlib_bwd_dkv", "stlib_bwd_fused"
 BACKWARD_PREFIXES = (DQ_PREFIX, DKV_PREFIX, FUSED_PREFIX)
 
 
-def _mask_fn(plan: common.MaskPlan, tab, head, qi, ki, bq, bkv, *, transposed: bool):
+def _mask_fn(plan: MaskPlan, tab, head, qi, ki, bq, bkv, *, transposed: bool):
     """bool mask of a step's tile, [bq, bkv] (or [bkv, bq] ``transposed``), or None (no mask)."""
     mode = plan.mode
-    if mode == common.MaskPlanMode.NONE:
+    if mode == MaskPlanMode.NONE:
         return None
     shape = (bkv, bq) if transposed else (bq, bkv)
     q_axis, k_axis = (1, 0) if transposed else (0, 1)
-    if mode == common.MaskPlanMode.PREFIX:
+    if mode == MaskPlanMode.PREFIX:
         return jax.lax.broadcasted_iota(jnp.int32, shape, k_axis) < tab[-1][ki]
-    if mode == common.MaskPlanMode.IOTA and not transposed:
+    if mode == MaskPlanMode.IOTA and not transposed:
         return common.iota_mask(plan, qi * bq, ki * bkv, shape, head)
-    if mode == common.MaskPlanMode.IOTA:  # the forward's predicate on S^T's iotas (keys on sublanes)
+    if mode == MaskPlanMode.IOTA:  # the forward's predicate on S^T's iotas (keys on sublanes)
         rows = qi * bq + jax.lax.broadcasted_iota(jnp.int32, shape, q_axis)
         cols = ki * bkv + jax.lax.broadcasted_iota(jnp.int32, shape, k_axis)
         return plan.mask.mask_function(rows, cols, head) & (cols < plan.length)
@@ -90,7 +91,7 @@ def _grid_tables(selected, plan, num_heads, *, transposed: bool):
     per-row tile lists and counts (the forward's, or transposed: per kv tile its q tiles) and the
     mask-table index or kv_valid a plan needs (last)."""
     if transposed:
-        if plan.mode == common.MaskPlanMode.TABLE:
+        if plan.mode == MaskPlanMode.TABLE:
             plan = dataclasses.replace(
                 plan, index=np.broadcast_to(plan.index, selected.shape).transpose(0, 2, 1)
             )
@@ -138,7 +139,7 @@ def _dq_pass(
     num_heads, _, head_dim = q.shape
     tables, extent, n_rows = _grid_tables(selected, plan, num_heads, transposed=False)
     common.check_prefetch(tables, plan, bq, "the dq kernel", "use larger tiles or fewer heads per call")
-    table_mask = plan.mode == common.MaskPlanMode.TABLE
+    table_mask = plan.mode == MaskPlanMode.TABLE
 
     def where(p, j, head, row, slot, tiles, counts, *_):
         """(head, q tile, kv tile, table entry, active) of grid step (p, j)."""
@@ -255,7 +256,7 @@ def _dkv_pass(
     num_heads, _, head_dim = k.shape
     tables, extent, n_rows = _grid_tables(selected, plan, num_heads, transposed=True)
     common.check_prefetch(tables, plan, bq, "the dk / dv kernel", "use larger tiles or fewer heads per call")
-    table_mask = plan.mode == common.MaskPlanMode.TABLE
+    table_mask = plan.mode == MaskPlanMode.TABLE
 
     def where(p, j, head, row, slot, tiles, counts, *_):
         """(head, kv tile, q tile, table entry, active) of grid step (p, j)."""
@@ -354,7 +355,7 @@ def _fused_pass(
     common.check_prefetch(
         tables, plan, bq, "the fused backward kernel", "use larger tiles or fewer heads per call"
     )
-    table_mask = plan.mode == common.MaskPlanMode.TABLE
+    table_mask = plan.mode == MaskPlanMode.TABLE
 
     def where(p, j, head, row, slot, tiles, counts, *_):
         """(head, kv tile, q tile, table entry, active) of grid step (p, j)."""

@@ -18,11 +18,12 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from stlib import accounting
+from stlib.blocks import BlockSizes
 from stlib.kernels import common
 from stlib.kernels.backward import tile_training
-from stlib.kernels.passes import exact_passes
 from stlib.layout import BlockLayout, TileKind, block_layout
 from stlib.masks import Mask, full
+from stlib.passes import MaskPlanMode, exact_passes, plan_mask
 from stlib.registry import Implementation, Role, register
 
 NAME = "pallas_block_sparse"
@@ -59,13 +60,13 @@ def block_sparse_attention(
     and lse [H, L] (natural log) with ``return_lse``."""
     num_heads, length, head_dim = q.shape
     bq, bkv = layout.block_q, layout.block_kv
-    sizes = common.BlockSizes(bq, bkv, block_kv_compute)
+    sizes = BlockSizes(bq, bkv, block_kv_compute)
     nq, nk = layout.grid_shape
-    plan = common.plan_mask(layout.mask, layout, layout.masked_tiles)
+    plan = plan_mask(layout.mask, layout, layout.masked_tiles)
     shared = layout.num_heads == 1
     table = step_table(layout).reshape(-1)
     prefetch = [table]
-    if plan.mode == common.MaskPlanMode.TABLE:
+    if plan.mode == MaskPlanMode.TABLE:
         prefetch.append(common.carried_index(plan.index).reshape(-1))
     common.check_prefetch(
         prefetch,
@@ -82,7 +83,7 @@ def block_sparse_attention(
         return i if shared else h * nq + i
 
     def kernel(table_ref, *refs):
-        if plan.mode == common.MaskPlanMode.TABLE:
+        if plan.mode == MaskPlanMode.TABLE:
             _, q_ref, k_ref, v_ref, mask_ref, o_ref, *lse_ref, m_ref, l_ref, acc_ref = (
                 refs  # refs[0]: mask index
             )
@@ -101,8 +102,8 @@ def block_sparse_attention(
                 common.scaled_q(q_ref, options), k_ref, v_ref, m_ref, l_ref, acc_ref, options, sizes.kv_chunk
             )
 
-        if plan.mode != common.MaskPlanMode.NONE:
-            if plan.mode == common.MaskPlanMode.IOTA:
+        if plan.mode != MaskPlanMode.NONE:
+            if plan.mode == MaskPlanMode.IOTA:
                 mask_fn = lambda c0, shape: common.iota_mask(plan, i * bq, j * bkv + c0, shape, h)
             else:
                 mask_fn = lambda c0, shape: mask_ref[:, pl.ds(c0, shape[1])] != 0
@@ -134,7 +135,7 @@ def block_sparse_attention(
         pl.BlockSpec((None, bkv, head_dim), kv_map),  # v [bkv, D]
     ]
     operands = [qp, kp, vp]
-    if plan.mode == common.MaskPlanMode.TABLE:
+    if plan.mode == MaskPlanMode.TABLE:
         in_specs.append(
             pl.BlockSpec((None, bq, bkv), lambda h, i, j, t, mi: (mi[row_of(h, i) * nk + j], 0, 0))
         )

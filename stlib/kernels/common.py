@@ -1,5 +1,7 @@
-"""Shared kernel plumbing: block sizes, the online-softmax tile update, masks evaluated in-kernel,
-and the ``pallas_call`` wrapper with the interpret switch.
+"""Shared kernel plumbing: the flash-style options and block rule, the online-softmax tile update,
+masks evaluated in-kernel (from a ``stlib.passes.MaskPlan``), and the ``pallas_call`` wrapper with
+the interpret switch. Block sizes live in ``stlib.blocks``, the passes and mask plans in
+``stlib.passes``.
 
 Every Pallas kernel here keeps, per q tile, float32 running max ``m`` and sum ``l`` ([block_q, 128],
 lane-replicated) and an accumulator ``acc`` [block_q, D] in VMEM scratch, and processes one
@@ -9,7 +11,6 @@ lane-replicated) and an accumulator ``acc`` [block_q, D] in VMEM scratch, and pr
 from __future__ import annotations
 
 import dataclasses
-import enum
 import math
 from dataclasses import dataclass
 
@@ -19,105 +20,16 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from stlib._checks import check_positive_int
 from stlib._intmath import cdiv, round_up
-from stlib.device import CHIPS, LANES, SUBLANES, chip_spec, current_chip, resolve_interpret, smem_limit
-from stlib.layout import BlockLayout, row_tables, smem_bytes
-from stlib.masks import Mask
+from stlib.blocks import block_sizes_for, check_chunk
+from stlib.device import CHIPS, LANES, chip_spec, resolve_interpret, smem_limit
+from stlib.layout import row_tables, smem_bytes
+from stlib.passes import MaskPlan, MaskPlanMode
 from stlib.reference import MASK_VALUE
 
 #: Every chip of the table: the Pallas kernels here compile for all of them.
 ALL_CHIPS = CHIPS
 LOG2_E = math.log2(math.e)
-
-
-@dataclass(frozen=True)
-class BlockSizes:
-    """Tile sizes of a Pallas attention kernel.
-
-    ``block_q`` rows (multiple of 8) x ``block_kv`` keys (multiple of 128) per grid step, the kv
-    tile processed in chunks of ``block_kv_compute`` keys (a multiple of 128 dividing block_kv;
-    None: the whole tile at once).
-    """
-
-    block_q: int = 512
-    block_kv: int = 1024
-    block_kv_compute: int | None = None
-
-    def __post_init__(self):
-        block_q, block_kv, block_kv_compute = self.block_q, self.block_kv, self.block_kv_compute
-        check_positive_int("block_q", block_q)
-        check_positive_int("block_kv", block_kv)
-        if block_q % SUBLANES:
-            raise ValueError(f"{block_q=} must be a multiple of {SUBLANES} (TPU sublane tiling)")
-        if block_kv % LANES:
-            raise ValueError(f"{block_kv=} must be a multiple of {LANES} (TPU lane tiling)")
-        if block_kv_compute is not None:
-            check_chunk(block_kv_compute)
-            if block_kv % block_kv_compute:
-                raise ValueError(f"{block_kv_compute=} must be a multiple of {LANES} dividing {block_kv=}")
-
-    @property
-    def kv_chunk(self) -> int:
-        return self.block_kv_compute or self.block_kv
-
-    def fitted(self, length: int) -> BlockSizes:
-        """Shrink the blocks to the padded sequence when it is shorter than a block."""
-        bq = min(self.block_q, round_up(length, SUBLANES))
-        bkv = min(self.block_kv, round_up(length, LANES))
-        chunk = self.block_kv_compute
-        if chunk is not None and (chunk > bkv or bkv % chunk):
-            chunk = None
-        return dataclasses.replace(self, block_q=bq, block_kv=bkv, block_kv_compute=chunk)
-
-
-def check_chunk(block_kv_compute) -> None:
-    check_positive_int("block_kv_compute", block_kv_compute)
-    if block_kv_compute % LANES:
-        raise ValueError(f"{block_kv_compute=} must be a multiple of {LANES} (TPU lane tiling)")
-
-
-#: Blocks in interpret mode off a TPU: small tiles keep CPU tests small.
-INTERPRET_BLOCK_SIZES = BlockSizes(block_q=128, block_kv=128)
-
-
-def default_block_sizes(chip: str | None, overrides=None) -> BlockSizes:
-    """The default blocks on ``chip`` (a chip-table name; None: interpret mode off a TPU), from an
-    implementation's per-chip ``overrides`` where it has one, else from the chip table."""
-    if chip is None:
-        return INTERPRET_BLOCK_SIZES
-    if overrides and chip in overrides:
-        return overrides[chip]
-    row = chip_spec(chip)
-    return BlockSizes(row.block_q, row.block_kv, row.block_kv_compute)
-
-
-def block_sizes_for(
-    length: int,
-    block_q: int | None,
-    block_kv: int | None,
-    *,
-    interpret: bool | None = None,
-    block_kv_compute: int | None = None,
-    overrides=None,
-) -> BlockSizes:
-    """The block sizes an implementation uses: explicit values, else the default of the chip it
-    runs on (v6e's when compiling for a TPU from elsewhere, small tiles in interpret mode). The
-    default chunk applies only with default kv blocks."""
-    chip = current_chip()
-    if chip is None and not resolve_interpret(interpret):
-        chip = "v6e"
-    base = default_block_sizes(chip, overrides)
-    sizes = BlockSizes(
-        block_q=block_q or base.block_q,
-        block_kv=block_kv or base.block_kv,
-        block_kv_compute=block_kv_compute
-        if block_kv_compute is not None
-        else (base.block_kv_compute if block_kv is None else None),
-    )
-    if block_q is None or block_kv is None:
-        sizes = sizes.fitted(length)
-    return sizes
 
 
 # --------------------------------------------------------------------------------------------
@@ -160,43 +72,6 @@ def flash_resolve(mask, length: int, block_q, block_kv, options, interpret):
 
 # --------------------------------------------------------------------------------------------
 # masks inside a kernel
-
-
-class MaskPlanMode(enum.StrEnum):
-    """How a kernel evaluates the mask on the tiles that need one.
-
-    NONE: no tile needs a mask; IOTA: evaluated from row / column indices with the mask's own
-    predicate (lazy, traceable masks, also permuted by an arithmetic token order), ANDed with
-    ``key < length`` (the sequence padding a kernel adds); TABLE: a [P, block_q, block_kv] int8
-    table of deduplicated tile masks, one per masked tile; PREFIX: only padding to hide, and each
-    kv tile's real keys come first (``kv_valid``)."""
-
-    NONE = "none"
-    IOTA = "iota"
-    TABLE = "table"
-    PREFIX = "prefix"
-
-
-@dataclass(frozen=True)
-class MaskPlan:
-    """A ``MaskPlanMode`` with what it needs: the mask, its tile table and index, or kv_valid."""
-
-    mode: MaskPlanMode
-    mask: Mask | None
-    length: int
-    table: np.ndarray | None = None  # int8 [P, block_q, block_kv]
-    index: np.ndarray | None = None  # int32 [Hl, nq, nk], -1 where no table entry
-    kv_valid: np.ndarray | None = None  # int32 [nk] real keys per kv tile (mode "prefix")
-
-
-def plan_mask(mask: Mask, layout: BlockLayout, masked: np.ndarray) -> MaskPlan:
-    """Choose iota or table evaluation for the tiles flagged in ``masked`` (bool [Hl, nq, nk])."""
-    if not masked.any():
-        return MaskPlan(MaskPlanMode.NONE, None, mask.length)
-    if mask.traceable:
-        return MaskPlan(MaskPlanMode.IOTA, mask, mask.length)
-    table, index = layout.tile_mask_table(masked)
-    return MaskPlan(MaskPlanMode.TABLE, mask, mask.length, table.astype(np.int8), index)
 
 
 def carried_index(index: np.ndarray) -> np.ndarray:

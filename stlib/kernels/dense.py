@@ -14,10 +14,11 @@ import numpy as np
 from jax.experimental import pallas as pl
 
 from stlib import accounting
+from stlib.blocks import BlockSizes
 from stlib.kernels import common
 from stlib.kernels.backward import tile_training
-from stlib.kernels.passes import exact_passes
 from stlib.masks import DENSE_LIMIT, Mask, full
+from stlib.passes import MaskPlan, MaskPlanMode, exact_passes
 from stlib.registry import Implementation, Role, register
 
 NAME = "pallas_dense"
@@ -30,7 +31,7 @@ def dense_attention(
     mask: Mask | None,
     *,
     scale: float,
-    block_sizes: common.BlockSizes,
+    block_sizes: BlockSizes,
     interpret: bool | None = None,
     exp2: bool = False,
     return_lse: bool = False,
@@ -71,9 +72,7 @@ def dense_attention(
         if dense_mask is not None:
             mask_fn = lambda c0, shape: mask_ref[:, pl.ds(c0, shape[1])] != 0
         elif mask is not None or ragged:
-            plan = common.MaskPlan(
-                common.MaskPlanMode.IOTA, mask if mask is not None else full(length), length
-            )
+            plan = MaskPlan(MaskPlanMode.IOTA, mask if mask is not None else full(length), length)
             mask_fn = lambda c0, shape: common.iota_mask(plan, i * bq, j * bkv + c0, shape, h)
         else:
             mask_fn = None
@@ -132,7 +131,7 @@ def _forward(q, k, v, mask, *, scale, block_q, block_kv, options: common.FlashOp
 
 
 def _forward_with_lse(q, k, v, layout, mask, *, scale, options: common.FlashOptions, interpret):
-    sizes = common.BlockSizes(layout.block_q, layout.block_kv, options.block_kv_compute)
+    sizes = BlockSizes(layout.block_q, layout.block_kv, options.block_kv_compute)
     return dense_attention(
         q, k, v, mask, scale=scale, block_sizes=sizes, interpret=interpret, exp2=options.exp2, return_lse=True
     )

@@ -29,11 +29,12 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from stlib import accounting
+from stlib.blocks import BlockSizes
 from stlib.kernels import common
 from stlib.kernels.backward import tile_training
-from stlib.kernels.passes import BoundaryPolicy, Pass, PassKind, balanced_keep, split_passes
 from stlib.layout import BlockLayout, block_layout, flat_steps, row_tables
 from stlib.masks import Mask, full
+from stlib.passes import BoundaryPolicy, MaskPlan, MaskPlanMode, Pass, PassKind, balanced_keep, split_passes
 from stlib.registry import Implementation, Role, ScheduleCounts, register
 
 NAME = "pallas_tile"
@@ -75,7 +76,7 @@ class TileOptions(common.FlashOptions):
 # one pass
 
 
-def _pass_tables(selected: np.ndarray, plan: common.MaskPlan, form: GridForm) -> tuple[list[np.ndarray], int]:
+def _pass_tables(selected: np.ndarray, plan: MaskPlan, form: GridForm) -> tuple[list[np.ndarray], int]:
     """Scalar-prefetch tables of one pass and its innermost grid extent (W or S)."""
     if form == GridForm.ROWS:
         return common.row_step_tables(selected, plan)
@@ -83,12 +84,12 @@ def _pass_tables(selected: np.ndarray, plan: common.MaskPlan, form: GridForm) ->
     head_q = (steps["step_head"] << 16) | steps["step_q"]
     flags = steps["step_first"] | (steps["step_last"] << 1) | (steps["step_active"] << 2)
     tables = [head_q.astype(np.int32), ((steps["step_kv"] << 3) | flags).astype(np.int32)]
-    if plan.mode == common.MaskPlanMode.TABLE:
+    if plan.mode == MaskPlanMode.TABLE:
         idx = np.broadcast_to(plan.index, selected.shape)[
             steps["step_head"], steps["step_q"], steps["step_kv"]
         ]
         tables.append(common.carried_index(np.where(steps["step_active"] > 0, idx, -1)))
-    if plan.mode == common.MaskPlanMode.PREFIX:
+    if plan.mode == MaskPlanMode.PREFIX:
         tables.append(plan.kv_valid.astype(np.int32))
     return tables, int(head_q.shape[0])
 
@@ -122,7 +123,7 @@ def _run_pass(
         "use larger tiles, the other grid form, or fewer heads per call",
     )
     chunk = options.block_kv_compute or bkv
-    masked = plan.mode != common.MaskPlanMode.NONE
+    masked = plan.mode != MaskPlanMode.NONE
 
     if options.form == GridForm.ROWS:
         grid = (num_heads, nq, extent)
@@ -152,7 +153,7 @@ def _run_pass(
     def kernel(*refs):
         n_tab = len(tables)
         tab = refs[:n_tab]
-        if plan.mode == common.MaskPlanMode.TABLE:
+        if plan.mode == MaskPlanMode.TABLE:
             q_ref, k_ref, v_ref, mask_ref, o_ref, lse_ref, m_ref, l_ref, acc_ref = refs[n_tab:]
         else:
             q_ref, k_ref, v_ref, o_ref, lse_ref, m_ref, l_ref, acc_ref = refs[n_tab:]
@@ -166,11 +167,9 @@ def _run_pass(
 
         if not masked:
             mask_fn = None
-        elif plan.mode == common.MaskPlanMode.IOTA:
+        elif plan.mode == MaskPlanMode.IOTA:
             mask_fn = lambda c0, shape: common.iota_mask(plan, qi * bq, ki * bkv + c0, shape, head)
-        elif (
-            plan.mode == common.MaskPlanMode.PREFIX
-        ):  # the tile's real keys come first: one compare per score
+        elif plan.mode == MaskPlanMode.PREFIX:  # the tile's real keys come first: one compare per score
             real_keys = tab[-1][ki]
             mask_fn = lambda c0, shape: c0 + jax.lax.broadcasted_iota(jnp.int32, shape, 1) < real_keys
         else:
@@ -200,7 +199,7 @@ def _run_pass(
         pl.BlockSpec((None, bkv, head_dim), kv_map),  # v [bkv, D]
     ]
     operands = [qp, kp, vp]
-    if plan.mode == common.MaskPlanMode.TABLE:
+    if plan.mode == MaskPlanMode.TABLE:
         in_specs.append(
             pl.BlockSpec(
                 (None, bq, bkv), lambda *args: (args[len(grid) + len(tables) - 1][locate(*args)[3]], 0, 0)
@@ -252,7 +251,7 @@ def tile_attention(
     nothing, when ``return_lse``). ``layout`` is the tile layout of the mask for these tokens."""
     num_heads, length, _ = q.shape
     bq, bkv = layout.block_q, layout.block_kv
-    common.BlockSizes(bq, bkv, options.block_kv_compute)  # validates the tiling rule
+    BlockSizes(bq, bkv, options.block_kv_compute)  # validates the tiling rule
     passes = split_passes(layout, options.boundary)
     qp, kp, vp = common.pad_sequence(q, bq), common.pad_sequence(k, bkv), common.pad_sequence(v, bkv)
     softmax = common.SoftmaxOptions(scale, options.exp2)
@@ -402,7 +401,7 @@ IMPLEMENTATION = register(
 )
 
 
-__all__ = [  # with the pass rules re-exported from stlib.kernels.passes, where they now live
+__all__ = [  # with the pass rules re-exported from stlib.passes, where they now live
     "IMPLEMENTATION",
     "NAME",
     "BoundaryPolicy",

@@ -18,6 +18,7 @@ import dataclasses
 
 from stlib import accounting
 from stlib._intmath import round_up
+from stlib.blocks import BlockSizes, default_block_sizes
 from stlib.device import LANES, current_chip, resolve_interpret
 from stlib.geometry import tile_rows
 from stlib.kernels import common, tuned
@@ -91,8 +92,8 @@ __all__ = [
 _TUNED = tuned.load(NAME).get("chips", {})
 #: Default blocks per chip: the candidate with the fewest static cycles on dense and band 0.25
 #: together; a chip without a sweep takes the chip table's defaults.
-DEFAULT_BLOCKS: dict[str, common.BlockSizes] = {
-    chip: common.BlockSizes(*won["blocks"]) for chip, won in _TUNED.items() if "blocks" in won
+DEFAULT_BLOCKS: dict[str, BlockSizes] = {
+    chip: BlockSizes(*won["blocks"]) for chip, won in _TUNED.items() if "blocks" in won
 }
 #: Rows of 3-D tiles per (q block, kv block) for a mask in a padded 3-D tiled order (a row: the tiles
 #: along x, e.g. 5 x 384 = 1,920 tokens for 3x8x16 tiles of Wan 720p), per chip: the sweep's
@@ -140,7 +141,7 @@ def tiled_rows(chip: str | None) -> tuple[int, int]:
     return TILED_ROWS.get(chip or "v6e") or TILED_ROWS.get(ROWS_FROM, (1, 1))
 
 
-def tiled_blocks(mask: Mask | None, chip: str | None) -> common.BlockSizes | None:
+def tiled_blocks(mask: Mask | None, chip: str | None) -> BlockSizes | None:
     """Blocks of whole rows of 3-D tiles (``TILED_ROWS``) for a mask in a padded tiled order, with a
     chunk of one tile where it is a multiple of 128; None for other masks or rows off the lane tiling."""
     rows = tile_rows(mask.order) if isinstance(mask, PermutedMask) else None
@@ -149,7 +150,7 @@ def tiled_blocks(mask: Mask | None, chip: str | None) -> common.BlockSizes | Non
     volume, per_row = rows
     rows_q, rows_kv = tiled_rows(chip)
     bkv = rows_kv * volume * per_row
-    return common.BlockSizes(rows_q * volume * per_row, bkv, volume if volume % LANES == 0 else None)
+    return BlockSizes(rows_q * volume * per_row, bkv, volume if volume % LANES == 0 else None)
 
 
 def resolve_blocks(mask: Mask | None, length: int, block_q, block_kv, options: LaneDenseOptions, interpret):
@@ -163,7 +164,7 @@ def resolve_blocks(mask: Mask | None, length: int, block_q, block_kv, options: L
         chip = "v6e"
     explicit = block_q is not None and block_kv is not None
     tiled = tiled_blocks(mask, chip)
-    base = (None if explicit else tiled) or common.default_block_sizes(chip, DEFAULT_BLOCKS)
+    base = (None if explicit else tiled) or default_block_sizes(chip, DEFAULT_BLOCKS)
     bq, bkv = block_q or base.block_q, block_kv or base.block_kv
     chunk = options.block_kv_compute
     if chunk is None and block_kv is None:
@@ -175,7 +176,7 @@ def resolve_blocks(mask: Mask | None, length: int, block_q, block_kv, options: L
         bq, bkv = min(bq, round_up(length, LANES)), min(bkv, round_up(length, LANES))
         if chunk is not None and (chunk > bkv or bkv % chunk):
             chunk = None
-    return common.BlockSizes(bq, bkv, chunk), dataclasses.replace(options, block_kv_compute=chunk)
+    return BlockSizes(bq, bkv, chunk), dataclasses.replace(options, block_kv_compute=chunk)
 
 
 def _forward(q, k, v, mask: Mask | None, *, scale, block_q, block_kv, options: LaneDenseOptions, interpret):

@@ -38,6 +38,7 @@ from stlib.kernels.tile_lane_dense.steps import (
 )
 from stlib.kernels.tile_lane_dense.vmem import check_blocks, fit_lookahead, vmem_bytes  # noqa: F401
 from stlib.layout import BlockLayout
+from stlib.passes import MaskPlan, MaskPlanMode, plan_mask
 from stlib.reference import MASK_VALUE
 
 NAME = "pallas_tile_lane_dense"
@@ -130,7 +131,7 @@ class Chunk:
 def _build_kernel(
     *,
     steps: StepPlan,
-    mask_plan: common.MaskPlan,
+    mask_plan: MaskPlan,
     chunk: int,
     register: int,
     nq: int,
@@ -146,7 +147,7 @@ def _build_kernel(
     layout, length, present = steps.layout, steps.length, steps.present
     bq, bkv = layout.block_q, layout.block_kv
     tail = length % bkv  # real rows of the last kv block (0: the array ends at a block edge)
-    table = mask_plan.mode == common.MaskPlanMode.TABLE
+    table = mask_plan.mode == MaskPlanMode.TABLE
     key_column = steps.key_validity
 
     def pieces(lane0: int, lanes: int) -> list[slice]:
@@ -338,8 +339,8 @@ def lane_dense_attention(
     register = min(options.block_kv_register or chunk, chunk)
     steps = plan_steps(layout, length, options.pattern_grain)
     present = steps.present
-    mask_plan = common.plan_mask(layout.mask, layout, steps.codes == StepKind.MASKED)
-    table = mask_plan.mode == common.MaskPlanMode.TABLE
+    mask_plan = plan_mask(layout.mask, layout, steps.codes == StepKind.MASKED)
+    table = mask_plan.mode == MaskPlanMode.TABLE
     chip = options.chip or current_chip()
     sizes = (bq, bkv, chunk, register, head_dim, q.dtype.itemsize)
     fold_lanes = options.block_q_compute or FOLD_LANES.get(chip) or bq

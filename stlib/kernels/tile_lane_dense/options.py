@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from stlib._checks import check_positive_int
+from stlib.blocks import check_chunk
 from stlib.device import LANES, SUBLANES, chip_spec
-from stlib.kernels import common
 
 #: Queries per fold (``LaneDenseOptions.block_q_compute``) by default, per chip; a chip not named
 #: folds its whole q tile at once. From the compiled schedules of the FULL region at 10 x 75,600 x 128
@@ -49,7 +49,7 @@ class LaneDenseOptions:
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name}={getattr(self, name)!r} must be True or False")
         if self.block_kv_compute is not None:
-            common.check_chunk(self.block_kv_compute)
+            check_chunk(self.block_kv_compute)
         if self.block_kv_register is not None:
             check_positive_int("block_kv_register", self.block_kv_register)
             if self.block_kv_register % SUBLANES:

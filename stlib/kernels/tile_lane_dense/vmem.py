@@ -3,8 +3,8 @@ blocks it refuses (``check_blocks``) and the default lookahead that fits (``fit_
 
 from __future__ import annotations
 
+from stlib.blocks import BlockSizes
 from stlib.device import LANES, SUBLANES
-from stlib.kernels import common
 from stlib.kernels.common import vmem_limit
 
 
@@ -60,7 +60,7 @@ def check_blocks(
     """Refuse blocks this kernel cannot tile or that overflow the VMEM limit, naming value and limit;
     returns the limit. block_q is the lane dimension of the scores here: a multiple of 128 when
     ``compiled`` for a TPU (interpret mode takes any multiple of 8)."""
-    common.BlockSizes(block_q, block_kv, chunk)  # (8, 128) rule, chunk divides block_kv
+    BlockSizes(block_q, block_kv, chunk)  # (8, 128) rule, chunk divides block_kv
     if compiled and block_q % LANES:
         raise ValueError(f"{block_q=} must be a multiple of {LANES}: queries lie along lanes in this kernel")
     if table and block_kv % 32:

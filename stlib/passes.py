@@ -1,5 +1,8 @@
-"""Which tiles of a layout run in which pass of the tile kernels, and how each pass masks them:
-shared by ``pallas_tile``'s forward and the backward kernels (``stlib.kernels.backward``)."""
+"""How a tile layout reaches the kernels: which tiles run in which pass of the tile kernels (FULL
+mask-free, RAGGED against the padding, MASKED with the mask itself; ``split_passes`` by boundary
+policy, ``exact_passes``), and the plan by which a kernel evaluates the mask on the tiles that need
+one (``MaskPlan``: none, from indices, a table of tile masks, or padding only). Shared by every
+Pallas kernel, forward and backward, and by the routed SVG plans (``stlib.routing``)."""
 
 from __future__ import annotations
 
@@ -8,9 +11,45 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from stlib.kernels import common
 from stlib.layout import BlockLayout, TileKind, block_layout
 from stlib.masks import Mask, PermutedMask, full
+
+
+class MaskPlanMode(enum.StrEnum):
+    """How a kernel evaluates the mask on the tiles that need one.
+
+    NONE: no tile needs a mask; IOTA: evaluated from row / column indices with the mask's own
+    predicate (lazy, traceable masks, also permuted by an arithmetic token order), ANDed with
+    ``key < length`` (the sequence padding a kernel adds); TABLE: a [P, block_q, block_kv] int8
+    table of deduplicated tile masks, one per masked tile; PREFIX: only padding to hide, and each
+    kv tile's real keys come first (``kv_valid``)."""
+
+    NONE = "none"
+    IOTA = "iota"
+    TABLE = "table"
+    PREFIX = "prefix"
+
+
+@dataclass(frozen=True)
+class MaskPlan:
+    """A ``MaskPlanMode`` with what it needs: the mask, its tile table and index, or kv_valid."""
+
+    mode: MaskPlanMode
+    mask: Mask | None
+    length: int
+    table: np.ndarray | None = None  # int8 [P, block_q, block_kv]
+    index: np.ndarray | None = None  # int32 [Hl, nq, nk], -1 where no table entry
+    kv_valid: np.ndarray | None = None  # int32 [nk] real keys per kv tile (mode "prefix")
+
+
+def plan_mask(mask: Mask, layout: BlockLayout, masked: np.ndarray) -> MaskPlan:
+    """Choose iota or table evaluation for the tiles flagged in ``masked`` (bool [Hl, nq, nk])."""
+    if not masked.any():
+        return MaskPlan(MaskPlanMode.NONE, None, mask.length)
+    if mask.traceable:
+        return MaskPlan(MaskPlanMode.IOTA, mask, mask.length)
+    table, index = layout.tile_mask_table(masked)
+    return MaskPlan(MaskPlanMode.TABLE, mask, mask.length, table.astype(np.int8), index)
 
 
 class BoundaryPolicy(enum.StrEnum):
@@ -52,7 +91,7 @@ class Pass:
 
     name: PassKind
     selected: np.ndarray  # bool [Hl, nq, nk]
-    plan: common.MaskPlan
+    plan: MaskPlan
 
 
 def split_passes(layout: BlockLayout, boundary: BoundaryPolicy) -> list[Pass]:
@@ -70,7 +109,7 @@ def split_passes(layout: BlockLayout, boundary: BoundaryPolicy) -> list[Pass]:
             partial, ragged = partial | ragged, np.zeros_like(ragged)
         else:
             validity = _validity_mask(layout.mask)
-            plan = common.plan_mask(
+            plan = plan_mask(
                 validity,
                 block_layout(validity, layout.block_q, layout.block_kv),
                 ragged.any(axis=0, keepdims=True),
@@ -79,19 +118,19 @@ def split_passes(layout: BlockLayout, boundary: BoundaryPolicy) -> list[Pass]:
                 Pass(
                     PassKind.FULL,
                     computed & ~padded_kv,
-                    common.MaskPlan(common.MaskPlanMode.NONE, None, length),
+                    MaskPlan(MaskPlanMode.NONE, None, length),
                 ),
                 Pass(PassKind.MASKED, ragged, plan),
             ]
             return [p for p in passes if p.selected.any()]
     passes = [
-        Pass(PassKind.FULL, computed & ~padded_kv, common.MaskPlan(common.MaskPlanMode.NONE, None, length)),
+        Pass(PassKind.FULL, computed & ~padded_kv, MaskPlan(MaskPlanMode.NONE, None, length)),
         Pass(
             PassKind.RAGGED,
             ragged,
-            common.MaskPlan(common.MaskPlanMode.PREFIX, None, length, kv_valid=layout.kv_valid),
+            MaskPlan(MaskPlanMode.PREFIX, None, length, kv_valid=layout.kv_valid),
         ),
-        Pass(PassKind.MASKED, partial, common.plan_mask(layout.mask, layout, partial)),
+        Pass(PassKind.MASKED, partial, plan_mask(layout.mask, layout, partial)),
     ]
     return [p for p in passes if p.selected.any()]
 
