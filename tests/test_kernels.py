@@ -19,8 +19,8 @@ from conftest import ATOL as TOLERANCES
 
 import stlib
 from stlib import masks, registry
-from stlib.kernels.block_sparse import block_sparse_work, step_table
 from stlib.blocks import BlockSizes
+from stlib.kernels.block_sparse import block_sparse_work, step_table
 from stlib.kernels.dense import dense_work
 from stlib.kernels.tile import TileOptions, balanced_keep, tile_attention, tile_work
 from stlib.layout import TileKind

@@ -107,8 +107,8 @@ def test_mixed_dtypes_are_refused():
 
 
 def test_every_pallas_kernel_takes_the_chip_defaults_off_a_tpu():
-    from stlib.device import CHIP_TABLE
     from stlib.blocks import block_sizes_for, default_block_sizes
+    from stlib.device import CHIP_TABLE
 
     assert block_sizes_for(75_600, None, None, interpret=True).block_q == 128  # interpret mode: small tiles
     for chip in CHIP_TABLE.values():

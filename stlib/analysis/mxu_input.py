@@ -31,8 +31,12 @@ from dataclasses import dataclass
 
 from stlib.analysis.schedule import Node, Schedule, ScheduleFormatError
 
-#: Rows of one vector register an MXU op moves, by its element type (8 sublanes x packing).
+#: Rows of one vector register an MXU op moves, by its element type (8 sublanes x packing); an op
+#: that names no type moves 32-bit words (libtpu writes f32 weight pushes as ``vmatpush1.msra``).
 ROWS_PER_REGISTER = {"f32": 8, "bf16": 16}
+UNTYPED = "f32"
+#: Element types of other widths an MXU op may name: refused by name (no rows known for them here).
+_OTHER_TYPES = re.compile(r"^(s|u|f|bf|e\d)\w*\d+$")
 
 _MXU_OP = re.compile(r"= (vmatmul|vmatpush)\w*((?:\.\w+|\[\d+\])*)")
 _UNIT = re.compile(r"^mxu\d+$")
@@ -45,16 +49,21 @@ def register_rows(code: str) -> dict[str, tuple[int, int]]:
     {'mxu1': (16, 0), 'mxu0': (0, 16)}
     >>> register_rows("%v1 = vmatmul.mubr.f32.gmra.mxu0 %v2 ;; %v5 = vmatprep.mubr.f32.mxu0 %v6")
     {'mxu0': (8, 0)}
+    >>> register_rows("%7 = vmatpush1.msra.mxu1 %v3")  # no type named: 32-bit words
+    {'mxu1': (0, 8)}
     """
     out: dict[str, list[int]] = {}
     for kind, suffix in _MXU_OP.findall(code):
         parts = re.sub(r"\[\d+\]", "", suffix).strip(".").split(".")
         units = [p for p in parts if _UNIT.match(p)]
         types = [p for p in parts if p in ROWS_PER_REGISTER]
-        if len(units) != 1 or len(types) != 1:
+        other = [p for p in parts if p not in ROWS_PER_REGISTER and _OTHER_TYPES.match(p)]
+        if len(units) != 1 or len(types) > 1 or other:
             raise ScheduleFormatError(
-                f"MXU op {kind}{suffix}: expected one unit and one element type of {sorted(ROWS_PER_REGISTER)}"
+                f"MXU op {kind}{suffix}: expected one unit and at most one element type of "
+                f"{sorted(ROWS_PER_REGISTER)}"
             )
+        types = types or [UNTYPED]
         rows = out.setdefault(units[0], [0, 0])
         rows[kind == "vmatpush"] += ROWS_PER_REGISTER[types[0]]
     return {unit: (a, b) for unit, (a, b) in out.items()}
