@@ -83,9 +83,9 @@ import stlib
 from stlib import exercises, masks, notebook, plotting
 from stlib.bench import backward_compile
 from stlib.kernels.backward import DKV_MATMULS, DQ_MATMULS, FORWARD_MATMULS, backward_work
-from stlib.passes import exact_passes
 from stlib.layout import row_tables
 from stlib.masks.catalogue import case_study_masks
+from stlib.passes import exact_passes
 
 cfg = notebook.setup(SIZE, solutions=SOLUTIONS)
 tolerance = notebook.tolerance
