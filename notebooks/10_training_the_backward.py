@@ -399,6 +399,18 @@ print(backward_estimate.format_table(backward_estimate.read(cfg.data / "backward
 print(backward_estimate.format_mxu_feed(backward_estimate.read(cfg.data / "backward_estimates.jsonl")))
 
 # %% [markdown]
+# The same reading at a shape small enough to compile here in a minute: Splash's forward and its
+# fused backward on TPU7x (4 q heads sharing one kv head, 2,048 tokens, causal, 1,024 x 1,024
+# blocks), each path's bundles per execution beside its count. The forward's compute path is
+# charged its bundles; the backward's is marked `MXU-fed` where its feed is longer.
+
+# %%
+small_call = {"num_heads": 4, "num_kv_heads": 1, "head_dim": 128, "length": 2048,
+              "block_sizes": {"block_q": 1024, "block_kv": 1024}}
+for direction in (False, True):
+    print(stlib.static_estimate("splash", "causal", "tpu7x", backward=direction, **small_call), "\n")
+
+# %% [markdown]
 # Read the table against its targets: the issue asks for a backward within 2.5x its forward (the
 # fused kernel's flops are exactly 2.5x) and forward + backward within a quarter of dense Splash's.
 # Where a row misses, the per-kernel breakdown in the records (`bundles` per path) says why: a

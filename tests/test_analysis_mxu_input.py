@@ -65,3 +65,22 @@ def test_the_utilization_dump_must_match_the_schedule():
         M.parse_utilization(_utilization([0] * 49), 50)
     with pytest.raises(S.ScheduleFormatError, match="capacity header"):
         M.parse_utilization("== UTILIZATION:\n0 0\n", 1)
+
+
+@pytest.mark.tpu_compile
+def test_splash_backward_is_charged_its_mxu_feed_and_its_forward_its_bundles():
+    # the call notebook 10 prints (its estimates are in the seed the main job keeps)
+    import stlib
+
+    call = {"num_heads": 4, "num_kv_heads": 1, "head_dim": 128, "length": 2048}
+    call["block_sizes"] = {"block_q": 1024, "block_kv": 1024}
+    forward = stlib.static_estimate("splash", "causal", "tpu7x", **call)
+    backward = stlib.static_estimate("splash", "causal", "tpu7x", backward=True, **call)
+    (fwd,) = forward.kernels
+    (bwd,) = backward.kernels
+    f, b = fwd.breakdown["compute"], bwd.breakdown["compute"]
+    # the forward streams its 1,024-row q block through each weight tile: fed for less than it issues
+    assert 0 < f["mxu"] < f["bundles"] and f["cycles"] == f["bundles"] * f["count"]
+    # the dK/dV kernel streams 512-row kv chunks through q and dO weights: fed for longer
+    assert b["mxu"] > b["bundles"] and b["cycles"] == b["mxu"] * b["count"]
+    assert "MXU-fed" in str(backward) and "MXU-fed" not in str(forward)

@@ -171,11 +171,12 @@ class Estimate:
                 f"DMA floor {format_seconds(k.memory_seconds)} ({k.dma_bytes / 1e9:.2f} GB), {k.bound}-bound"
             )
             for path, v in k.breakdown.items():
-                fed = v.get("mxu", 0)
-                bound = f"  MXU-fed: {fed:,} cycles" if fed > v["bundles"] else ""
+                fed = v.get("mxu", 0) > v["bundles"]  # the path's busiest MXU is fed for longer
+                per, unit = (v["mxu"], "MXU-fed") if fed else (v["bundles"], "bundles")
                 lines.append(
-                    f"    {path:<15} {v['bundles']:>7,} bundles x {v['count']:>11,} = "
-                    f"{v['cycles']:>15,} cycles ({v['cycles'] / max(k.cycles, 1):6.1%}){bound}"
+                    f"    {path:<15} {per:>7,} {unit} x {v['count']:>11,} = "
+                    f"{v['cycles']:>15,} cycles ({v['cycles'] / max(k.cycles, 1):6.1%})"
+                    + (f"  ({v['bundles']:,} bundles)" if fed else "")
                 )
         lines.append(
             f"  XLA glue around the kernels ({self.glue_bytes / 1e9:.3f} GB / HBM bandwidth, included in the "
