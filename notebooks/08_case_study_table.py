@@ -526,3 +526,10 @@ plotting.save(fig, cfg.figure("08_estimate_published"))
 # with libtpu 0.0.44 while the estimate compiles with 0.0.42.1). No public v6e or v5e Splash time
 # was found beyond the calibration point, so on those chips, the one this notebook's table is about
 # included, the estimate rests on one published point and has not been judged at all.
+#
+# The backward has no held-out table here. The only public backward kernel times found for these
+# chips are tokamax's own Ironwood table (Splash backward, 32 q / 8 kv heads, causal, head dims
+# 128 to 256, 4,096 to 131,072 tokens), and those are kept aside to judge the backward estimate
+# from outside this notebook; no v5e or v6e backward time was found. The backward estimate uses the
+# forward's calibrated clock and the same schedule reading, plus one rule the forward rarely meets:
+# a path takes no fewer cycles than its busiest MXU is fed (`stlib.analysis.mxu_input`, notebook 10).
