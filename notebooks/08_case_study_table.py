@@ -445,7 +445,12 @@ print(f"{'tile-aligned sparse kernel of the case study':<56} {'n/a':>7} {'n/a':>
 #   is saved on every computed tile. Issuing a tile's later scores ahead (notebook 07) took the
 #   v6e FULL region to within a few percent of its MXU floor; the scores still pass through VMEM
 #   between the max and the exponential, and v5e gained nothing from the new order, so v5e's dense
-#   tile is where the next bundles are.
+#   tile is where the next bundles are. Under the estimate's MXU-feed rule (notebook 10: a pushed
+#   weight row costs the MXU what a streamed row does), the lane-dense FULL region at its default
+#   blocks is fed for longer than it issues, since each of its kv chunks of 256 keys streams through
+#   freshly pushed q weights: a longer chunk pushes fewer rows per row multiplied. The block
+#   sweep's records (`data/tile_block_sweep.jsonl`) were scored before that rule and the estimates
+#   above read them; `python -m stlib.bench.block_sweep run` re-scores them.
 # * **Training.** The backward over the same tiles (notebook 10) costs more than twice the forward;
 #   the fused kernel is where a training step's time goes.
 # * **Other chips.** The block sweep and the estimates have v5e and TPU7x rows (`python -m
