@@ -127,11 +127,11 @@ def attribute(
         "step": schedule.ops(stage.first, stage.last, tuple(conds)),
     }
     feed = KernelMxu.of(schedule, occupancy) if occupancy is not None else None
-    mxu_cycles = {"step": feed.cycles(schedule, stage, skip_conds=True)} if feed else {}
+    mxu_cycles = {"step": feed.cycles(stage, skip_conds=True)} if feed else {}
     for name, node in labelled:
         paths[name] = paths.get(name, 0) + flat_cost(node, name)
         if feed:
-            mxu_cycles[name] = mxu_cycles.get(name, 0) + feed.cycles(schedule, node)
+            mxu_cycles[name] = mxu_cycles.get(name, 0) + feed.cycles(node)
         merged = ops.setdefault(name, {})
         for unit, n in schedule.ops(node.first, node.last).items():
             merged[unit] = merged.get(unit, 0) + n

@@ -99,7 +99,7 @@ class KernelMxu:
         multiplied = sum(m for r in rows for m, _ in r.values())
         return cls(rows, sum(occupancy) / multiplied if multiplied else 0.0)
 
-    def _flat(self, schedule: Schedule, node: Node, skip_conds: bool = False) -> dict[str, int]:
+    def _flat(self, node: Node, skip_conds: bool = False) -> dict[str, int]:
         """Rows into each unit to run ``node`` once (multiplied + pushed), inner loops times their
         trips, a conditional region inside as taken (``schedule.flat_cost``'s rule); ``skip_conds``:
         without the conditional regions directly inside (they are paths of their own)."""
@@ -114,11 +114,11 @@ class KernelMxu:
             if child.kind == "cond" and skip_conds:
                 continue
             times = child.trip if child.kind == "loop" else 1
-            for unit, n in self._flat(schedule, child).items():
+            for unit, n in self._flat(child).items():
                 total[unit] = total.get(unit, 0) + times * n
         return total
 
-    def cycles(self, schedule: Schedule, node: Node, skip_conds: bool = False) -> int:
+    def cycles(self, node: Node, skip_conds: bool = False) -> int:
         """Cycles the busiest MXU is fed to run ``node`` once, at ``rate`` (0 without MXU ops)."""
-        fed = self._flat(schedule, node, skip_conds)
+        fed = self._flat(node, skip_conds)
         return round(max(fed.values(), default=0) * self.rate)
