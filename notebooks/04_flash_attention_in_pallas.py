@@ -375,7 +375,7 @@ exercises.verify("04.combine", check_combine, combine)
 #
 # **Precision of p·v.** The probabilities p are float32, and the kernel casts the v tile to
 # float32 before multiplying (`v.astype(f32)`), as Splash does (`v = v.astype(float32)` in
-# `splash_attention_kernel.py`) and as `stlib.kernels.common.update_tile` does: p keeps its full
+# `splash_attention_kernel.py`) and as `stlib.kernels.online_softmax.update_tile` does: p keeps its full
 # precision, at the price of a float32 matmul, which the MXU runs in several bf16 passes. The
 # Sparse VideoGen TPU kernels instead cast p to bf16 for a single-pass bf16 x bf16 matmul (faster,
 # and p loses about three significant digits). q kᵀ runs on the inputs' dtype (bf16 x bf16 at the
@@ -477,20 +477,20 @@ print(f"VMEM by count (both): q, o tiles x2 {4 * 512 * 128 * 2:,} B + k, v tiles
 # %% [markdown]
 # The two kernels move the same bytes: what differs is what `stlib/kernels/dense.py` adds around
 # the same loop. **What the production kernel adds** (`stlib/kernels/dense.py`, `dense_attention`;
-# the update in `stlib/kernels/common.py`):
+# the update in `stlib/kernels/online_softmax.py`):
 #
 # * heads: a grid (H, q tiles, kv tiles) with the head in every index map;
-# * any length: `common.pad_sequence` pads q, k, v to the blocks and the padded keys are masked
-#   (`common.iota_mask` with `key < length`), the output cut back;
+# * any length: `pallas_call.pad_sequence` pads q, k, v to the blocks and the padded keys are masked
+#   (`mask_info.iota_mask` with `key < length`), the output cut back;
 # * a mask: evaluated in-kernel from iota for lazy masks, or read from a dense int8 copy
 #   (`stlib.passes.MaskPlan`), on every tile;
-# * q pre-scaled once per step (`common.scaled_q`), and the kv tile walked in chunks of
-#   `block_kv_compute` keys (`common.update_tile`'s `fori_loop`) so the score tile stays small;
-# * `exp2` (`common.SoftmaxOptions`): base-2 exponentials with log2 e folded into the scale;
-# * a guard for rows that see no key (`common.finish_row` writes 0, not 0/0), and the
+# * q pre-scaled once per step (`online_softmax.scaled_q`), and the kv tile walked in chunks of
+#   `block_kv_compute` keys (`online_softmax.update_tile`'s `fori_loop`) so the score tile stays small;
+# * `exp2` (`online_softmax.SoftmaxOptions`): base-2 exponentials with log2 e folded into the scale;
+# * a guard for rows that see no key (`online_softmax.finish_row` writes 0, not 0/0), and the
 #   log-sum-exp output the tile kernel's passes need;
 # * block sizes per chip from the chip table (`stlib.blocks.block_sizes_for`), validated against the
-#   (8, 128) rule (`stlib.blocks.BlockSizes`), and the interpret switch (`common.run_pallas`).
+#   (8, 128) rule (`stlib.blocks.BlockSizes`), and the interpret switch (`pallas_call.run_pallas`).
 #
 # ### Exercise 2: write the accumulate step
 #
@@ -546,7 +546,7 @@ exercises.verify("04.accumulate", check_kernel, my_flash_kernel)
 #
 # `stlib.attention(impl="pallas_dense")` runs that kernel for every head (at this notebook's
 # workload shape); every later notebook builds on the same `update_tile`
-# (`stlib/kernels/common.py`). Each step costs 4 x block_q x block_kv x D flops and
+# (`stlib/kernels/online_softmax.py`). Each step costs 4 x block_q x block_kv x D flops and
 # block_q x block_kv exponentials, whatever a mask says. Off a TPU it runs in interpret mode (next
 # section).
 

@@ -333,12 +333,12 @@ print(f"step table: {mod_steps.size} int32 entries, {smem_bytes(mod_steps.shape)
 #
 # * heads, and per-head masks: the table is [Hl, nq, nk] flattened, indexed by `row_of(h, i)`;
 #   one shared table when every head has the same mask;
-# * any mask: PARTIAL tiles evaluate a lazy mask's own predicate from iota (`common.iota_mask`),
+# * any mask: PARTIAL tiles evaluate a lazy mask's own predicate from iota (`mask_info.iota_mask`),
 #   or read a deduplicated int8 table of tile masks through a second prefetched index
-#   (`stlib.passes.plan_mask`, `common.carried_index`), and the SMEM budget is checked with a message
-#   (`common.check_prefetch`);
-# * padding to the blocks (`common.pad_sequence`): a ragged last tile is marked masked;
-# * the shared update (`common.update_tile`): q pre-scaled, kv chunks, optional exp2;
+#   (`stlib.passes.plan_mask`, `mask_info.carried_index`), and the SMEM budget is checked with a message
+#   (`mask_info.check_prefetch`);
+# * padding to the blocks (`pallas_call.pad_sequence`): a ragged last tile is marked masked;
+# * the shared update (`online_softmax.update_tile`): q pre-scaled, kv chunks, optional exp2;
 # * its work model and schedule counts for the estimator (`block_sparse_work`,
 #   `block_sparse_schedule_counts`).
 #

@@ -83,8 +83,9 @@ import numpy as np
 import stlib
 import stlib.kernels  # registers the Pallas kernels with stlib.attention
 from stlib import configs, exercises, masks, notebook, plotting
-from stlib.kernels.common import merge_partials
-from stlib.kernels.tile import TileOptions, balanced_keep, split_passes, tile_attention, tile_work
+from stlib.kernels.online_softmax import merge_partials
+from stlib.kernels.tile import TileOptions, tile_attention, tile_work
+from stlib.passes import balanced_keep, split_passes
 from stlib.reorder import choose_orders
 
 cfg = notebook.setup(SIZE, solutions=SOLUTIONS)
@@ -180,7 +181,7 @@ for name, mask in checks.items():
 # policy runs the FULL tiles in a mask-free pass and the PARTIAL ones in a second, masked pass.
 # The Sparse VideoGen TPU design instead *rounds* each PARTIAL tile: the fullest ones are kept
 # (and computed as if FULL), the rest dropped, as many as keep the computed pairs closest to the
-# exact budget (`stlib.kernels.tile.balanced_keep`). One pass, no masking work at all; but the
+# exact budget (`stlib.passes.balanced_keep`). One pass, no masking work at all; but the
 # result is no longer exactly the band's attention. First the budget at the case-study shape:
 
 # %%
@@ -340,7 +341,7 @@ assert err < tolerance(jnp.float32), err
 print(f"PASSED  hand merge of the two halves == dense reference over all 1,000 keys (max error {err:.2e})")
 stlib_merged, _ = merge_partials(o1, lse1[..., None], o2, lse2[..., None])
 gap = float(jnp.max(jnp.abs(stlib_merged - merged)))
-print(f"PASSED  stlib.kernels.common.merge_partials == hand merge (max error {gap:.1e})")
+print(f"PASSED  stlib.kernels.online_softmax.merge_partials == hand merge (max error {gap:.1e})")
 
 whole = stlib.block_layout(masks.full(length), 128, 128)
 for p in split_passes(whole, "exact"):
@@ -540,10 +541,10 @@ print("(the teaching kernel's arguments include the 64 MiB int8 [L, L] mask; the
 # * a third pass, "ragged" (`split_passes`, `PassKind.RAGGED`): FULL tiles whose keys end in
 #   padding compare each key with the tile's count of real keys instead of evaluating the mask;
 # * masked tiles from the mask's predicate on iota, or a deduplicated int8 tile table steered by a
-#   carried index (`stlib.passes.plan_mask`, `common.carried_index`), never a dense [L, L] array;
+#   carried index (`stlib.passes.plan_mask`, `mask_info.carried_index`), never a dense [L, L] array;
 # * balanced rounding of boundary tiles (`balanced_keep`, `BoundaryPolicy.BALANCED`);
-# * exp2 on by default (`TileOptions`), padding, the merge with `common.merge_partials`, and the
-#   SMEM check (`common.check_prefetch`).
+# * exp2 on by default (`TileOptions`), padding, the merge with `online_softmax.merge_partials`, and the
+#   SMEM check (`mask_info.check_prefetch`).
 #
 # ### Exercise 1: finish a pass
 #

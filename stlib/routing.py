@@ -113,7 +113,7 @@ class SvgPlan:
 
     ``kinds`` (HeadKind per head), ``orders`` (TokenOrder per head), ``layout`` (the BlockLayout
     of the heads' masks in their own orders, [H, nq, nk]: what the kernel reads) and ``passes``
-    (the kernel's passes for ``boundary``, from ``stlib.kernels.tile.split_passes``). Per-head int64
+    (the kernel's passes for ``boundary``, from ``stlib.passes.split_passes``). Per-head int64
     arrays [H]: ``main_tiles`` (mask-free pass), ``tail_tiles`` (tiles whose keys end in sequence
     padding: their own one-compare pass), ``masked_tiles`` (PARTIAL tiles, EXACT boundary only),
     ``pairs`` (real pairs the kernel computes), ``exact_pairs`` (pairs of the exact masks).

@@ -102,6 +102,54 @@ def test_the_analysis_imports_nothing_of_the_benchmarks():
     assert found == {}
 
 
+def _private_imports(file) -> list[str]:
+    """``from stlib.x import _name`` and ``module._name`` of an imported stlib module in ``file``
+    (private modules such as ``stlib._intmath`` are the package's own and may be imported)."""
+    tree = ast.parse(file.read_text())
+    found, modules = [], set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("stlib"):
+            for alias in node.names:
+                package = sources.ROOT.parent / node.module.replace(".", "/")
+                is_module = (package / f"{alias.name}.py").exists() or (package / alias.name).is_dir()
+                if alias.name.startswith("_") and not alias.name.startswith("__") and not is_module:
+                    found.append(f"{node.lineno}: from {node.module} import {alias.name}")
+                elif is_module:
+                    modules.add(alias.asname or alias.name)
+        if isinstance(node, ast.Import):
+            modules |= {a.asname or a.name.split(".")[0] for a in node.names if a.name.startswith("stlib")}
+    found += [
+        f"{node.lineno}: {node.value.id}.{node.attr}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and node.attr.startswith("_")
+        and not node.attr.startswith("__")
+        and isinstance(node.value, ast.Name)
+        and node.value.id in modules
+    ]
+    return found
+
+
+def test_no_private_name_is_used_across_modules():
+    """What a module shares is public; a private name stays in its module (modules split by idea,
+    not by size)."""
+    found = {
+        str(file.relative_to(sources.ROOT)): names
+        for file in sorted(sources.ROOT.rglob("*.py"))
+        if (names := _private_imports(file))
+    }
+    assert found == {}
+
+
+def test_the_private_name_check_sees_both_forms(tmp_path):
+    file = tmp_path / "m.py"
+    file.write_text(
+        "from stlib.kernels.tile import _forward\nfrom stlib import _intmath\n"
+        "from stlib.kernels import mask_info\nmask_info._hidden\n_intmath.cdiv\n"
+    )
+    assert _private_imports(file) == ["1: from stlib.kernels.tile import _forward", "4: mask_info._hidden"]
+
+
 def test_no_private_jax_import():
     """stlib calls JAX's public API only (``jax._src`` moves between releases without notice)."""
     found = []

@@ -181,7 +181,7 @@ def test_the_fused_and_the_split_backward_equal_the_analytic_gradient(method, mo
     fused kernel with one dq window, and the fused kernel with a VMEM so small that each window
     holds two q tiles (the dq of a head then crosses several calls)."""
     from stlib.kernels import backward as bw
-    from stlib.kernels import common
+    from stlib.kernels import pallas_call
     from stlib.passes import exact_passes
 
     dense, mask, (q, k, v), do = _mask_and_data(jnp.float32, seed=2)
@@ -190,7 +190,7 @@ def test_the_fused_and_the_split_backward_equal_the_analytic_gradient(method, mo
     bq, bkv = 64, 128
     if method == "fused in windows":
         room = bw.fused_vmem_bytes(bq, bkv, DIM, 4) + 2 * bq * DIM * 4
-        monkeypatch.setattr(common, "vmem_limit", lambda chip: room)
+        monkeypatch.setattr(pallas_call, "vmem_limit", lambda chip: room)
         assert [w for w in bw.dq_windows(5, bq, bkv, DIM, 4)] == [(0, 2), (2, 4), (4, 5)]
     layout = stlib.block_layout(mask, bq, bkv)
     calls = bw.kernel_calls(
@@ -207,14 +207,14 @@ def test_the_fused_and_the_split_backward_equal_the_analytic_gradient(method, mo
 
 def test_backward_methods_are_checked(monkeypatch):
     from stlib.kernels import backward as bw
-    from stlib.kernels import common
+    from stlib.kernels import pallas_call
     from stlib.passes import exact_passes
 
     layout = stlib.block_layout(masks.band(512, 40), 128, 128)
     args = {"num_q_tiles": 4, "block_q": 128, "block_kv": 128, "head_dim": DIM, "itemsize": 4, "chip": None}
     with pytest.raises(ValueError, match="method='fastest' must be one of"):
         bw.kernel_calls(exact_passes(layout), "fastest", **args)
-    monkeypatch.setattr(common, "vmem_limit", lambda chip: 1024)
+    monkeypatch.setattr(pallas_call, "vmem_limit", lambda chip: 1024)
     with pytest.raises(ValueError, match="does not fit in VMEM.*use method='split'"):
         bw.kernel_calls(exact_passes(layout), "fused", **args)
     assert {c.kind for c in bw.kernel_calls(exact_passes(layout), "auto", **args)} == {"dq", "dkv"}

@@ -22,8 +22,9 @@ from stlib import masks, registry
 from stlib.blocks import BlockSizes
 from stlib.kernels.block_sparse import block_sparse_work, step_table
 from stlib.kernels.dense import dense_work
-from stlib.kernels.tile import TileOptions, balanced_keep, tile_attention, tile_work
+from stlib.kernels.tile import TileOptions, tile_attention, tile_work
 from stlib.layout import TileKind
+from stlib.passes import balanced_keep
 
 #: Every stlib Pallas kernel of the registry (the Splash baseline has tests of its own).
 PALLAS = [impl.name for impl in registry.tpu_kernels() if not impl.baseline]

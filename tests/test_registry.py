@@ -12,8 +12,9 @@ import pytest
 import stlib
 from stlib import masks, registry
 from stlib.geometry import TokenOrder
-from stlib.kernels.common import FlashOptions
-from stlib.kernels.tile import BoundaryPolicy, GridForm, TileOptions
+from stlib.kernels.flash_options import FlashOptions
+from stlib.kernels.tile import GridForm, TileOptions
+from stlib.passes import BoundaryPolicy
 from stlib.roofline import kernel_work
 
 

@@ -15,8 +15,8 @@ import stlib
 from stlib import SMALL_CPU, VideoGrid
 from stlib.configs import CASE_STUDY
 from stlib.geometry import token_major_order
-from stlib.kernels.tile import BoundaryPolicy
 from stlib.masks import band_width_for_density
+from stlib.passes import BoundaryPolicy
 from stlib.routing import Anchor, TokenMajorPrefixMask, route, svg_plan
 from stlib.synthetic import HeadKind, video_qkv
 

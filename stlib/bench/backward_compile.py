@@ -43,7 +43,7 @@ def trainable_kernels() -> list[str]:
     return [impl.name for impl in registry.tpu_kernels() if impl.plan_runner is not None or impl.baseline]
 
 
-def _raster_mask_and_orders(mask_name: str, grid=None):
+def raster_mask_and_orders(mask_name: str, grid=None):
     """The raster-order mask of a ``MASKS`` entry and the token order(s) ``video_attention`` runs
     it in: the sliding tile in its 3-D tiled order, the SVG heads each in their own (spatial: raster,
     temporal: token-major), the rest as they are (None: no reordering)."""
@@ -82,7 +82,7 @@ def compile_backward(impl: str, mask_name: str, chip: str, options=None, video=N
 
     grid = VideoGrid(*LONG_VIDEOS[video]) if video else CASE_STUDY.grid
     shape = jax.ShapeDtypeStruct((CASE_STUDY.num_heads, grid.num_tokens, CASE_STUDY.head_dim), jnp.bfloat16)
-    mask, orders = _raster_mask_and_orders(mask_name, grid)
+    mask, orders = raster_mask_and_orders(mask_name, grid)
 
     def loss(q, k, v):
         if orders is None:

@@ -23,7 +23,7 @@ import argparse
 
 import stlib.kernels  # noqa: F401 - registers the kernels the roles name
 from stlib import paths
-from stlib.bench.backward_compile import LONG_VIDEOS, SVG_MIX, _raster_mask_and_orders
+from stlib.bench.backward_compile import LONG_VIDEOS, SVG_MIX, raster_mask_and_orders
 from stlib.registry import Role, by_role
 
 TILE_KERNEL = by_role(Role.BEST_TILE).name
@@ -55,7 +55,7 @@ def kernel_mask(video: str, anchor: str = ANCHORS[0]):
         raise ValueError(f"anchor={anchor!r}: choose from {ANCHORS}")
     grid = VideoGrid(*VIDEOS[video])
     if anchor == "frame0":
-        mask, orders = _raster_mask_and_orders(SVG_MIX, grid)
+        mask, orders = raster_mask_and_orders(SVG_MIX, grid)
         return per_head([mask.head(h).permute(order) for h, order in enumerate(orders)])
     half = CASE_STUDY.num_heads // 2  # as the catalogue's mix: spatial heads first, then temporal
     kinds = [routing.HeadKind.SPATIAL] * half + [routing.HeadKind.TEMPORAL] * (CASE_STUDY.num_heads - half)

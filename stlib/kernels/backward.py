@@ -16,18 +16,16 @@ import numpy as np
 from stlib.blocks import block_sizes_for
 from stlib.device import LANES, current_chip, resolve_interpret
 from stlib.geometry import TokenOrder, tile_rows
-from stlib.kernels import common
+from stlib.kernels import mask_info, online_softmax, pallas_call
 from stlib.kernels.backward_kernels import (
     BACKWARD_PREFIXES,
     DKV_PREFIX,
     DQ_PREFIX,
     FUSED_PREFIX,
-    _dkv_pass,
-    _dq_pass,
-    _fused_pass,
-    _grid_tables,
-    _worked_rows,
+    dkv_pass,
+    dq_pass,
     dq_windows,
+    fused_pass,
     fused_vmem_bytes,
     residual_rows,
 )
@@ -117,13 +115,13 @@ def tile_backward(
     chip: str | None = None,
 ):
     """(dq, dk, dv) of tile attention: q, k, v, o, do [H, L, D], lse [H, L] (natural log, -inf for
-    rows that saw nothing) and the forward's ``passes`` (``stlib.kernels.tile.split_passes``), or
+    rows that saw nothing) and the forward's ``passes`` (``stlib.passes.split_passes``), or
     the backward's ``KernelCall`` list itself (``kernel_calls``). Each in its input's dtype.
     ``method``: one of ``BACKWARD_METHODS`` (for passes); ``chip``: the chip whose VMEM sizes the
     fused kernel's dq windows (None: the current TPU's, else the smallest chip's)."""
     length = q.shape[1]
-    qp, dop = common.pad_sequence(q, block_q), common.pad_sequence(do, block_q)
-    kp, vp = common.pad_sequence(k, block_kv), common.pad_sequence(v, block_kv)
+    qp, dop = pallas_call.pad_sequence(q, block_q), pallas_call.pad_sequence(do, block_q)
+    kp, vp = pallas_call.pad_sequence(k, block_kv), pallas_call.pad_sequence(v, block_kv)
     chip = chip or current_chip()
     calls = list(passes)
     if not all(isinstance(c, KernelCall) for c in calls):
@@ -138,9 +136,9 @@ def tile_backward(
             chip=chip,
         )
     lse_row, di_row = residual_rows(lse, do, o, length, qp.shape[1])
-    softmax = common.SoftmaxOptions(scale, exp2)  # the forward's scaling and exponential
+    softmax = online_softmax.SoftmaxOptions(scale, exp2)  # the forward's scaling and exponential
     if exp2:
-        lse_row = lse_row * common.LOG2_E
+        lse_row = lse_row * online_softmax.LOG2_E
     args = {"bq": block_q, "bkv": block_kv, "softmax": softmax, "interpret": interpret}
     dq = jnp.zeros(qp.shape, jnp.float32)
     dk = jnp.zeros(kp.shape, jnp.float32)
@@ -149,14 +147,14 @@ def tile_backward(
     for call in calls:  # each call adds into the accumulators in place (aliased buffers)
         named = {"name": call.name, **args}
         if call.kind == "fused":
-            limit = common.vmem_limit(chip)
-            dk, dv, dq = _fused_pass(
+            limit = pallas_call.vmem_limit(chip)
+            dk, dv, dq = fused_pass(
                 *data, dq, dk, dv, call.selected, call.plan, window=call.window, vmem_limit=limit, **named
             )
         elif call.kind == "dq":
-            dq = _dq_pass(*data, dq, call.selected, call.plan, **named)
+            dq = dq_pass(*data, dq, call.selected, call.plan, **named)
         else:
-            dk, dv = _dkv_pass(*data, dk, dv, call.selected, call.plan, **named)
+            dk, dv = dkv_pass(*data, dk, dv, call.selected, call.plan, **named)
     return (
         (dq[:, :length] * scale).astype(q.dtype),
         (dk[:, :length] * scale).astype(k.dtype),
@@ -173,7 +171,9 @@ _MATMULS = {"dq": DQ_MATMULS, "dkv": DKV_MATMULS, "fused": FUSED_MATMULS}
 
 def _call_grid(call: KernelCall, num_heads: int) -> tuple[int, int]:
     """(worked rows, widest row) of a backward call's grid, as its kernel builds it."""
-    _, extent, n_rows = _grid_tables(call.selected, call.plan, num_heads, transposed=call.kind != "dq")
+    _, extent, n_rows = mask_info.grid_tables(
+        call.selected, call.plan, num_heads, transposed=call.kind != "dq"
+    )
     return n_rows, extent
 
 
@@ -228,7 +228,7 @@ def call_schedule_counts(call: KernelCall, num_heads: int, head_dim: int, itemsi
         fetch_bytes = 2 * bq * head_dim * itemsize + rows_f32 + table  # q, dO, lse, di
     waited = 0
     if call.kind == "fused":
-        heads = len(np.unique(_worked_rows(call.selected.sum(axis=1), num_heads)[0]))
+        heads = len(np.unique(mask_info.worked_rows(call.selected.sum(axis=1), num_heads)[0]))
         waited = heads * 2 * (call.window[1] - call.window[0]) * bq * head_dim * 4
     return ScheduleCounts(
         {"init": rows, "compute": computed, "finalise": rows},
@@ -266,7 +266,7 @@ def tile_training(forward_with_lse, resolve, passes_of, *, own_blocks: bool = Fa
     """The ``registry.Backward`` of a flash kernel whose ``forward_with_lse(q, k, v, layout, mask, *,
     scale, options, interpret) -> (o, lse)`` runs the call's ``mask`` (None: dense) on a layout of
     the blocks ``resolve`` (its block rule) picks: the forward keeps (q, k, v, o, lse); the backward
-    runs ``tile_backward`` over ``passes_of(layout, options)`` (``stlib.kernels.tile.split_passes``
+    runs ``tile_backward`` over ``passes_of(layout, options)`` (``stlib.passes.split_passes``
     with the boundary policy the forward ran), so the gradient is that of what the forward computed.
     ``own_blocks``: the backward takes ``BACKWARD_TILE`` (in interpret mode the default blocks)
     where the forward's are larger (a forward tuned to big tiles, whose [block_q, block_kv] f32

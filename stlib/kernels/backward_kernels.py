@@ -29,15 +29,14 @@ with a NaN or inf input makes its gradient entries NaN or inf.
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from stlib.kernels import common
+from stlib.device import LANES
+from stlib.kernels import mask_info, online_softmax, pallas_call
 from stlib.passes import MaskPlan, MaskPlanMode
 
 #: Name prefixes of the backward's Pallas kernels in a compiled program.
@@ -55,7 +54,7 @@ def _mask_fn(plan: MaskPlan, tab, head, qi, ki, bq, bkv, *, transposed: bool):
     if mode == MaskPlanMode.PREFIX:
         return jax.lax.broadcasted_iota(jnp.int32, shape, k_axis) < tab[-1][ki]
     if mode == MaskPlanMode.IOTA and not transposed:
-        return common.iota_mask(plan, qi * bq, ki * bkv, shape, head)
+        return mask_info.iota_mask(plan, qi * bq, ki * bkv, shape, head)
     if mode == MaskPlanMode.IOTA:  # the forward's predicate on S^T's iotas (keys on sublanes)
         rows = qi * bq + jax.lax.broadcasted_iota(jnp.int32, shape, q_axis)
         cols = ki * bkv + jax.lax.broadcasted_iota(jnp.int32, shape, k_axis)
@@ -68,37 +67,6 @@ def _dot(a, b, contract):
     return jax.lax.dot_general(
         a, b, ((contract[:1], contract[1:]), ((), ())), preferred_element_type=jnp.float32
     )
-
-
-def _worked_rows(counts: np.ndarray, num_heads: int) -> list[np.ndarray]:
-    """[head, row, slot] int32 tables of every (head, row) of a pass with at least one tile (slot:
-    the row's index in the per-row tables, shared by every head of a head-uniform layout). Rows
-    without a tile are never visited: their accumulator keeps what earlier passes (or the zeros it
-    started from) left there, so a kv tile no query sees ends with zero dk and dv."""
-    hl, rows = counts.shape
-    if hl == 1:
-        active = np.flatnonzero(counts[0] > 0)
-        head, row = np.repeat(np.arange(num_heads), active.size), np.tile(active, num_heads)
-        slot = row
-    else:
-        head, row = np.nonzero(counts > 0)
-        slot = head * rows + row
-    return [x.astype(np.int32) for x in (head, row, slot)]
-
-
-def _grid_tables(selected, plan, num_heads, *, transposed: bool):
-    """(prefetch tables, W, worked rows) of a pass: the worked rows' head / row / slot, then the
-    per-row tile lists and counts (the forward's, or transposed: per kv tile its q tiles) and the
-    mask-table index or kv_valid a plan needs (last)."""
-    if transposed:
-        if plan.mode == MaskPlanMode.TABLE:
-            plan = dataclasses.replace(
-                plan, index=np.broadcast_to(plan.index, selected.shape).transpose(0, 2, 1)
-            )
-        selected = np.ascontiguousarray(selected.transpose(0, 2, 1))
-    per_row, extent = common.row_step_tables(selected, plan)
-    worked = _worked_rows(per_row[1].reshape(selected.shape[:2]), num_heads)
-    return [*worked, *per_row], extent, worked[0].size
 
 
 def _block_maps(where, *, q_at: int, kv_at: int):
@@ -132,13 +100,27 @@ def _operand_specs(q_map, kv_map, row_map, bq: int, bkv: int, head_dim: int) -> 
     ]
 
 
-def _dq_pass(
-    q, k, v, do, lse, di, dq_in, selected, plan, *, name, bq, bkv, softmax: common.SoftmaxOptions, interpret
+def dq_pass(
+    q,
+    k,
+    v,
+    do,
+    lse,
+    di,
+    dq_in,
+    selected,
+    plan,
+    *,
+    name,
+    bq,
+    bkv,
+    softmax: online_softmax.SoftmaxOptions,
+    interpret,
 ):
     """dq_in + dQ / scale of one pass, [H, Lq, D] f32 (dq_in's buffer reused)."""
     num_heads, _, head_dim = q.shape
-    tables, extent, n_rows = _grid_tables(selected, plan, num_heads, transposed=False)
-    common.check_prefetch(tables, plan, bq, "the dq kernel", "use larger tiles or fewer heads per call")
+    tables, extent, n_rows = mask_info.grid_tables(selected, plan, num_heads, transposed=False)
+    mask_info.check_prefetch(tables, plan, bq, "the dq kernel", "use larger tiles or fewer heads per call")
     table_mask = plan.mode == MaskPlanMode.TABLE
 
     def where(p, j, head, row, slot, tiles, counts, *_):
@@ -163,11 +145,11 @@ def _dq_pass(
 
         @pl.when(active)
         def _():
-            qs = common.scaled_q(q_ref, softmax)
+            qs = online_softmax.scaled_q(q_ref, softmax)
             s = _dot(qs, k_ref[...], (1, 1))  # [bq, bkv]
-            p_ = softmax.exp(s - common._lanes(lse_col[...], bkv))
+            p_ = softmax.exp(s - online_softmax.lanes(lse_col[...], bkv))
             dp = _dot(do_ref[...], v_ref[...], (1, 1))  # [bq, bkv]
-            ds = p_ * (dp - common._lanes(di_col[...], bkv))
+            ds = p_ * (dp - online_softmax.lanes(di_col[...], bkv))
             allowed = (
                 (mask_ref[...] != 0)
                 if table_mask
@@ -198,12 +180,12 @@ def _dq_pass(
         in_specs=in_specs,
         out_specs=pl.BlockSpec((None, bq, head_dim), q_map),
         scratch_shapes=[
-            pltpu.VMEM((bq, common.LANES), jnp.float32),
-            pltpu.VMEM((bq, common.LANES), jnp.float32),
+            pltpu.VMEM((bq, LANES), jnp.float32),
+            pltpu.VMEM((bq, LANES), jnp.float32),
             pltpu.VMEM((bq, head_dim), jnp.float32),
         ],
     )
-    return common.run_pallas(
+    return pallas_call.run_pallas(
         kernel,
         grid_spec=grid_spec,
         out_shape=jax.ShapeDtypeStruct(dq_in.shape, jnp.float32),
@@ -219,7 +201,7 @@ def _kv_tile_step(q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dk_acc, dv_acc, 
     """One computed tile of a kv-row grid (the dk / dv and the fused kernel): S^T and P^T with keys
     on sublanes (the lse row broadcasts over them), dV += P^T dO, dP^T, dS^T = P^T * (dP^T - di),
     dK += dS^T Q; a pair ``allowed`` excludes contributes nothing. Returns dS^T in q's dtype."""
-    qs = common.scaled_q(q_ref, softmax)
+    qs = online_softmax.scaled_q(q_ref, softmax)
     s_t = _dot(k_ref[...], qs, (1, 1))  # [bkv, bq]: keys on sublanes
     p_t = softmax.exp(s_t - lse_ref[...])  # the lse row [1, bq] broadcasts over the keys
     if allowed is not None:
@@ -234,7 +216,7 @@ def _kv_tile_step(q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dk_acc, dv_acc, 
     return ds_t
 
 
-def _dkv_pass(
+def dkv_pass(
     q,
     k,
     v,
@@ -249,13 +231,15 @@ def _dkv_pass(
     name,
     bq,
     bkv,
-    softmax: common.SoftmaxOptions,
+    softmax: online_softmax.SoftmaxOptions,
     interpret,
 ):
     """(dk_in + dK / scale, dv_in + dV) of one pass, [H, Lkv, D] f32 each (their buffers reused)."""
     num_heads, _, head_dim = k.shape
-    tables, extent, n_rows = _grid_tables(selected, plan, num_heads, transposed=True)
-    common.check_prefetch(tables, plan, bq, "the dk / dv kernel", "use larger tiles or fewer heads per call")
+    tables, extent, n_rows = mask_info.grid_tables(selected, plan, num_heads, transposed=True)
+    mask_info.check_prefetch(
+        tables, plan, bq, "the dk / dv kernel", "use larger tiles or fewer heads per call"
+    )
     table_mask = plan.mode == MaskPlanMode.TABLE
 
     def where(p, j, head, row, slot, tiles, counts, *_):
@@ -308,7 +292,7 @@ def _dkv_pass(
         out_specs=[pl.BlockSpec((None, bkv, head_dim), kv_map)] * 2,
         scratch_shapes=[pltpu.VMEM((bkv, head_dim), jnp.float32)] * 2,
     )
-    return common.run_pallas(
+    return pallas_call.run_pallas(
         kernel,
         grid_spec=grid_spec,
         out_shape=[jax.ShapeDtypeStruct(dk_in.shape, jnp.float32)] * 2,
@@ -320,7 +304,7 @@ def _dkv_pass(
     )
 
 
-def _fused_pass(
+def fused_pass(
     q,
     k,
     v,
@@ -351,8 +335,8 @@ def _fused_pass(
     num_heads, _, head_dim = k.shape
     first_tile, end_tile = window
     rows = (end_tile - first_tile) * bq
-    tables, extent, n_rows = _grid_tables(selected, plan, num_heads, transposed=True)
-    common.check_prefetch(
+    tables, extent, n_rows = mask_info.grid_tables(selected, plan, num_heads, transposed=True)
+    mask_info.check_prefetch(
         tables, plan, bq, "the fused backward kernel", "use larger tiles or fewer heads per call"
     )
     table_mask = plan.mode == MaskPlanMode.TABLE
@@ -433,7 +417,7 @@ def _fused_pass(
         ],
     )
     base = len(tables)
-    return common.run_pallas(
+    return pallas_call.run_pallas(
         kernel,
         grid_spec=grid_spec,
         out_shape=[
@@ -461,9 +445,9 @@ def fused_vmem_bytes(block_q: int, block_kv: int, head_dim: int, itemsize: int) 
 
 def dq_windows(num_q_tiles: int, block_q: int, block_kv: int, head_dim: int, itemsize: int, chip=None):
     """The q-tile windows (first, end) of the fused kernel: as few as let a window's f32 dq scratch
-    ([tiles x block_q, D]) fit beside ``fused_vmem_bytes`` in ``common.vmem_limit(chip)``; empty
+    ([tiles x block_q, D]) fit beside ``fused_vmem_bytes`` in ``pallas_call.vmem_limit(chip)``; empty
     when not even one q tile fits (then the backward runs split)."""
-    room = common.vmem_limit(chip) - fused_vmem_bytes(block_q, block_kv, head_dim, itemsize)
+    room = pallas_call.vmem_limit(chip) - fused_vmem_bytes(block_q, block_kv, head_dim, itemsize)
     per_window = room // (block_q * head_dim * 4)
     if per_window < 1:
         return []

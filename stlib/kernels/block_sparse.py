@@ -1,7 +1,7 @@
 """``pallas_block_sparse``: the Splash idea, built from scratch for teaching.
 
 The full grid (H, q tiles, kv tiles) is kept; a prefetched int32 table tells each step what to do:
-``entry = fetch_kv << 2 | kind`` with kind 0 skip / 1 masked / 2 mask-free. A skipped step runs
+a ``mask_info.BLOCK_SPARSE_STEP`` word, its ``kind`` 0 skip / 1 masked / 2 mask-free and the kv tile it fetches. A skipped step runs
 nothing (``pl.when``) *and* moves no data: its kv index map returns the next non-empty tile of the
 row (the last one at the row's end), the same block as the neighbouring steps, so the pipeline
 issues no new DMA (Splash's ``data_next``). Masked tiles evaluate the mask in-kernel, from iota for
@@ -19,7 +19,8 @@ from jax.experimental.pallas import tpu as pltpu
 
 from stlib import accounting
 from stlib.blocks import BlockSizes
-from stlib.kernels import common
+from stlib.device import CHIPS
+from stlib.kernels import flash_options, mask_info, online_softmax, pallas_call
 from stlib.kernels.backward import tile_training
 from stlib.layout import BlockLayout, TileKind, block_layout
 from stlib.masks import Mask, full
@@ -29,10 +30,11 @@ from stlib.registry import Implementation, Role, register
 NAME = "pallas_block_sparse"
 
 SKIP, MASKED, MASK_FREE = 0, 1, 2
+STEP = mask_info.BLOCK_SPARSE_STEP
 
 
 def step_table(layout: BlockLayout) -> np.ndarray:
-    """int32 [Hl, nq, nk]: ``fetch_kv << 2 | kind`` for every grid step of the full grid."""
+    """int32 [Hl, nq, nk]: the ``BLOCK_SPARSE_STEP`` word (kind, fetch_kv) of every grid step of the full grid."""
     nonempty = layout.kinds != TileKind.EMPTY
     nk = nonempty.shape[2]
     idx = np.arange(nk)
@@ -41,7 +43,7 @@ def step_table(layout: BlockLayout) -> np.ndarray:
     prev = np.maximum.accumulate(np.where(nonempty, idx, -1), axis=2)
     fetch = np.where(nxt < big, nxt, np.maximum(prev, 0))
     kind = np.where(layout.masked_tiles, MASKED, np.where(nonempty, MASK_FREE, SKIP))
-    return (fetch << 2 | kind).astype(np.int32)
+    return STEP.pack(kind=kind, fetch_kv=fetch)
 
 
 def block_sparse_attention(
@@ -67,8 +69,8 @@ def block_sparse_attention(
     table = step_table(layout).reshape(-1)
     prefetch = [table]
     if plan.mode == MaskPlanMode.TABLE:
-        prefetch.append(common.carried_index(plan.index).reshape(-1))
-    common.check_prefetch(
+        prefetch.append(mask_info.carried_index(plan.index).reshape(-1))
+    mask_info.check_prefetch(
         prefetch,
         plan,
         bq,
@@ -76,8 +78,12 @@ def block_sparse_attention(
         "use larger tiles",
     )
 
-    qp, kp, vp = common.pad_sequence(q, bq), common.pad_sequence(k, bkv), common.pad_sequence(v, bkv)
-    options = common.SoftmaxOptions(scale, exp2)
+    qp, kp, vp = (
+        pallas_call.pad_sequence(q, bq),
+        pallas_call.pad_sequence(k, bkv),
+        pallas_call.pad_sequence(v, bkv),
+    )
+    options = online_softmax.SoftmaxOptions(scale, exp2)
 
     def row_of(h, i):
         return i if shared else h * nq + i
@@ -90,28 +96,35 @@ def block_sparse_attention(
         else:
             q_ref, k_ref, v_ref, o_ref, *lse_ref, m_ref, l_ref, acc_ref = refs
         h, i, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-        kind = table_ref[row_of(h, i) * nk + j] & 3
+        kind = STEP.kind.read(table_ref[row_of(h, i) * nk + j])
 
         @pl.when(j == 0)
         def _():
-            common.init_row(m_ref, l_ref, acc_ref)
+            online_softmax.init_row(m_ref, l_ref, acc_ref)
 
         @pl.when(kind == MASK_FREE)
         def _():
-            common.update_tile(
-                common.scaled_q(q_ref, options), k_ref, v_ref, m_ref, l_ref, acc_ref, options, sizes.kv_chunk
+            online_softmax.update_tile(
+                online_softmax.scaled_q(q_ref, options),
+                k_ref,
+                v_ref,
+                m_ref,
+                l_ref,
+                acc_ref,
+                options,
+                sizes.kv_chunk,
             )
 
         if plan.mode != MaskPlanMode.NONE:
             if plan.mode == MaskPlanMode.IOTA:
-                mask_fn = lambda c0, shape: common.iota_mask(plan, i * bq, j * bkv + c0, shape, h)
+                mask_fn = lambda c0, shape: mask_info.iota_mask(plan, i * bq, j * bkv + c0, shape, h)
             else:
                 mask_fn = lambda c0, shape: mask_ref[:, pl.ds(c0, shape[1])] != 0
 
             @pl.when(kind == MASKED)
             def _():
-                common.update_tile(
-                    common.scaled_q(q_ref, options),
+                online_softmax.update_tile(
+                    online_softmax.scaled_q(q_ref, options),
                     k_ref,
                     v_ref,
                     m_ref,
@@ -124,10 +137,10 @@ def block_sparse_attention(
 
         @pl.when(j == nk - 1)
         def _():
-            common.finish_row(o_ref, lse_ref[0] if lse_ref else None, m_ref, l_ref, acc_ref, options)
+            online_softmax.finish_row(o_ref, lse_ref[0] if lse_ref else None, m_ref, l_ref, acc_ref, options)
 
     def kv_map(h, i, j, table_ref, *_):
-        return (h, table_ref[row_of(h, i) * nk + j] >> 2, 0)
+        return (h, STEP.fetch_kv.read(table_ref[row_of(h, i) * nk + j]), 0)
 
     in_specs = [
         pl.BlockSpec((None, bq, head_dim), lambda h, i, j, *_: (h, i, 0)),  # q [bq, D]
@@ -146,9 +159,9 @@ def block_sparse_attention(
         in_specs=in_specs,
         out_specs=[pl.BlockSpec((None, bq, head_dim), lambda h, i, j, *_: (h, i, 0))]
         + ([pl.BlockSpec((None, bq, 1), lambda h, i, j, *_: (h, i, 0))] if return_lse else []),
-        scratch_shapes=common.softmax_scratch(bq, head_dim),
+        scratch_shapes=online_softmax.softmax_scratch(bq, head_dim),
     )
-    out = common.run_pallas(
+    out = pallas_call.run_pallas(
         kernel,
         grid_spec=grid_spec,
         out_shape=[jax.ShapeDtypeStruct(qp.shape, q.dtype)]
@@ -173,9 +186,9 @@ def block_sparse_work(layout: BlockLayout, num_heads: int, head_dim: int) -> acc
 
 
 def _forward(
-    q, k, v, mask: Mask | None, *, scale, block_q, block_kv, options: common.FlashOptions, interpret
+    q, k, v, mask: Mask | None, *, scale, block_q, block_kv, options: flash_options.FlashOptions, interpret
 ):
-    sizes, options = common.flash_resolve(mask, q.shape[1], block_q, block_kv, options, interpret)
+    sizes, options = flash_options.flash_resolve(mask, q.shape[1], block_q, block_kv, options, interpret)
     layout = block_layout(mask if mask is not None else full(q.shape[1]), sizes.block_q, sizes.block_kv)
     return block_sparse_attention(
         q,
@@ -202,10 +215,10 @@ def block_sparse_schedule_counts(setup, attribution):
     mult = h if layout.num_heads == 1 else 1
     table = step_table(layout)
     counts = {
-        "compute_full": int(np.sum((table & 3) == MASK_FREE)) * mult,
-        "compute_masked": int(np.sum((table & 3) == MASKED)) * mult,
+        "compute_full": int(np.sum(STEP.kind.read(table) == MASK_FREE)) * mult,
+        "compute_masked": int(np.sum(STEP.kind.read(table) == MASKED)) * mult,
     }
-    return accounting.row_grid_counts(setup, table >> 2, counts)
+    return accounting.row_grid_counts(setup, STEP.fetch_kv.read(table), counts)
 
 
 IMPLEMENTATION = register(
@@ -214,13 +227,13 @@ IMPLEMENTATION = register(
         roles=frozenset({Role.BLOCK_SPARSE}),
         forward=_forward,
         description="the Splash idea from scratch: full grid, a prefetched step table, skipped steps fetch nothing",
-        options_type=common.FlashOptions,
+        options_type=flash_options.FlashOptions,
         work=lambda layout, num_heads, head_dim, options: block_sparse_work(layout, num_heads, head_dim),
         kernel_names=("stlib_block_sparse",),
         compute_regions=_compute_regions,
         schedule_counts=block_sparse_schedule_counts,
-        chips=common.ALL_CHIPS,
-        resolve=common.flash_resolve,
+        chips=CHIPS,
+        resolve=flash_options.flash_resolve,
         backward=tile_training(
             lambda q, k, v, layout, mask, *, scale, options, interpret: block_sparse_attention(
                 q,
@@ -233,10 +246,10 @@ IMPLEMENTATION = register(
                 exp2=options.exp2,
                 return_lse=True,
             ),
-            common.flash_resolve,
+            flash_options.flash_resolve,
             exact_passes,
         ),
-        tuned_candidates=common.TUNED_CANDIDATES,
+        tuned_candidates=flash_options.TUNED_CANDIDATES,
         probe_regions=True,  # two compute regions: which one is mask-free, a probe tells
     )
 )

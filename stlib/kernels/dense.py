@@ -15,7 +15,8 @@ from jax.experimental import pallas as pl
 
 from stlib import accounting
 from stlib.blocks import BlockSizes
-from stlib.kernels import common
+from stlib.device import CHIPS
+from stlib.kernels import flash_options, mask_info, online_softmax, pallas_call
 from stlib.kernels.backward import tile_training
 from stlib.masks import DENSE_LIMIT, Mask, full
 from stlib.passes import MaskPlan, MaskPlanMode, exact_passes
@@ -41,9 +42,13 @@ def dense_attention(
     int8 [Hm, L, L] copy (L <= DENSE_LIMIT only)."""
     num_heads, length, head_dim = q.shape
     bq, bkv, chunk = block_sizes.block_q, block_sizes.block_kv, block_sizes.kv_chunk
-    qp, kp, vp = common.pad_sequence(q, bq), common.pad_sequence(k, bkv), common.pad_sequence(v, bkv)
+    qp, kp, vp = (
+        pallas_call.pad_sequence(q, bq),
+        pallas_call.pad_sequence(k, bkv),
+        pallas_call.pad_sequence(v, bkv),
+    )
     nq, nk = qp.shape[1] // bq, kp.shape[1] // bkv
-    options = common.SoftmaxOptions(scale, exp2)
+    options = online_softmax.SoftmaxOptions(scale, exp2)
 
     lazy = mask is None or mask.traceable
     ragged = kp.shape[1] != length
@@ -67,22 +72,30 @@ def dense_attention(
 
         @pl.when(j == 0)
         def _():
-            common.init_row(m_ref, l_ref, acc_ref)
+            online_softmax.init_row(m_ref, l_ref, acc_ref)
 
         if dense_mask is not None:
             mask_fn = lambda c0, shape: mask_ref[:, pl.ds(c0, shape[1])] != 0
         elif mask is not None or ragged:
             plan = MaskPlan(MaskPlanMode.IOTA, mask if mask is not None else full(length), length)
-            mask_fn = lambda c0, shape: common.iota_mask(plan, i * bq, j * bkv + c0, shape, h)
+            mask_fn = lambda c0, shape: mask_info.iota_mask(plan, i * bq, j * bkv + c0, shape, h)
         else:
             mask_fn = None
-        common.update_tile(
-            common.scaled_q(q_ref, options), k_ref, v_ref, m_ref, l_ref, acc_ref, options, chunk, mask_fn
+        online_softmax.update_tile(
+            online_softmax.scaled_q(q_ref, options),
+            k_ref,
+            v_ref,
+            m_ref,
+            l_ref,
+            acc_ref,
+            options,
+            chunk,
+            mask_fn,
         )
 
         @pl.when(j == nk - 1)
         def _():
-            common.finish_row(o_ref, lse_ref[0] if lse_ref else None, m_ref, l_ref, acc_ref, options)
+            online_softmax.finish_row(o_ref, lse_ref[0] if lse_ref else None, m_ref, l_ref, acc_ref, options)
 
     in_specs = [
         pl.BlockSpec((None, bq, head_dim), lambda h, i, j: (h, i, 0)),  # q [bq, D]
@@ -98,9 +111,9 @@ def dense_attention(
         in_specs=in_specs,
         out_specs=[pl.BlockSpec((None, bq, head_dim), lambda h, i, j: (h, i, 0))]
         + ([pl.BlockSpec((None, bq, 1), lambda h, i, j: (h, i, 0))] if return_lse else []),
-        scratch_shapes=common.softmax_scratch(bq, head_dim),
+        scratch_shapes=online_softmax.softmax_scratch(bq, head_dim),
     )
-    out = common.run_pallas(
+    out = pallas_call.run_pallas(
         kernel,
         grid_spec=grid_spec,
         out_shape=[jax.ShapeDtypeStruct(qp.shape, q.dtype)]
@@ -123,14 +136,14 @@ def dense_work(layout, num_heads: int, head_dim: int) -> accounting.KernelWork:
     return accounting.work_from_counts(layout, num_heads, head_dim, steps, steps, masked)
 
 
-def _forward(q, k, v, mask, *, scale, block_q, block_kv, options: common.FlashOptions, interpret):
-    sizes, options = common.flash_resolve(mask, q.shape[1], block_q, block_kv, options, interpret)
+def _forward(q, k, v, mask, *, scale, block_q, block_kv, options: flash_options.FlashOptions, interpret):
+    sizes, options = flash_options.flash_resolve(mask, q.shape[1], block_q, block_kv, options, interpret)
     return dense_attention(
         q, k, v, mask, scale=scale, block_sizes=sizes, interpret=interpret, exp2=options.exp2
     )
 
 
-def _forward_with_lse(q, k, v, layout, mask, *, scale, options: common.FlashOptions, interpret):
+def _forward_with_lse(q, k, v, layout, mask, *, scale, options: flash_options.FlashOptions, interpret):
     sizes = BlockSizes(layout.block_q, layout.block_kv, options.block_kv_compute)
     return dense_attention(
         q, k, v, mask, scale=scale, block_sizes=sizes, interpret=interpret, exp2=options.exp2, return_lse=True
@@ -150,15 +163,15 @@ IMPLEMENTATION = register(
         roles=frozenset({Role.DENSE}),
         forward=_forward,
         description="flash attention in Pallas over every tile, masking element by element",
-        options_type=common.FlashOptions,
+        options_type=flash_options.FlashOptions,
         work=lambda layout, num_heads, head_dim, options: dense_work(layout, num_heads, head_dim),
         kernel_names=("stlib_dense_flash",),
         compute_regions=lambda kernel, n: [],
         schedule_counts=dense_schedule_counts,
-        chips=common.ALL_CHIPS,
-        resolve=common.flash_resolve,
-        tuned_candidates=common.TUNED_CANDIDATES,
-        backward=tile_training(_forward_with_lse, common.flash_resolve, exact_passes),
+        chips=CHIPS,
+        resolve=flash_options.flash_resolve,
+        tuned_candidates=flash_options.TUNED_CANDIDATES,
+        backward=tile_training(_forward_with_lse, flash_options.flash_resolve, exact_passes),
     )
 )
 

@@ -34,8 +34,7 @@ from jax.experimental.pallas.ops.tpu import splash_attention as sa
 from stlib import masks as M
 from stlib._intmath import round_up
 from stlib.accounting import block_changes, work_from_counts
-from stlib.device import resolve_interpret
-from stlib.kernels.common import ALL_CHIPS, LANES
+from stlib.device import CHIPS, LANES, resolve_interpret
 from stlib.layout import TileKind, block_layout
 from stlib.registry import Capabilities, Implementation, Role, ScheduleCounts, register
 
@@ -315,9 +314,12 @@ def splash_schedule_counts(setup, attribution) -> ScheduleCounts:
             f"{attribution.kernel}: grid {attribution.grid} does not start with (heads, q tiles) = {(h, nq)}"
         )
     from stlib.kernels.block_sparse import step_table
+    from stlib.kernels.mask_info import BLOCK_SPARSE_STEP
 
     group = h // (getattr(setup, "num_kv_heads", None) or h)  # q heads per kv head
-    kv = (np.arange(h) // group)[:, None, None] * nk + np.broadcast_to(step_table(layout) >> 2, (h, nq, nk))
+    kv = (np.arange(h) // group)[:, None, None] * nk + np.broadcast_to(
+        BLOCK_SPARSE_STEP.fetch_kv.read(step_table(layout)), (h, nq, nk)
+    )
     counts = {"init": h * nq, "finalise": h * nq, "compute": int(np.sum(layout.kinds != TileKind.EMPTY)) * h}
     return ScheduleCounts(
         counts,
@@ -386,7 +388,7 @@ IMPLEMENTATION = register(
         kernel_names=("splash",),
         compute_regions=lambda kernel, n: ["compute"],
         schedule_counts=splash_schedule_counts,
-        chips=ALL_CHIPS,
+        chips=CHIPS,
         resolve=lambda mask, length, block_q, block_kv, options, interpret: (
             splash_blocks(length, block_q, block_kv),
             options,

@@ -30,11 +30,12 @@ from jax.experimental.pallas import tpu as pltpu
 
 from stlib import accounting
 from stlib.blocks import BlockSizes
-from stlib.kernels import common
+from stlib.device import CHIPS
+from stlib.kernels import flash_options, mask_info, online_softmax, pallas_call
 from stlib.kernels.backward import tile_training
 from stlib.layout import BlockLayout, block_layout, flat_steps, row_tables
 from stlib.masks import Mask, full
-from stlib.passes import BoundaryPolicy, MaskPlan, MaskPlanMode, Pass, PassKind, balanced_keep, split_passes
+from stlib.passes import BoundaryPolicy, MaskPlan, MaskPlanMode, PassKind, split_passes
 from stlib.registry import Implementation, Role, ScheduleCounts, register
 
 NAME = "pallas_tile"
@@ -57,7 +58,7 @@ def _enum_field(options, name: str, kind: type[enum.Enum]) -> None:
 
 
 @dataclass(frozen=True)
-class TileOptions(common.FlashOptions):
+class TileOptions(flash_options.FlashOptions):
     """``form``: the grid form (``GridForm`` or its name); ``boundary``: the boundary policy
     (``BoundaryPolicy`` or its name); ``exp2`` (on by default here) and ``block_kv_compute`` as in
     ``FlashOptions``."""
@@ -79,19 +80,8 @@ class TileOptions(common.FlashOptions):
 def _pass_tables(selected: np.ndarray, plan: MaskPlan, form: GridForm) -> tuple[list[np.ndarray], int]:
     """Scalar-prefetch tables of one pass and its innermost grid extent (W or S)."""
     if form == GridForm.ROWS:
-        return common.row_step_tables(selected, plan)
-    steps = flat_steps(selected)
-    head_q = (steps["step_head"] << 16) | steps["step_q"]
-    flags = steps["step_first"] | (steps["step_last"] << 1) | (steps["step_active"] << 2)
-    tables = [head_q.astype(np.int32), ((steps["step_kv"] << 3) | flags).astype(np.int32)]
-    if plan.mode == MaskPlanMode.TABLE:
-        idx = np.broadcast_to(plan.index, selected.shape)[
-            steps["step_head"], steps["step_q"], steps["step_kv"]
-        ]
-        tables.append(common.carried_index(np.where(steps["step_active"] > 0, idx, -1)))
-    if plan.mode == MaskPlanMode.PREFIX:
-        tables.append(plan.kv_valid.astype(np.int32))
-    return tables, int(head_q.shape[0])
+        return mask_info.row_step_tables(selected, plan)
+    return mask_info.flat_step_tables(selected, plan)
 
 
 def _run_pass(
@@ -104,7 +94,7 @@ def _run_pass(
     bq,
     bkv,
     options: TileOptions,
-    softmax: common.SoftmaxOptions,
+    softmax: online_softmax.SoftmaxOptions,
     interpret,
     out_dtype,
     name,
@@ -114,7 +104,7 @@ def _run_pass(
     nq = lq // bq
     shared = selected.shape[0] == 1
     tables, extent = _pass_tables(selected, plan, options.form)
-    common.check_prefetch(
+    mask_info.check_prefetch(
         tables,
         plan,
         bq,
@@ -141,12 +131,23 @@ def _run_pass(
     else:
         grid = (num_heads if shared else 1, extent)
 
+        head_q_word, flags_word = mask_info.FLAT_HEAD_Q, mask_info.FLAT_KV_FLAGS
+
         def locate(g, s, head_q, kv_flags, *_):
-            return g + (head_q[s] >> 16), head_q[s] & 0xFFFF, kv_flags[s] >> 3, s
+            return (
+                g + head_q_word.head.read(head_q[s]),
+                head_q_word.q.read(head_q[s]),
+                flags_word.kv.read(kv_flags[s]),
+                s,
+            )
 
         def step_flags(g, s, head_q, kv_flags, *_):
             flags = kv_flags[s]
-            return (flags & 1) == 1, (flags & 2) == 2, (flags & 4) == 4
+            return (
+                flags_word.first.is_set(flags),
+                flags_word.last.is_set(flags),
+                flags_word.active.is_set(flags),
+            )
 
         semantics = ("parallel", "arbitrary")
 
@@ -163,12 +164,12 @@ def _run_pass(
 
         @pl.when(first)
         def _():
-            common.init_row(m_ref, l_ref, acc_ref)
+            online_softmax.init_row(m_ref, l_ref, acc_ref)
 
         if not masked:
             mask_fn = None
         elif plan.mode == MaskPlanMode.IOTA:
-            mask_fn = lambda c0, shape: common.iota_mask(plan, qi * bq, ki * bkv + c0, shape, head)
+            mask_fn = lambda c0, shape: mask_info.iota_mask(plan, qi * bq, ki * bkv + c0, shape, head)
         elif plan.mode == MaskPlanMode.PREFIX:  # the tile's real keys come first: one compare per score
             real_keys = tab[-1][ki]
             mask_fn = lambda c0, shape: c0 + jax.lax.broadcasted_iota(jnp.int32, shape, 1) < real_keys
@@ -177,13 +178,21 @@ def _run_pass(
 
         @pl.when(active)
         def _():
-            common.update_tile(
-                common.scaled_q(q_ref, softmax), k_ref, v_ref, m_ref, l_ref, acc_ref, softmax, chunk, mask_fn
+            online_softmax.update_tile(
+                online_softmax.scaled_q(q_ref, softmax),
+                k_ref,
+                v_ref,
+                m_ref,
+                l_ref,
+                acc_ref,
+                softmax,
+                chunk,
+                mask_fn,
             )
 
         @pl.when(last)
         def _():
-            common.finish_row(o_ref, lse_ref, m_ref, l_ref, acc_ref, softmax)
+            online_softmax.finish_row(o_ref, lse_ref, m_ref, l_ref, acc_ref, softmax)
 
     def q_map(*args):
         h, qi, _, _ = locate(*args)
@@ -215,13 +224,13 @@ def _run_pass(
         grid=grid,
         in_specs=in_specs,
         out_specs=out_specs,
-        scratch_shapes=common.softmax_scratch(bq, head_dim),
+        scratch_shapes=online_softmax.softmax_scratch(bq, head_dim),
     )
     out_shape = [
         jax.ShapeDtypeStruct(qp.shape, out_dtype),
         jax.ShapeDtypeStruct((num_heads, lq, 1), jnp.float32),
     ]
-    return common.run_pallas(
+    return pallas_call.run_pallas(
         kernel,
         grid_spec=grid_spec,
         out_shape=out_shape,
@@ -253,8 +262,12 @@ def tile_attention(
     bq, bkv = layout.block_q, layout.block_kv
     BlockSizes(bq, bkv, options.block_kv_compute)  # validates the tiling rule
     passes = split_passes(layout, options.boundary)
-    qp, kp, vp = common.pad_sequence(q, bq), common.pad_sequence(k, bkv), common.pad_sequence(v, bkv)
-    softmax = common.SoftmaxOptions(scale, options.exp2)
+    qp, kp, vp = (
+        pallas_call.pad_sequence(q, bq),
+        pallas_call.pad_sequence(k, bkv),
+        pallas_call.pad_sequence(v, bkv),
+    )
+    softmax = online_softmax.SoftmaxOptions(scale, options.exp2)
     out_dtype = jnp.float32 if len(passes) > 1 else q.dtype
     o = lse = None
     for p in passes:
@@ -272,7 +285,7 @@ def tile_attention(
             out_dtype=out_dtype,
             name=f"stlib_tile_{p.name}",
         )
-        o, lse = (o_p, lse_p) if o is None else common.merge_partials(o, lse, o_p, lse_p)
+        o, lse = (o_p, lse_p) if o is None else online_softmax.merge_partials(o, lse, o_p, lse_p)
     if o is None:  # nothing to compute: every row sees nothing
         o, lse = jnp.zeros(qp.shape, q.dtype), jnp.full((num_heads, qp.shape[1], 1), -jnp.inf, jnp.float32)
     o = o[:, :length].astype(q.dtype)
@@ -298,7 +311,7 @@ def tile_work(layout: BlockLayout, num_heads: int, head_dim: int, options: TileO
 
 
 def _forward(q, k, v, mask: Mask | None, *, scale, block_q, block_kv, options: TileOptions, interpret):
-    sizes, options = common.flash_resolve(mask, q.shape[1], block_q, block_kv, options, interpret)
+    sizes, options = flash_options.flash_resolve(mask, q.shape[1], block_q, block_kv, options, interpret)
     layout = block_layout(mask if mask is not None else full(q.shape[1]), sizes.block_q, sizes.block_kv)
     return tile_attention(q, k, v, layout, scale=scale, interpret=interpret, options=options)
 
@@ -387,13 +400,13 @@ IMPLEMENTATION = register(
         kernel_names=tuple(f"stlib_tile_{kind}" for kind in PassKind),
         compute_regions=_compute_regions,
         schedule_counts=tile_schedule_counts,
-        chips=common.ALL_CHIPS,
-        resolve=common.flash_resolve,
-        tuned_candidates=common.TUNED_CANDIDATES,
+        chips=CHIPS,
+        resolve=flash_options.flash_resolve,
+        tuned_candidates=flash_options.TUNED_CANDIDATES,
         plan_runner=run_plan,
         backward=tile_training(
             lambda q, k, v, layout, mask, **kw: tile_attention(q, k, v, layout, **kw, return_lse=True),
-            common.flash_resolve,
+            flash_options.flash_resolve,
             lambda layout, options: split_passes(layout, options.boundary),
         ),
         variants={"rows": {"form": "rows"}, "flat": {"form": "flat"}, "balanced": {"boundary": "balanced"}},
@@ -401,17 +414,12 @@ IMPLEMENTATION = register(
 )
 
 
-__all__ = [  # with the pass rules re-exported from stlib.passes, where they now live
+__all__ = [
     "IMPLEMENTATION",
     "NAME",
-    "BoundaryPolicy",
     "GridForm",
-    "Pass",
-    "PassKind",
     "TileOptions",
-    "balanced_keep",
     "run_plan",
-    "split_passes",
     "tile_attention",
     "tile_schedule_counts",
     "tile_work",

@@ -11,10 +11,10 @@ import numpy as np
 
 from stlib._intmath import floordiv
 from stlib.masks.base import Mask
-from stlib.masks.video import _SpatialRangeMask
+from stlib.masks.video import SpatialRangeMask
 
 
-class TokenMajorPrefixMask(_SpatialRangeMask):
+class TokenMajorPrefixMask(SpatialRangeMask):
     """Keys whose token-major position s * T + t is below H*W (the reordered anchor of a temporal
     head), in raster terms: in frame t, the spatial indices s < ceil((H*W - t) / T)."""
 

@@ -202,7 +202,7 @@ class FrameWindowMask(VideoMask):
         return f"spatial({self.grid.shape}, frame_window={self.frame_window})"
 
 
-class _SpatialRangeMask(VideoMask):
+class SpatialRangeMask(VideoMask):
     """Keys whose spatial index lies in a per-(query, key frame) range [lo, hi): T intervals per row."""
 
     def _spatial_range(self, tq, sq, tk, xp):
@@ -222,7 +222,7 @@ class _SpatialRangeMask(VideoMask):
         return tk * s + lo, tk * s + np.maximum(hi, lo)
 
 
-class SpatialNeighbourMask(_SpatialRangeMask):
+class SpatialNeighbourMask(SpatialRangeMask):
     """SVG temporal head: same spatial location (|s_q - s_k| <= spatial_window), every frame."""
 
     def __init__(self, grid, spatial_window):
@@ -239,7 +239,7 @@ class SpatialNeighbourMask(_SpatialRangeMask):
         return f"temporal({self.grid.shape}, spatial_window={self.spatial_window})"
 
 
-class TokenMajorBandMask(_SpatialRangeMask):
+class TokenMajorBandMask(SpatialRangeMask):
     """A band |p(q) - p(k)| <= width in token-major position p = s * T + t (SVG temporal band)."""
 
     def __init__(self, grid, width):
@@ -261,7 +261,7 @@ class TokenMajorBandMask(_SpatialRangeMask):
         return f"temporal_band({self.grid.shape}, width={self.width})"
 
 
-class RadialMask(_SpatialRangeMask):
+class RadialMask(SpatialRangeMask):
     """Radial Attention, see ``radial``."""
 
     def __init__(self, grid, spatial_window, sink):

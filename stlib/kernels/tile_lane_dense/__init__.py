@@ -19,27 +19,23 @@ import dataclasses
 from stlib import accounting
 from stlib._intmath import round_up
 from stlib.blocks import BlockSizes, default_block_sizes
-from stlib.device import LANES, current_chip, resolve_interpret
+from stlib.device import CHIPS, LANES, current_chip, resolve_interpret
 from stlib.geometry import tile_rows
-from stlib.kernels import common, tuned
+from stlib.kernels import flash_options, tuned
 from stlib.kernels.backward import tile_training
-from stlib.kernels.tile import BoundaryPolicy, split_passes
+from stlib.kernels.pallas_call import VMEM_SHARE, vmem_limit
 from stlib.kernels.tile_lane_dense.kernel import (
     FOLD_LANES,
     KERNEL_PREFIX,
     NAME,
-    VMEM_SHARE,
     LaneDenseOptions,
-    check_blocks,
-    fit_lookahead,
     lane_dense_attention,
-    vmem_bytes,
-    vmem_limit,
 )
 from stlib.kernels.tile_lane_dense.steps import (
     CODE_BITS,
     FIRST_PATTERN,
     MAX_PATTERNS,
+    STEP,
     Pattern,
     StepKind,
     StepPlan,
@@ -49,11 +45,14 @@ from stlib.kernels.tile_lane_dense.steps import (
     region_name,
     regions_of,
 )
+from stlib.kernels.tile_lane_dense.vmem import check_blocks, fit_lookahead, vmem_bytes
 from stlib.layout import BlockLayout, block_layout
 from stlib.masks import Mask, PermutedMask, full
+from stlib.passes import BoundaryPolicy, split_passes
 from stlib.registry import Implementation, Role, ScheduleCounts, register
 
 __all__ = [
+    "CODE_BITS",
     "DEFAULT_BLOCKS",
     "FIRST_PATTERN",
     "FOLD_LANES",
@@ -257,7 +256,7 @@ def lane_dense_schedule_counts(setup, attribution) -> ScheduleCounts:
         raise ValueError(f"{attribution.kernel!r}: the layout's step kinds make kernel {name!r}")
     entries, _ = steps.tables()
     paths = {region_name(code): int((steps.codes == code).sum()) * mult for code in steps.present}
-    return accounting.row_grid_counts(setup, entries >> CODE_BITS, paths)
+    return accounting.row_grid_counts(setup, STEP.kv.read(entries), paths)
 
 
 IMPLEMENTATION = register(
@@ -274,9 +273,9 @@ IMPLEMENTATION = register(
         kernel_names=(KERNEL_PREFIX,),
         compute_regions=_compute_regions,
         schedule_counts=lane_dense_schedule_counts,
-        chips=common.ALL_CHIPS,
+        chips=CHIPS,
         resolve=resolve_blocks,
-        tuned_candidates=common.TUNED_CANDIDATES,
+        tuned_candidates=flash_options.TUNED_CANDIDATES,
         sweep_candidates=SWEEP_CANDIDATES,
         plan_runner=run_plan,
         backward=tile_training(

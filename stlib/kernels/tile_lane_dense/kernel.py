@@ -25,18 +25,17 @@ from jax.experimental.pallas import tpu as pltpu
 
 from stlib._intmath import round_up
 from stlib.device import SUBLANES, current_chip, resolve_interpret
-from stlib.kernels import common
-from stlib.kernels.common import VMEM_SHARE, vmem_limit  # noqa: F401 - re-exported by the package
+from stlib.kernels import mask_info, online_softmax, pallas_call
 from stlib.kernels.tile_lane_dense.options import FOLD_LANES, LaneDenseOptions
 from stlib.kernels.tile_lane_dense.steps import (
-    CODE_BITS,
     FIRST_PATTERN,
+    STEP,
     StepKind,
     StepPlan,
     kernel_name,
     plan_steps,
 )
-from stlib.kernels.tile_lane_dense.vmem import check_blocks, fit_lookahead, vmem_bytes  # noqa: F401
+from stlib.kernels.tile_lane_dense.vmem import check_blocks, fit_lookahead
 from stlib.layout import BlockLayout
 from stlib.passes import MaskPlan, MaskPlanMode, plan_mask
 from stlib.reference import MASK_VALUE
@@ -137,7 +136,7 @@ def _build_kernel(
     nq: int,
     extent: int,
     shared: bool,
-    softmax: common.SoftmaxOptions,
+    softmax: online_softmax.SoftmaxOptions,
     p_dtype,
     n_tables: int,
     with_lse: bool = False,
@@ -167,7 +166,7 @@ def _build_kernel(
         h, i, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
         row = i if shared else h * nq + i
         entry = steps_ref[row * extent + j]
-        step_code, ki = entry & ((1 << CODE_BITS) - 1), entry >> CODE_BITS
+        step_code, ki = STEP.code.read(entry), STEP.kv.read(entry)
         active = j < counts_ref[row]
 
         @pl.when(j == 0)
@@ -371,18 +370,18 @@ def lane_dense_attention(
     shared = entries.shape[0] == 1
     if table:
         idx = np.take_along_axis(
-            np.broadcast_to(mask_plan.index, steps.codes.shape), entries >> CODE_BITS, axis=2
+            np.broadcast_to(mask_plan.index, steps.codes.shape), STEP.kv.read(entries), axis=2
         )
         idx = np.where(np.arange(extent) < counts[:, :, None], idx, -1)
-        tables.append(common.carried_index(idx).reshape(-1))
-    common.check_prefetch(
+        tables.append(mask_info.carried_index(idx).reshape(-1))
+    mask_info.check_prefetch(
         tables,
         mask_plan,
         bq,
         f"{NAME} ({entries.shape[0]} heads x {nq} x {layout.grid_shape[1]} tiles of {bq}x{bkv})",
         "use larger tiles or fewer heads per call",
     )
-    softmax = common.SoftmaxOptions(scale, options.exp2)
+    softmax = online_softmax.SoftmaxOptions(scale, options.exp2)
     p_dtype = v.dtype if (options.bf16_probs or v.dtype == jnp.float32) else jnp.float32
     kernel = _build_kernel(
         steps=steps,
@@ -407,7 +406,7 @@ def lane_dense_attention(
         return (h, i, 0)
 
     def kv_tile(h, i, j, steps_ref):
-        return steps_ref[row_of(h, i) * extent + j] >> CODE_BITS
+        return STEP.kv.read(steps_ref[row_of(h, i) * extent + j])
 
     def kv_map(h, i, j, steps_ref, *_):
         return (h, kv_tile(h, i, j, steps_ref), 0)
@@ -441,7 +440,7 @@ def lane_dense_attention(
             pltpu.VMEM((bq, head_dim), q.dtype),  # q with the softmax scale folded in
         ],
     )
-    out = common.run_pallas(
+    out = pallas_call.run_pallas(
         kernel,
         grid_spec=grid_spec,
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype)]

@@ -31,12 +31,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from stlib.device import LANES
+from stlib.kernels.mask_info import LANE_DENSE_STEP
 from stlib.layout import BlockLayout, TileKind, block_layout, row_tables, valid_tokens
 
 #: Most distinct patterns one call compiles (each is a region of its own); rarer ones stay MASKED.
 MAX_PATTERNS = 8
-#: Bits of a step-table entry that hold the step's code (the kv tile index sits above them).
-CODE_BITS = 8
+#: A step-table entry: the step's code in its low bits, the kv tile above them (``mask_info``).
+STEP = LANE_DENSE_STEP
+#: Bits of an entry that hold the step's code (the kv tile index sits above them).
+CODE_BITS = STEP.code.width
 
 
 class StepKind(enum.IntEnum):
@@ -140,11 +143,11 @@ class StepPlan:
         return self.patterns[code - FIRST_PATTERN]
 
     def tables(self):
-        """(steps int32 [Hl, nq, W] = kv tile << CODE_BITS | code, counts int32 [Hl, nq]); entries
+        """(steps int32 [Hl, nq, W], each a ``STEP`` word of code and kv tile, counts int32 [Hl, nq]); entries
         past a row's count repeat its last entry, so skipped steps fetch nothing."""
         tiles, counts = row_tables(self.codes >= 0)
         code = np.take_along_axis(np.maximum(self.codes, 0), tiles, axis=2).astype(np.int32)
-        return (tiles << CODE_BITS) | code, counts
+        return STEP.pack(code=code, kv=tiles), counts
 
     def pairs(self, code: int) -> int:
         """Score pairs one step of ``code`` computes."""

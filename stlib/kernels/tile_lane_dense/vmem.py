@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from stlib.blocks import BlockSizes
 from stlib.device import LANES, SUBLANES
-from stlib.kernels.common import vmem_limit
+from stlib.kernels.pallas_call import vmem_limit
 
 
 def vmem_bytes(
