@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from stlib.contract import ScheduleCounts
 from stlib.layout import BlockLayout
-from stlib.registry import ScheduleCounts
 
 
 @dataclass(frozen=True)

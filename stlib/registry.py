@@ -1,15 +1,20 @@
-"""The implementation registry: every attention implementation is one ``Implementation`` object,
-registered once, that owns what the rest of the library needs to know about it.
+"""The implementation registry: every attention implementation is an ``Implementation`` (the op:
+what runs), registered once with the two adapters the rest of stlib reads about it.
 
-``stlib.attention(..., impl=name, options=...)`` runs ``forward``; ``config`` resolves the blocks
-and options of a call once (the forward, the estimator and the sweeps all ask it); ``supports``
-says what the implementation accepts (shared kv heads, its own v head dim, a mask, a chip); the
-roofline and benchmarks ask ``work`` what it computes; the static estimator asks
-``compute_regions`` how to name the compiled schedule's conditional regions and
-``schedule_counts`` how often each runs; sweeps take ``tuned_candidates``; a routed plan runs
-through ``plan_runner``; compile tests iterate over ``tpu_kernels()``; ``baseline()`` is the dense
-kernel every comparison is a ratio to. Adding a kernel is its own file plus one registration (its
-import in ``stlib/kernels/__init__.py``): nothing else names it.
+* The op: ``forward``; ``config`` resolves the blocks and options of a call once (the forward, the
+  estimator and the sweeps all ask it); ``supports`` says what it accepts (shared kv heads, its own
+  v head dim, a mask, a chip); ``work`` what it computes (roofline, benchmarks); ``plan_runner`` a
+  routed plan; ``backward`` its training path (joined into a ``custom_vjp`` by ``trainable``);
+  ``roles`` what the rest of stlib asks ``by_role`` for.
+* ``EstimatorHooks`` (``Implementation.estimator``; None: no Pallas kernel): how the static estimator
+  reads its compiled kernels (their names, the conditional regions of a step, how often each runs,
+  the blocks a tuned estimate sweeps).
+* ``Presentation`` (``Implementation.presentation``): how benchmarks, sweeps and plots name and vary
+  it (title, variants, block-sweep candidates and the facts a sweep records beside each).
+
+``impl="auto"`` reads one table, ``AUTO_PICKS`` (situation -> roles in order). Adding a kernel is
+its own file plus one ``register`` call (its import in ``stlib/kernels/__init__.py``): nothing else
+names it.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ import dataclasses
 import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+
+from stlib.contract import Backward, Capabilities, Config, EstimatorHooks, NoOptions, Presentation
 
 
 class Role(enum.StrEnum):
@@ -35,100 +42,21 @@ class Role(enum.StrEnum):
 
 
 @dataclass(frozen=True)
-class NoOptions:
-    """The options of an implementation that takes none."""
-
-
-@dataclass(frozen=True)
-class ScheduleCounts:
-    """What one compiled Pallas kernel of a call executes (all heads), for the static estimator:
-    ``paths`` executions of each conditional path ("init", "compute_full", ...), ``grid_steps``,
-    ``q_rows`` q-block fetches (each also writes an output block), ``kv_fetches`` k/v block fetches,
-    the kernel's blocks, the output's itemsize and whether it writes a [block_q, 1] f32 LSE."""
-
-    paths: dict[str, int]
-    grid_steps: int
-    q_rows: int
-    kv_fetches: int
-    block_q: int
-    block_kv: int
-    out_itemsize: int
-    writes_lse: bool
-    #: A kernel whose operands are not a forward's q, k, v, o (a backward kernel) states its HBM
-    #: bytes itself: per row start (``q_rows``), per step fetch (``kv_fetches``), and bytes its DMAs
-    #: move while the kernel waits (never hidden). None: derived from q, k, v, o as laid out.
-    row_bytes: int | None = None
-    fetch_bytes: int | None = None
-    waited_bytes: int = 0
-
-
-@dataclass(frozen=True)
-class Config:
-    """The blocks and options one call of an implementation runs with, resolved once: ``block_q``
-    rows x ``block_kv`` keys per grid step in chunks of ``block_kv_compute`` keys (None: the whole
-    tile; all None for an implementation without blocks) and ``options`` (its ``options_type``)."""
-
-    block_q: int | None
-    block_kv: int | None
-    block_kv_compute: int | None
-    options: object
-
-    def blocks(self) -> dict:
-        return {"block_q": self.block_q, "block_kv": self.block_kv, "block_kv_compute": self.block_kv_compute}
-
-
-@dataclass(frozen=True)
-class Backward:
-    """The training path of an implementation: ``forward(q, k, v, mask, **call) -> (o, residuals)``
-    (the forward that also keeps what the backward needs) and ``backward(residuals, do, mask,
-    **call) -> (dq, dk, dv)``; ``call``: the keywords of ``Implementation.forward``. ``stlib.api``
-    joins them into a ``jax.custom_vjp``. ``kernel_names``, ``compute_regions`` and
-    ``schedule_counts``: as ``Implementation``'s, for the backward's own Pallas kernels."""
-
-    forward: Callable
-    backward: Callable
-    kernel_names: tuple[str, ...] = ()
-    compute_regions: Callable | None = None
-    schedule_counts: Callable | None = None
-
-
-@dataclass(frozen=True)
-class Capabilities:
-    """What an implementation accepts beyond [H, L, D] self-attention with a stlib mask:
-    ``shared_kv_heads``: k / v with fewer heads than q (GQA, MQA); ``head_dim_v``: v with its own
-    head dim; ``mask_support(mask) -> str | None``: why a mask is refused (None: accepted);
-    ``max_length``: the longest sequence it takes (the materialising reference's L x L scores)."""
-
-    shared_kv_heads: bool = False
-    head_dim_v: bool = False
-    mask_support: Callable | None = None
-    max_length: int | None = None  # longest sequence it takes (None: no limit of its own)
-
-
-@dataclass(frozen=True)
 class Implementation:
-    """One attention implementation.
+    """One attention implementation (the op).
 
     ``forward(q, k, v, mask, *, scale, block_q, block_kv, options, interpret)`` -> [H, L, D] gets
     validated inputs (``stlib.api``); ``options`` is an instance of ``options_type``.
     ``work(layout, num_heads, head_dim, options)`` -> ``KernelWork`` (grid steps, computed and
-    masked tiles, flops) on a tile layout. ``kernel_names``: name prefixes of its Pallas kernels in
-    a compiled program (empty: not a Pallas implementation). ``compute_regions(kernel, n)`` names
-    the n conditional compute regions of a compiled step; ``schedule_counts(setup, attribution)``
-    -> ``ScheduleCounts`` of one compiled kernel (stlib.analysis). ``chips``: the chips it compiles
-    for. ``resolve(mask, length, block_q, block_kv, options, interpret)`` -> (blocks with
-    ``block_q``, ``block_kv``, ``block_kv_compute``; options with the chunk resolved): the one rule
-    by which it picks its blocks (None: it has none). ``capabilities``: see ``Capabilities``.
-    ``tuned_candidates``: the (block_q, block_kv) a tuned static estimate sweeps;
-    ``sweep_candidates``: {mask family: (block_q, block_kv, block_kv_compute)} of a block sweep. ``plan_runner(q,
-    k, v, plan, *, scale, options, interpret)`` runs a routed ``stlib.routing.SvgPlan`` with the
-    plan's own tile layout (None: the plan's masks go through ``forward``). ``backward``: its
-    training path (``Backward``; None: differentiable only where ``forward`` is plain JAX). ``roles``:
-    the ``Role`` entries it holds (what the rest of stlib asks ``by_role`` for; one holder a role). ``auto_rank``: {situation of
-    ``AUTO_SITUATIONS``: rank} where ``impl="auto"`` may pick it, the lowest rank that accepts the
-    mask first (``choose``). ``probe_regions``: its two compute
-    regions are told apart by a probe compiled with no masked tile. ``title`` and ``variants``
-    (label -> options) say how the case-study comparisons run it.
+    masked tiles, flops) on a tile layout. ``chips``: the chips it compiles for. ``resolve(mask,
+    length, block_q, block_kv, options, interpret)`` -> (blocks with ``block_q``, ``block_kv``,
+    ``block_kv_compute``; options with the chunk resolved): the one rule by which it picks its
+    blocks (None: it has none). ``capabilities``: see ``Capabilities``. ``plan_runner(q, k, v,
+    plan, *, scale, options, interpret)`` runs a routed ``stlib.routing.SvgPlan`` with the plan's
+    own tile layout (None: the plan's masks go through ``forward``). ``backward``: its training path
+    (``Backward``; None: differentiable only where ``forward`` is plain JAX). ``roles``: the
+    ``Role`` entries it holds (one holder a role). ``estimator`` and ``presentation``: its adapters,
+    given to ``register``.
     """
 
     name: str
@@ -136,23 +64,16 @@ class Implementation:
     description: str
     options_type: type = NoOptions
     work: Callable | None = None
-    kernel_names: tuple[str, ...] = ()
-    compute_regions: Callable | None = None
-    schedule_counts: Callable | None = None
     chips: tuple[str, ...] = ()
     resolve: Callable | None = (
         None  # (mask, length, block_q, block_kv, options, interpret) -> (blocks, options)
     )
     capabilities: Capabilities = field(default_factory=Capabilities)
-    tuned_candidates: tuple[tuple[int, int], ...] = ()
-    sweep_candidates: Mapping[str, tuple] = field(default_factory=dict)  # family -> (bq, bkv, chunk)
     plan_runner: Callable | None = None
     backward: Backward | None = None
     roles: frozenset = frozenset()  # the ``Role`` entries it holds
-    auto_rank: Mapping[str, int] = field(default_factory=dict)  # situation -> rank (0 first)
-    probe_regions: bool = False
-    title: str = ""  # how comparisons name it ("" : its name)
-    variants: Mapping[str, Mapping] = field(default_factory=dict)  # labelled options comparisons run
+    estimator: EstimatorHooks | None = None  # set by ``register``
+    presentation: Presentation = field(default_factory=Presentation)  # set by ``register``
 
     def __repr__(self) -> str:
         return f"<stlib implementation {self.name!r}: {self.description}>"
@@ -160,10 +81,15 @@ class Implementation:
     def comparison_runs(self) -> list[tuple[str, dict]]:
         """(label, options) of each variant the benchmark and estimate comparisons run: its
         ``variants``, or its defaults under its title."""
-        title = self.title or self.name
-        if not self.variants:
+        title, variants = self.title, self.presentation.variants
+        if not variants:
             return [(title, {})]
-        return [(f"{title} {label}", dict(options)) for label, options in self.variants.items()]
+        return [(f"{title} {label}", dict(options)) for label, options in variants.items()]
+
+    @property
+    def title(self) -> str:
+        """How comparisons name it (its presentation's title, else its name)."""
+        return self.presentation.title or self.name
 
     def trainable(self, mask, call: dict, primal: Callable | None = None) -> Callable:
         """(q, k, v) -> o: ``forward`` with ``mask`` and ``call`` (its keywords) as a function whose
@@ -207,7 +133,8 @@ class Implementation:
 
     @property
     def is_pallas(self) -> bool:
-        return bool(self.kernel_names)
+        """Whether it compiles to Pallas kernels that the estimator reads (its ``estimator``)."""
+        return self.estimator is not None
 
     def options(self, options=None, **overrides):
         """``options`` validated as this implementation's options type (None: the defaults; a dict:
@@ -270,16 +197,22 @@ class Implementation:
     def owns_kernel(self, kernel: str) -> bool:
         """Whether a compiled Pallas kernel of this name belongs to this implementation (its
         forward's or its backward's)."""
-        backward = self.backward.kernel_names if self.backward else ()
-        return any(kernel.startswith(prefix) for prefix in (*self.kernel_names, *backward))
+        return any(hooks.kernel_names and kernel.startswith(hooks.kernel_names) for hooks in self._hooks())
+
+    def _hooks(self) -> list[EstimatorHooks]:
+        """Its estimator hooks and its backward's, where it has them."""
+        hooks = [self.estimator, self.backward.estimator if self.backward else None]
+        return [h for h in hooks if h is not None]
 
     def schedule_rules(self, kernel: str) -> tuple[Callable | None, Callable | None]:
         """(compute_regions, schedule_counts) of the compiled kernel ``kernel``: the backward's for
         one of its backward's kernels, else the implementation's."""
-        backward = self.backward
-        if backward and any(kernel.startswith(prefix) for prefix in backward.kernel_names):
+        backward = self.backward.estimator if self.backward else None
+        if backward and kernel.startswith(backward.kernel_names):
             return backward.compute_regions, backward.schedule_counts
-        return self.compute_regions, self.schedule_counts
+        if self.estimator is None:
+            return None, None
+        return self.estimator.compute_regions, self.estimator.schedule_counts
 
 
 def _first_order_only(fn: Callable, message: str) -> Callable:
@@ -306,11 +239,40 @@ DEFAULT_IMPL = AUTO
 AUTO_SITUATIONS = ("tpu-masked", "tpu-dense", "elsewhere")
 
 
-def register(implementation: Implementation) -> Implementation:
-    """Make ``implementation`` available as ``stlib.attention(..., impl=implementation.name)``.
-    Raises ValueError if the name is taken."""
+#: What ``impl="auto"`` runs, the one table of it: per situation the roles in order, the first whose
+#: holder accepts the mask (``choose``). A mask the best tile kernel refuses goes to Splash on a TPU,
+#: then to XLA; off a TPU XLA, then (a short sequence whose mask table XLA refuses) the reference.
+AUTO_PICKS: dict[str, tuple[Role, ...]] = {
+    "tpu-masked": (Role.BEST_TILE, Role.BASELINE, Role.XLA),
+    "tpu-dense": (Role.BASELINE,),
+    "elsewhere": (Role.XLA, Role.REFERENCE),
+}
+
+
+def register(
+    implementation: Implementation,
+    *,
+    estimator: EstimatorHooks | None = None,
+    presentation: Presentation | None = None,
+) -> Implementation:
+    """Make ``implementation`` available as ``stlib.attention(..., impl=implementation.name)``, with
+    its estimator hooks (a Pallas implementation) and its presentation; returns the registered
+    entry. Raises ValueError if the name is taken or a role already held."""
     if not isinstance(implementation, Implementation):
         raise TypeError(f"register takes an Implementation, got {type(implementation).__name__}")
+    for name, value, kind in (
+        ("estimator", estimator, EstimatorHooks),
+        ("presentation", presentation, Presentation),
+    ):
+        if value is not None and not isinstance(value, kind):
+            raise TypeError(
+                f"{name}= takes {'an' if kind.__name__[0] in 'AEIOU' else 'a'} {kind.__name__}, got {type(value).__name__}"
+            )
+    implementation = dataclasses.replace(
+        implementation,
+        estimator=estimator or implementation.estimator,
+        presentation=presentation or implementation.presentation,
+    )
     if implementation.name in IMPLEMENTATIONS:
         raise ValueError(f"impl={implementation.name!r} is already registered")
     for role in implementation.roles:
@@ -353,19 +315,15 @@ def auto_situation(mask=None, backend: str | None = None) -> str:
 
 def choose(impl: str, mask=None, *, backend: str | None = None) -> Implementation:
     """The implementation a call with ``impl`` runs: the registered one of that name, or for
-    ``impl="auto"`` the implementation of lowest ``auto_rank`` in the call's situation
+    ``impl="auto"`` the first holder of ``AUTO_PICKS``'s roles for the call's situation
     (``auto_situation``) that accepts ``mask``. Raises ValueError for an unknown name, or when no
     ranked implementation accepts the mask (saying why each refused)."""
     if impl != AUTO:
         return get(impl)
     situation = auto_situation(mask, backend)
-    ranked = sorted(
-        (entry.auto_rank[situation], entry.name)
-        for entry in IMPLEMENTATIONS.values()
-        if situation in entry.auto_rank
-    )
+    ranked = [holder.name for role in AUTO_PICKS[situation] if (holder := _holder(role)) is not None]
     refusals = []
-    for _, name in ranked:
+    for name in ranked:
         reason = None if mask is None else IMPLEMENTATIONS[name].unsupported(mask=mask)
         if reason is None:
             return IMPLEMENTATIONS[name]
@@ -400,6 +358,12 @@ def baseline() -> Implementation:
     return by_role(Role.BASELINE)
 
 
+def auto_rank(implementation: Implementation, situation: str) -> int | None:
+    """Where ``impl="auto"`` places ``implementation`` in ``situation`` (0 first; None: never)."""
+    ranked = [role for role in AUTO_PICKS[situation] if role in implementation.roles]
+    return AUTO_PICKS[situation].index(ranked[0]) if ranked else None
+
+
 def tpu_kernels() -> list[Implementation]:
     """The implementations that compile to Pallas TPU kernels (Splash included)."""
     return [impl for impl in IMPLEMENTATIONS.values() if impl.is_pallas]
@@ -412,16 +376,13 @@ def owner_of_kernel(kernel: str) -> Implementation | None:
 
 __all__ = [
     "AUTO",
+    "AUTO_PICKS",
     "AUTO_SITUATIONS",
     "DEFAULT_IMPL",
     "IMPLEMENTATIONS",
-    "Backward",
-    "Capabilities",
-    "Config",
     "Implementation",
-    "NoOptions",
     "Role",
-    "ScheduleCounts",
+    "auto_rank",
     "auto_situation",
     "baseline",
     "by_role",

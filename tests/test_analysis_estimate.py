@@ -162,7 +162,7 @@ def test_tuned_blocks_take_the_best_of_the_sweep(monkeypatch):
         "splash", "causal", "tpu7x", num_heads=4, head_dim=128, length=8192, block_sizes="tuned"
     )
     assert est.blocks == {"block_q": 1024, "block_kv": 1024}
-    candidates = static.registry.get("splash").tuned_candidates
+    candidates = static.registry.get("splash").estimator.tuned_candidates
     assert len(est.sweep) == len(candidates) and "does not compile" in est.sweep[-1][2]
 
 

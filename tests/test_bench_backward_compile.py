@@ -31,7 +31,7 @@ def test_long_videos_are_the_tile_kernels_on_the_svg_mix():
 
 def test_the_svg_mix_is_built_on_the_long_video_grid():
     grid = VideoGrid(*bc.LONG_VIDEOS["1080p"])
-    mask, orders = bc._raster_mask_and_orders(bc.SVG_MIX, grid)
+    mask, orders = bc.raster_mask_and_orders(bc.SVG_MIX, grid)
     assert grid.num_tokens == 171_360 and mask.length == grid.num_tokens
     assert mask.num_heads == len(orders) == CASE_STUDY.num_heads
     assert {o.length for o in orders} == {grid.num_tokens}

@@ -28,7 +28,7 @@ def test_every_chip_and_video_has_the_tile_kernel_and_tuned_dense_splash():
 
 
 def test_the_kernel_mask_is_each_head_in_its_own_order():
-    raster, _ = se._raster_mask_and_orders(se.SVG_MIX)
+    raster, _ = se.raster_mask_and_orders(se.SVG_MIX)
     grid = CASE_STUDY.grid
     catalogue = se.kernel_mask("case study", anchor="frame0")
     assert catalogue.num_heads == CASE_STUDY.num_heads and catalogue.length == grid.num_tokens

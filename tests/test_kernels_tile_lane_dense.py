@@ -61,7 +61,7 @@ def test_step_kinds_split_full_ragged_masked():
     _, counts = steps.tables()
     assert (counts == (kinds >= 0).sum(axis=2)).all()
     assert ld.kernel_name(ld.KERNEL_PREFIX, steps.present) == "stlib_tile_ld_full_ragged_masked"
-    regions = ld.IMPLEMENTATION.compute_regions
+    regions = ld.IMPLEMENTATION.estimator.compute_regions
     assert regions("stlib_tile_ld_full_masked.3", 2) == ["compute_full", "compute_masked"]
     assert regions("stlib_tile_ld_full_p0_p1.2", 3) == [
         "compute_full",

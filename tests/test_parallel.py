@@ -156,7 +156,7 @@ def test_a_sharded_program_compiles_for_a_v6e_slice(strategy):
     assert compiled.memory_analysis().argument_size_in_bytes == 3 * 8 * grid.num_tokens * 128 * 2 // 4
     assert text.count("all-to-all") == (0 if strategy == "heads" else 4)  # q, k, v in; o out
     tile_kernel = stlib.registry.choose("auto", mask, backend="tpu")
-    kernels = {name for name in tile_kernel.kernel_names if name in text}
+    kernels = {name for name in tile_kernel.estimator.kernel_names if name in text}
     assert kernels, f"no {tile_kernel.name} kernel in the compiled program"
 
 

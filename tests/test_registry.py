@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import stlib
-from stlib import masks, registry
+from stlib import contract, masks, registry
 from stlib.geometry import TokenOrder
 from stlib.kernels.flash_options import FlashOptions
 from stlib.kernels.tile import GridForm, TileOptions
@@ -26,7 +26,9 @@ def test_every_implementation_is_registered_once_with_what_it_owns():
         assert impl.work is not None, impl.name
         assert dataclasses.is_dataclass(impl.options_type) and impl.options_type.__dataclass_params__.frozen
         if impl.is_pallas:
-            assert impl.compute_regions is not None and impl.schedule_counts is not None, impl.name
+            assert (
+                impl.estimator.compute_regions is not None and impl.estimator.schedule_counts is not None
+            ), impl.name
             assert impl.chips, impl.name
     with pytest.raises(ValueError, match="already registered"):
         registry.register(registry.IMPLEMENTATIONS["xla"])
@@ -131,10 +133,10 @@ def test_one_baseline_and_every_pallas_kernel_has_its_block_rule_and_candidates(
     with pytest.raises(ValueError, match="the role BASELINE .* is already held by 'splash'"):
         registry.register(dataclasses.replace(registry.baseline(), name="another_baseline"))
     for impl in registry.tpu_kernels():
-        assert impl.resolve is not None and impl.tuned_candidates, impl.name
-        assert all(bq % 8 == 0 and bkv % 128 == 0 for bq, bkv in impl.tuned_candidates), impl.name
-    assert registry.get("reference").config(None, 300) == registry.Config(
-        None, None, None, registry.NoOptions()
+        assert impl.resolve is not None and impl.estimator.tuned_candidates, impl.name
+        assert all(bq % 8 == 0 and bkv % 128 == 0 for bq, bkv in impl.estimator.tuned_candidates), impl.name
+    assert registry.get("reference").config(None, 300) == contract.Config(
+        None, None, None, contract.NoOptions()
     )
 
 
@@ -177,16 +179,25 @@ def test_auto_picks_the_tile_kernel_on_a_tpu_splash_when_dense_and_xla_elsewhere
     band = masks.band(512, 64)
     tile = registry.choose("auto", band, backend="tpu")
     assert tile.is_pallas and not tile.baseline and tile.plan_runner is not None
-    assert tile.auto_rank["tpu-masked"] == 0
+    assert registry.auto_rank(tile, "tpu-masked") == 0 and registry.auto_rank(tile, "elsewhere") is None
     assert registry.choose("auto", None, backend="tpu") is registry.baseline()
     for backend in ("cpu", "gpu"):
         assert registry.choose("auto", band, backend=backend).name == "xla"
         assert registry.choose("auto", None, backend=backend).name == "xla"
     assert registry.choose("pallas_dense", band, backend="tpu").name == "pallas_dense"
     assert registry.DEFAULT_IMPL == registry.AUTO
-    assert {s for impl in registry.IMPLEMENTATIONS.values() for s in impl.auto_rank} == set(
-        registry.AUTO_SITUATIONS
-    )
+    assert set(registry.AUTO_PICKS) == set(registry.AUTO_SITUATIONS)
+    for situation, roles in registry.AUTO_PICKS.items():  # every role the table names is held
+        assert all(registry.by_role(role) for role in roles), situation
+
+
+def test_register_takes_typed_adapters_only():
+    entry = registry.IMPLEMENTATIONS["xla"]
+    with pytest.raises(TypeError, match="estimator= takes an EstimatorHooks, got dict"):
+        registry.register(dataclasses.replace(entry, name="xla_again"), estimator={"kernel_names": ()})
+    with pytest.raises(TypeError, match="presentation= takes a Presentation, got str"):
+        registry.register(dataclasses.replace(entry, name="xla_again"), presentation="XLA")
+    assert "xla_again" not in registry.IMPLEMENTATIONS
 
 
 def _shuffled_band(length: int) -> masks.Mask:

@@ -154,9 +154,10 @@ def rules_hash(impl: str) -> str:
     from stlib.registry import get
 
     implementation = get(impl)
-    rules = [implementation.compute_regions]
+    hooks = [implementation.estimator]
     if implementation.backward is not None:
-        rules.append(implementation.backward.compute_regions)
+        hooks.append(implementation.backward.estimator)
+    rules = [None if h is None else h.compute_regions for h in hooks]
     digest = hashlib.sha256()
     for rule in rules:
         digest.update(b"-" if rule is None else inspect.getsource(rule).encode())

@@ -185,7 +185,7 @@ def best_blocks(point: CalibrationPoint, chip: str | None = None, use_cache: boo
     """The (block_q, block_kv) of the point's implementation's ``tuned_candidates`` with the fewest
     static cycles for ``point`` (clock-free: the clock is what the point calibrates)."""
     results = []
-    for bq, bkv in registry.get(point.impl).tuned_candidates:
+    for bq, bkv in registry.get(point.impl).estimator.tuned_candidates:
         try:
             est = point.estimate(bq, bkv, chip=chip, use_cache=use_cache)
         except ScheduleFormatError:  # a schedule this reader does not know: never skipped silently

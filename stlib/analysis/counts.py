@@ -1,5 +1,5 @@
 """How often each control path of a kernel runs, and the HBM bytes its DMAs move: each kernel's
-registry entry counts its paths and fetches (``Implementation.schedule_counts``); this module turns
+registry entry counts its paths and fetches (``EstimatorHooks.schedule_counts``); this module turns
 them into bytes, knowing which operands the compiled program keeps in HBM and how XLA lays them out
 there (an f32 [H, L, 1] LSE laid out ``T(8,128)`` moves 128 lanes per row: 128x its logical bytes).
 

@@ -357,7 +357,7 @@ def estimate_at_clock(
     setup = setup_for(impl, config, pickle.loads(mask_bytes) if mask_bytes else resolve_mask(config))
     attributions = [Attribution(**{**k, "grid": k["grid"] and tuple(k["grid"])}) for k in compiled["kernels"]]
     if (
-        registry.get(impl).probe_regions
+        registry.get(impl).estimator.probe_regions
         and not backward
         and sum(p.startswith("compute") for p in attributions[0].paths) == 2
     ):

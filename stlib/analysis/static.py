@@ -114,7 +114,7 @@ def static_estimate(
     if block_sizes != "tuned":
         raise ValueError(f"block_sizes={block_sizes!r} must be None, 'tuned' or a dict of block_q / block_kv")
     best, sweep = None, []
-    for bq, bkv in registry.get(impl).tuned_candidates:
+    for bq, bkv in registry.get(impl).estimator.tuned_candidates:
         try:
             est = estimate(impl, mask, chip, block_q=bq, block_kv=bkv, **common)
         except ScheduleFormatError:  # a schedule this reader does not know: never skipped silently

@@ -41,7 +41,7 @@ def calibration_table(chip: str = "v6e", use_cache: bool = True) -> list[dict]:
             "paths": est.path_bundles(),
         }
 
-    candidates = registry.get(point.impl).tuned_candidates
+    candidates = registry.get(point.impl).estimator.tuned_candidates
     rows = [one(bq, bkv) for bq, bkv in candidates]  # one at a time: the calibration's compiles are cached
     for row in rows:
         row["calibrated_clock_ghz"] = cal.implied_clock_hz / 1e9

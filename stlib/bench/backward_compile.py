@@ -78,7 +78,7 @@ def compile_backward(impl: str, mask_name: str, chip: str, options=None, video=N
     from stlib.registry import Role, by_role
 
     # the tile kernels' backward kernels: dq, dk / dv, and fused
-    dq_prefix, dkv_prefix, fused_prefix = by_role(Role.TILE).backward.kernel_names
+    dq_prefix, dkv_prefix, fused_prefix = by_role(Role.TILE).backward.estimator.kernel_names
 
     grid = VideoGrid(*LONG_VIDEOS[video]) if video else CASE_STUDY.grid
     shape = jax.ShapeDtypeStruct((CASE_STUDY.num_heads, grid.num_tokens, CASE_STUDY.head_dim), jnp.bfloat16)

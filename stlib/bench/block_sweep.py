@@ -29,7 +29,7 @@ SWEEP_MASKS = {
     "band 0.25": "band (density 0.25)",
     "sliding tile": "sliding tile, 3-D tiled order",
 }
-SWEEP_BLOCKS = KERNEL.sweep_candidates
+SWEEP_BLOCKS = KERNEL.presentation.sweep_candidates
 SWEEP_CHIPS = ("v6e", "v5e", "tpu7x")
 #: The sweep's records and figure, relative to ``stlib.paths.home()``.
 RECORDS = "data/tile_block_sweep.jsonl"
@@ -161,7 +161,7 @@ def candidates(impl: str) -> list[tuple]:
     the baseline at its tuned candidates on dense work."""
     if impl == NAME:
         return [(family, tuple(b)) for family in SWEEP_MASKS for b in SWEEP_BLOCKS[family]]
-    return [("dense", (bq, bkv, None)) for bq, bkv in registry.get(impl).tuned_candidates]
+    return [("dense", (bq, bkv, None)) for bq, bkv in registry.get(impl).estimator.tuned_candidates]
 
 
 def read(path=None) -> list[dict]:

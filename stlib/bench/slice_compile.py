@@ -138,7 +138,11 @@ def compile_case(slice_: Slice, strategy: str, plan=None) -> dict:
         "impl": kernel.name,
         "branches": len(device_branches(None, plan, MODEL_HEADS, slice_.axis_size).branches),
         "kernels_in_program": len(
-            {m for name in kernel.kernel_names for m in re.findall(rf"%({re.escape(name)}[\w.]*) = ", text)}
+            {
+                m
+                for name in kernel.estimator.kernel_names
+                for m in re.findall(rf"%({re.escape(name)}[\w.]*) = ", text)
+            }
         ),
         "compile_s": round(seconds, 1),
         "global_input_bytes": global_bytes,

@@ -1,7 +1,7 @@
 """The backward of the tile kernels: which Pallas calls run (``kernel_calls``: the fused dk / dv / dq
 kernel per pass and dq window, or the split dq and dk / dv kernels), running them (``tile_backward``),
 what they execute (``backward_work``, ``call_schedule_counts`` for the static estimate) and the
-``registry.Backward`` a flash kernel trains with (``tile_training``). The kernels themselves, and
+``contract.Backward`` a flash kernel trains with (``tile_training``). The kernels themselves, and
 the gradient they compute: ``stlib.kernels.backward_kernels``.
 """
 
@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from stlib.blocks import block_sizes_for
+from stlib.contract import Backward, EstimatorHooks
 from stlib.device import LANES, current_chip, resolve_interpret
 from stlib.geometry import TokenOrder, tile_rows
 from stlib.kernels import mask_info, online_softmax, pallas_call
@@ -32,7 +33,6 @@ from stlib.kernels.backward_kernels import (
 from stlib.layout import block_layout
 from stlib.masks import full
 from stlib.passes import MaskPlan, MaskPlanMode
-from stlib.registry import Backward
 
 #: The backward's own tiles, compiled for a TPU, where the forward's are larger (``tile_training``'s
 #: ``own_blocks``): 1,024 x 1,024. Static estimate of the fused backward at 10 x 75,600 x 128, band
@@ -207,13 +207,13 @@ def backward_work(layout, passes, num_heads: int, head_dim: int, calls=None) -> 
 
 
 def call_schedule_counts(call: KernelCall, num_heads: int, head_dim: int, itemsize: int, bq: int, bkv: int):
-    """``registry.ScheduleCounts`` of one backward call: its grid, each worked row's init and
+    """``contract.ScheduleCounts`` of one backward call: its grid, each worked row's init and
     finalise, one compute per tile it computes, and the HBM bytes its blocks move (the kernel
     states them: its lse / di rows are lane-dense, its [block, D] blocks lane-exact at D = 128).
     Per row start: the row's own blocks in (and their f32 accumulators in and out); per computed
     step: the other side's blocks; fused, the dq window of each head it visits, in and out, while
     the kernel waits."""
-    from stlib.registry import ScheduleCounts
+    from stlib.contract import ScheduleCounts
 
     rows, extent = _call_grid(call, num_heads)
     mult = num_heads if call.selected.shape[0] == 1 else 1
@@ -263,7 +263,7 @@ def one_tile_layout(layout):
 
 
 def tile_training(forward_with_lse, resolve, passes_of, *, own_blocks: bool = False) -> Backward:
-    """The ``registry.Backward`` of a flash kernel whose ``forward_with_lse(q, k, v, layout, mask, *,
+    """The ``contract.Backward`` of a flash kernel whose ``forward_with_lse(q, k, v, layout, mask, *,
     scale, options, interpret) -> (o, lse)`` runs the call's ``mask`` (None: dense) on a layout of
     the blocks ``resolve`` (its block rule) picks: the forward keeps (q, k, v, o, lse); the backward
     runs ``tile_backward`` over ``passes_of(layout, options)`` (``stlib.passes.split_passes``
@@ -339,13 +339,12 @@ def tile_training(forward_with_lse, resolve, passes_of, *, own_blocks: bool = Fa
             call, setup.num_heads, setup.head_dim, setup.itemsize, layout.block_q, layout.block_kv
         )
 
-    return Backward(
-        forward,
-        backward,
+    estimator = EstimatorHooks(
         kernel_names=BACKWARD_PREFIXES,
         compute_regions=lambda kernel, n: ["compute"],
         schedule_counts=schedule_counts,
     )
+    return Backward(forward, backward, estimator)
 
 
 __all__ = [

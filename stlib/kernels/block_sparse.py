@@ -19,6 +19,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from stlib import accounting
 from stlib.blocks import BlockSizes
+from stlib.contract import EstimatorHooks
 from stlib.device import CHIPS
 from stlib.kernels import flash_options, mask_info, online_softmax, pallas_call
 from stlib.kernels.backward import tile_training
@@ -229,9 +230,6 @@ IMPLEMENTATION = register(
         description="the Splash idea from scratch: full grid, a prefetched step table, skipped steps fetch nothing",
         options_type=flash_options.FlashOptions,
         work=lambda layout, num_heads, head_dim, options: block_sparse_work(layout, num_heads, head_dim),
-        kernel_names=("stlib_block_sparse",),
-        compute_regions=_compute_regions,
-        schedule_counts=block_sparse_schedule_counts,
         chips=CHIPS,
         resolve=flash_options.flash_resolve,
         backward=tile_training(
@@ -249,7 +247,12 @@ IMPLEMENTATION = register(
             flash_options.flash_resolve,
             exact_passes,
         ),
+    ),
+    estimator=EstimatorHooks(
+        kernel_names=("stlib_block_sparse",),
+        compute_regions=_compute_regions,
+        schedule_counts=block_sparse_schedule_counts,
         tuned_candidates=flash_options.TUNED_CANDIDATES,
         probe_regions=True,  # two compute regions: which one is mask-free, a probe tells
-    )
+    ),
 )

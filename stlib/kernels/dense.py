@@ -15,6 +15,7 @@ from jax.experimental import pallas as pl
 
 from stlib import accounting
 from stlib.blocks import BlockSizes
+from stlib.contract import EstimatorHooks
 from stlib.device import CHIPS
 from stlib.kernels import flash_options, mask_info, online_softmax, pallas_call
 from stlib.kernels.backward import tile_training
@@ -165,14 +166,16 @@ IMPLEMENTATION = register(
         description="flash attention in Pallas over every tile, masking element by element",
         options_type=flash_options.FlashOptions,
         work=lambda layout, num_heads, head_dim, options: dense_work(layout, num_heads, head_dim),
+        chips=CHIPS,
+        resolve=flash_options.flash_resolve,
+        backward=tile_training(_forward_with_lse, flash_options.flash_resolve, exact_passes),
+    ),
+    estimator=EstimatorHooks(
         kernel_names=("stlib_dense_flash",),
         compute_regions=lambda kernel, n: [],
         schedule_counts=dense_schedule_counts,
-        chips=CHIPS,
-        resolve=flash_options.flash_resolve,
         tuned_candidates=flash_options.TUNED_CANDIDATES,
-        backward=tile_training(_forward_with_lse, flash_options.flash_resolve, exact_passes),
-    )
+    ),
 )
 
 

@@ -34,9 +34,10 @@ from jax.experimental.pallas.ops.tpu import splash_attention as sa
 from stlib import masks as M
 from stlib._intmath import round_up
 from stlib.accounting import block_changes, work_from_counts
+from stlib.contract import Capabilities, EstimatorHooks, Presentation, ScheduleCounts
 from stlib.device import CHIPS, LANES, resolve_interpret
 from stlib.layout import TileKind, block_layout
-from stlib.registry import Capabilities, Implementation, Role, ScheduleCounts, register
+from stlib.registry import Implementation, Role, register
 
 # Splash tiles are multiples of the 128-lane vector width (q, kv and the kv compute chunk).
 #: Default tiles: 512 queries x 1024 keys per grid step, scores computed 512 keys at a time.
@@ -380,21 +381,24 @@ IMPLEMENTATION = register(
     Implementation(
         name="splash",
         roles=frozenset({Role.BASELINE}),
-        title="Splash",
         forward=splash_attention,
         description="JAX's Splash attention on stlib masks: the baseline",
         options_type=SplashOptions,
         work=lambda layout, num_heads, head_dim, options: splash_work(layout, num_heads, head_dim),
-        kernel_names=("splash",),
-        compute_regions=lambda kernel, n: ["compute"],
-        schedule_counts=splash_schedule_counts,
         chips=CHIPS,
         resolve=lambda mask, length, block_q, block_kv, options, interpret: (
             splash_blocks(length, block_q, block_kv),
             options,
         ),
         capabilities=Capabilities(shared_kv_heads=True, head_dim_v=True, mask_support=mask_support),
+    ),
+    estimator=EstimatorHooks(
+        kernel_names=("splash",),
+        compute_regions=lambda kernel, n: ["compute"],
+        schedule_counts=splash_schedule_counts,
         tuned_candidates=TUNED_CANDIDATES,
-        auto_rank={"tpu-dense": 0, "tpu-masked": 1},  # dense on a TPU; a mask the tile kernel refuses
-    )
+    ),
+    presentation=Presentation(
+        title="Splash",
+    ),
 )

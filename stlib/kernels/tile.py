@@ -30,13 +30,14 @@ from jax.experimental.pallas import tpu as pltpu
 
 from stlib import accounting
 from stlib.blocks import BlockSizes
+from stlib.contract import EstimatorHooks, Presentation, ScheduleCounts
 from stlib.device import CHIPS
 from stlib.kernels import flash_options, mask_info, online_softmax, pallas_call
 from stlib.kernels.backward import tile_training
 from stlib.layout import BlockLayout, block_layout, flat_steps, row_tables
 from stlib.masks import Mask, full
 from stlib.passes import BoundaryPolicy, MaskPlan, MaskPlanMode, PassKind, split_passes
-from stlib.registry import Implementation, Role, ScheduleCounts, register
+from stlib.registry import Implementation, Role, register
 
 NAME = "pallas_tile"
 
@@ -397,20 +398,24 @@ IMPLEMENTATION = register(
         description="tile-aligned sparse kernel: a grid over non-empty tiles only, mask-free main pass",
         options_type=TileOptions,
         work=lambda layout, num_heads, head_dim, options: tile_work(layout, num_heads, head_dim, options),
-        kernel_names=tuple(f"stlib_tile_{kind}" for kind in PassKind),
-        compute_regions=_compute_regions,
-        schedule_counts=tile_schedule_counts,
         chips=CHIPS,
         resolve=flash_options.flash_resolve,
-        tuned_candidates=flash_options.TUNED_CANDIDATES,
         plan_runner=run_plan,
         backward=tile_training(
             lambda q, k, v, layout, mask, **kw: tile_attention(q, k, v, layout, **kw, return_lse=True),
             flash_options.flash_resolve,
             lambda layout, options: split_passes(layout, options.boundary),
         ),
+    ),
+    estimator=EstimatorHooks(
+        kernel_names=tuple(f"stlib_tile_{kind}" for kind in PassKind),
+        compute_regions=_compute_regions,
+        schedule_counts=tile_schedule_counts,
+        tuned_candidates=flash_options.TUNED_CANDIDATES,
+    ),
+    presentation=Presentation(
         variants={"rows": {"form": "rows"}, "flat": {"form": "flat"}, "balanced": {"boundary": "balanced"}},
-    )
+    ),
 )
 
 

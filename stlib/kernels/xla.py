@@ -5,10 +5,11 @@ checked against. ``reference`` materialises the [H, L, L] scores (L <= REFERENCE
 from __future__ import annotations
 
 from stlib._intmath import round_up
+from stlib.contract import Capabilities
 from stlib.layout import block_layout
 from stlib.masks import DENSE_LIMIT, full
 from stlib.reference import reference_attention, xla_block_sparse_attention
-from stlib.registry import Capabilities, Implementation, Role, register
+from stlib.registry import Implementation, Role, register
 
 REFERENCE_NAME, XLA_NAME = "reference", "xla"
 #: Largest L the materialising reference accepts.
@@ -70,8 +71,7 @@ REFERENCE = register(
         capabilities=Capabilities(
             mask_support=lambda mask: _too_long(mask.length), max_length=REFERENCE_LIMIT
         ),
-        auto_rank={"elsewhere": 1},  # off a TPU, for a short sequence whose mask table xla refuses
-    )
+    ),
 )
 XLA = register(
     Implementation(
@@ -81,6 +81,5 @@ XLA = register(
         description="plain JAX over the non-empty tiles of each row (no Pallas)",
         work=_block_sparse_work,
         capabilities=Capabilities(mask_support=_xla_mask_support),
-        auto_rank={"elsewhere": 0, "tpu-masked": 2},  # off a TPU: no Pallas kernel runs compiled there
-    )
+    ),
 )

@@ -19,6 +19,7 @@ import dataclasses
 from stlib import accounting
 from stlib._intmath import round_up
 from stlib.blocks import BlockSizes, default_block_sizes
+from stlib.contract import EstimatorHooks, Presentation, ScheduleCounts
 from stlib.device import CHIPS, LANES, current_chip, resolve_interpret
 from stlib.geometry import tile_rows
 from stlib.kernels import flash_options, tuned
@@ -49,7 +50,7 @@ from stlib.kernels.tile_lane_dense.vmem import check_blocks, fit_lookahead, vmem
 from stlib.layout import BlockLayout, block_layout
 from stlib.masks import Mask, PermutedMask, full
 from stlib.passes import BoundaryPolicy, split_passes
-from stlib.registry import Implementation, Role, ScheduleCounts, register
+from stlib.registry import Implementation, Role, register
 
 __all__ = [
     "CODE_BITS",
@@ -270,13 +271,8 @@ IMPLEMENTATION = register(
         work=lambda layout, num_heads, head_dim, options: lane_dense_work(
             layout, num_heads, head_dim, options
         ),
-        kernel_names=(KERNEL_PREFIX,),
-        compute_regions=_compute_regions,
-        schedule_counts=lane_dense_schedule_counts,
         chips=CHIPS,
         resolve=resolve_blocks,
-        tuned_candidates=flash_options.TUNED_CANDIDATES,
-        sweep_candidates=SWEEP_CANDIDATES,
         plan_runner=run_plan,
         backward=tile_training(
             lambda q, k, v, layout, mask, **kw: lane_dense_attention(q, k, v, layout, **kw, return_lse=True),
@@ -284,6 +280,14 @@ IMPLEMENTATION = register(
             lambda layout, options: split_passes(layout, BoundaryPolicy.EXACT),
             own_blocks=True,
         ),
-        auto_rank={"tpu-masked": 0},  # the fastest kernel for a sparse mask on a TPU
-    )
+    ),
+    estimator=EstimatorHooks(
+        kernel_names=(KERNEL_PREFIX,),
+        compute_regions=_compute_regions,
+        schedule_counts=lane_dense_schedule_counts,
+        tuned_candidates=flash_options.TUNED_CANDIDATES,
+    ),
+    presentation=Presentation(
+        sweep_candidates=SWEEP_CANDIDATES,
+    ),
 )
