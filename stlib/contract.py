@@ -67,10 +67,20 @@ class ScheduleCountsRule(Protocol):
 
 
 class SweepFacts(Protocol):
-    """(chip, family, block_q, block_kv, block_kv_compute) -> what a block sweep records beside that
-    candidate's estimate (its VMEM need, say)."""
+    """(chip, mask family, block_q, block_kv, block_kv_compute; head_dim, itemsize of q) -> what a
+    block sweep records beside that candidate's estimate (its VMEM need, say)."""
 
-    def __call__(self, chip: str, family: str, block_q: int, block_kv: int, block_kv_compute) -> dict: ...
+    def __call__(
+        self,
+        chip: str,
+        family: str,
+        block_q: int,
+        block_kv: int,
+        block_kv_compute,
+        *,
+        head_dim: int,
+        itemsize: int,
+    ) -> dict: ...
 
 
 @dataclass(frozen=True)

@@ -69,10 +69,6 @@ def test_no_kernel_is_named_by_string_outside_the_kernels():
 #: Kernel modules still imported from outside ``stlib/kernels/`` (issue 34 left them): the case list
 #: and the block sweep read the lane-dense kernel's block rules and VMEM model. The list must shrink to empty: an import added
 #: anywhere else fails, and so does one listed here that is gone (strike it off).
-KERNEL_IMPORTS_LEFT = {
-    "stlib.bench.cases": {"stlib.kernels.tile_lane_dense"},
-    "stlib.bench.block_sweep": {"stlib.kernels.tile_lane_dense", "stlib.kernels.tuned"},
-}
 
 
 def test_kernels_are_reached_through_the_registry():
@@ -87,7 +83,7 @@ def test_kernels_are_reached_through_the_registry():
         inside = {m for m in sources.module_imports(module) if m.startswith("stlib.kernels.")}
         if inside:
             found[module] = inside
-    assert found == KERNEL_IMPORTS_LEFT
+    assert found == {}
 
 
 def test_the_analysis_imports_nothing_of_the_benchmarks():

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from stlib import tuned
 from stlib.bench import block_sweep
 from stlib.kernels import tile_lane_dense as ld
-from stlib.kernels import tuned
 
 RECORDS = Path(__file__).resolve().parents[1] / block_sweep.RECORDS
 ROW = block_sweep.SLIDING_TILE_ROW

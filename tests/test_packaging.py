@@ -10,8 +10,8 @@ import sys
 
 from conftest import run
 
-from stlib import paths
-from stlib.kernels import tile_lane_dense, tuned
+from stlib import paths, tuned
+from stlib.kernels import tile_lane_dense
 
 
 def test_a_regular_install_finds_the_tuned_blocks(tmp_path):
@@ -38,7 +38,7 @@ def test_a_regular_install_finds_the_tuned_blocks(tmp_path):
         ]
     )
     code = (
-        "import json, stlib; from stlib.kernels import tile_lane_dense as ld, tuned; "
+        "import json, stlib; from stlib import tuned; from stlib.kernels import tile_lane_dense as ld; "
         "print(json.dumps({'file': stlib.__file__, 'chips': tuned.load(ld.NAME)['chips'], "
         "'v6e': list(ld.DEFAULT_BLOCKS['v6e'].__dict__.values())}))"
     )

@@ -122,7 +122,7 @@ def test_every_pallas_kernel_takes_the_chip_defaults_off_a_tpu():
             chip.block_kv_compute,
         )
     # per-implementation tuned defaults (package data written by a block sweep) name chips of the table only
-    from stlib.kernels import tuned
+    from stlib import tuned
 
     for impl in registry.IMPLEMENTATIONS.values():
         assert set(tuned.load(impl.name).get("chips", {})) <= set(CHIP_TABLE), impl.name

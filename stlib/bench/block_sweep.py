@@ -9,18 +9,16 @@ at its own candidates, scored by the static estimate; records appended to
 
 from __future__ import annotations
 
-from stlib import paths, registry
-from stlib.kernels.tile_lane_dense import (
-    FOLD_LANES,
-    NAME,
-    SLIDING_TILE_ROW,
-    fit_lookahead,
-    vmem_bytes,
-    vmem_limit,
-)
+import math
 
-#: The kernel swept and the baseline every candidate is a ratio to (dense Splash).
-KERNEL = registry.get(NAME)
+from stlib import paths, registry, tuned
+from stlib.configs import CASE_STUDY
+from stlib.geometry import tile_rows, tiled_order
+from stlib.registry import Role
+
+#: The kernel swept (the best tile kernel) and the baseline every candidate is a ratio to (dense Splash).
+KERNEL = registry.by_role(Role.BEST_TILE)
+NAME = KERNEL.name
 BASELINE = registry.baseline().name
 #: Mask families of the sweep (estimator mask names); the block candidates (block_q, block_kv,
 #: block_kv_compute) of each are the kernel's ``sweep_candidates``.
@@ -33,6 +31,9 @@ SWEEP_BLOCKS = KERNEL.presentation.sweep_candidates
 SWEEP_CHIPS = ("v6e", "v5e", "tpu7x")
 #: The sweep's records and figure, relative to ``stlib.paths.home()``.
 RECORDS = "data/tile_block_sweep.jsonl"
+#: Tokens in one row of the case study's 3-D tiles (a 3x8x16 tile times five along x, 1,920): the
+#: sliding-tile candidates' unit, whose whole rows the kernel's default rule can express.
+SLIDING_TILE_ROW = math.prod(tile_rows(tiled_order(CASE_STUDY.grid, CASE_STUDY.sta_tile)))
 
 
 def sweep(
@@ -57,7 +58,6 @@ def sweep(
     from stlib import analysis
     from stlib.analysis.cache import source_hash
     from stlib.bench.progress import Progress
-    from stlib.configs import CASE_STUDY
     from stlib.provenance import provenance
 
     path = path or paths.home() / RECORDS
@@ -96,12 +96,9 @@ def sweep(
         options = None
         if impl == NAME:
             options = {"block_kv_compute": chunk, "chip": chip}
-            sizes = (bq, bkv, chunk, min(256, chunk), CASE_STUDY.head_dim, 2)
-            record["fold_lanes"] = FOLD_LANES.get(chip) or bq
-            held = record["fold_lanes"] if family == "dense" else bq  # MASKED and pattern steps: whole runs
-            record["lookahead"] = fit_lookahead(*sizes, chip=chip, fold_lanes=held)
-            record["vmem_need"] = vmem_bytes(*sizes, lookahead=record["lookahead"], fold_lanes=held)
-            record["vmem_limit"] = vmem_limit(chip)
+            facts = KERNEL.presentation.sweep_facts
+            if facts is not None:
+                record |= facts(chip, family, bq, bkv, chunk, head_dim=CASE_STUDY.head_dim, itemsize=2)
         try:
             est = analysis.estimate(
                 impl, SWEEP_MASKS[family], chip, block_q=bq, block_kv=bkv, options=options
@@ -228,7 +225,7 @@ def winners(records) -> dict[str, dict]:
 
 
 def tuned_blocks(records) -> dict:
-    """The kernel's tuned blocks as its package data holds them (``stlib.kernels.tuned``): the
+    """The kernel's tuned blocks as its package data holds them (``stlib.tuned``): the
     ``winners`` of ``records`` per chip, with the records' provenance."""
     from stlib.provenance import provenance
 
@@ -242,10 +239,8 @@ def tuned_blocks(records) -> dict:
 
 
 def write_tuned(records) -> str:
-    """Write ``tuned_blocks(records)`` into the package (``stlib/kernels/tuned/NAME.json``), where
+    """Write ``tuned_blocks(records)`` into the package (``stlib/tuned/NAME.json``), where
     the kernel's ``resolve`` reads its per-chip defaults; returns the path."""
-    from stlib.kernels import tuned
-
     return str(tuned.write(NAME, tuned_blocks(records)))
 
 

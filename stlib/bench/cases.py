@@ -15,8 +15,7 @@ import stlib.kernels  # registers the Pallas kernels with stlib.attention
 from stlib import masks, registry
 from stlib._intmath import cdiv
 from stlib.configs import DENSITIES, Workload
-from stlib.geometry import VideoGrid, tiled_order
-from stlib.kernels.tile_lane_dense import tiled_blocks
+from stlib.geometry import VideoGrid, tile_rows, tiled_order
 from stlib.registry import Role, by_role
 from stlib.roofline import work_summary
 
@@ -118,7 +117,7 @@ def case_study_cases(workload: Workload, tpu: bool, densities=DENSITIES) -> list
                 grid=grid,
             ),
         ]
-        rows = tiled_blocks(sta.permute(order), "v6e")  # a row of 3-D tiles per block: pattern steps
+        rows = _tiled_rows_config(sta.permute(order))  # a row of 3-D tiles per block: pattern steps
         if rows is not None:
             cases.append(
                 Case(
@@ -132,6 +131,17 @@ def case_study_cases(workload: Workload, tpu: bool, densities=DENSITIES) -> list
                 )
             )
     return cases
+
+
+def _tiled_rows_config(mask):
+    """The best tile kernel's v6e config for ``mask`` in a padded 3-D tiled order when its blocks are
+    whole rows of 3-D tiles (what its own rule picks for such an order), else None."""
+    rows = tile_rows(mask.order) if getattr(mask, "order", None) is not None else None
+    if rows is None:
+        return None
+    config = by_role(Role.BEST_TILE).config(mask, mask.length, options={"chip": "v6e"}, interpret=False)
+    row = rows[0] * rows[1]
+    return config if config.block_q % row == 0 and config.block_kv % row == 0 else None
 
 
 def case_function(case: Case, scale: float, interpret: bool):

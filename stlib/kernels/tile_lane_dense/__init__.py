@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from stlib import accounting
+from stlib import accounting, tuned
 from stlib._intmath import round_up
 from stlib.blocks import BlockSizes, default_block_sizes
 from stlib.contract import EstimatorHooks, Presentation, ScheduleCounts
 from stlib.device import CHIPS, LANES, current_chip, resolve_interpret
 from stlib.geometry import tile_rows
-from stlib.kernels import flash_options, tuned
+from stlib.kernels import flash_options
 from stlib.kernels.backward import tile_training
 from stlib.kernels.pallas_call import VMEM_SHARE, vmem_limit
 from stlib.kernels.tile_lane_dense.kernel import (
@@ -80,6 +80,7 @@ __all__ = [
     "plan_steps",
     "region_name",
     "resolve_blocks",
+    "sweep_facts",
     "tiled_blocks",
     "tiled_rows",
     "vmem_bytes",
@@ -88,7 +89,7 @@ __all__ = [
 
 
 #: The block sweep's winners per chip (``python -m stlib.bench.block_sweep``, records in
-#: data/tile_block_sweep.jsonl), read from the package data ``stlib/kernels/tuned/NAME.json``.
+#: data/tile_block_sweep.jsonl), read from the package data ``stlib/tuned/NAME.json``.
 _TUNED = tuned.load(NAME).get("chips", {})
 #: Default blocks per chip: the candidate with the fewest static cycles on dense and band 0.25
 #: together; a chip without a sweep takes the chip table's defaults.
@@ -139,6 +140,32 @@ def tiled_rows(chip: str | None) -> tuple[int, int]:
     """(rows of 3-D tiles per q block, per kv block) on ``chip`` (None: v6e): its sweep's winner, or
     ``ROWS_FROM``'s where its sliding tile was not swept (one row each where nothing was)."""
     return TILED_ROWS.get(chip or "v6e") or TILED_ROWS.get(ROWS_FROM, (1, 1))
+
+
+def sweep_facts(
+    chip: str,
+    family: str,
+    block_q: int,
+    block_kv: int,
+    block_kv_compute: int,
+    *,
+    head_dim: int,
+    itemsize: int,
+) -> dict:
+    """What the block sweep records beside a candidate's estimate: the queries per fold of a FULL
+    step (``FOLD_LANES``), the chunks issued ahead (``fit_lookahead``), the VMEM the candidate needs
+    (``vmem_bytes``) and the limit it asks for on ``chip``. Dense work folds; MASKED and pattern steps
+    (the other families) hold whole lane runs."""
+    sizes = (block_q, block_kv, block_kv_compute, min(256, block_kv_compute), head_dim, itemsize)
+    fold_lanes = FOLD_LANES.get(chip) or block_q
+    held = fold_lanes if family == "dense" else block_q
+    lookahead = fit_lookahead(*sizes, chip=chip, fold_lanes=held)
+    return {
+        "fold_lanes": fold_lanes,
+        "lookahead": lookahead,
+        "vmem_need": vmem_bytes(*sizes, lookahead=lookahead, fold_lanes=held),
+        "vmem_limit": vmem_limit(chip),
+    }
 
 
 def tiled_blocks(mask: Mask | None, chip: str | None) -> BlockSizes | None:
@@ -289,5 +316,6 @@ IMPLEMENTATION = register(
     ),
     presentation=Presentation(
         sweep_candidates=SWEEP_CANDIDATES,
+        sweep_facts=sweep_facts,
     ),
 )
