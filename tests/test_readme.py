@@ -34,3 +34,13 @@ def test_the_readme_support_table_is_the_generated_one():
         "regenerate it: python -c 'import stlib.support as s; print(s.support_table())'"
     )
     assert support_table().splitlines()[2] in stlib.attention.__doc__.replace("    |", "|")
+
+
+def test_every_path_the_readme_names_in_the_library_exists():
+    """The layout section names modules and folders (`stlib/...`): a move or a rename updates it."""
+    root = README.parent
+    named = set(re.findall(r"`(stlib/[\w/.-]+?)/?`", README.read_text()))
+    assert len(named) > 20
+    templates = {path for path in named if "NAME" in path}  # "Add a kernel": stlib/kernels/NAME.py
+    missing = sorted(path for path in named - templates if not (root / path).exists())
+    assert missing == [], missing
