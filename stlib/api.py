@@ -236,7 +236,16 @@ def video_attention(
     raster-order mask. ``orders`` overrides the choice (one TokenOrder, or one per head).
     ``plan`` (a ``stlib.routing.SvgPlan``, instead of mask and orders) runs that plan: its orders
     and tile layout, nothing rebuilt (``plan.run``). Raises ValueError if the grid
-    does not match L."""
+    does not match L.
+
+    >>> import stlib
+    >>> grid = stlib.VideoGrid(2, 8, 16)  # 2 frames of 8 x 16 latent tokens
+    >>> q, k, v = stlib.random_qkv((2, grid.num_tokens, 64))
+    >>> mask = stlib.masks.spatial(grid)
+    >>> out = stlib.video_attention(q, k, v, grid, mask, impl="xla")
+    >>> out.shape, bool(abs(out - stlib.attention(q, k, v, mask, impl="reference")).max() < 1e-4)
+    ((2, 256, 64), True)
+    """
     from stlib.reorder import choose_orders
 
     if not isinstance(grid, VideoGrid):

@@ -355,6 +355,10 @@ def block_layout(mask: Mask, block_q: int, block_kv: int) -> BlockLayout:
     Masks with an interval form (every built-in, also after ``permute``) are counted row by row
     without an L x L intermediate; others are evaluated densely, only for L <= DENSE_LIMIT.
     Raises TypeError for a non-mask, ValueError for non-positive block sizes.
+
+    >>> import stlib
+    >>> stlib.block_layout(stlib.masks.band(1024, 128), 256, 256)
+    BlockLayout(BandMask(L=1024, width=128), 256 x 256 tiles, grid 4 x 4, 1 head layout: EMPTY 6, PARTIAL 10, FULL 0; density 0.235)
     """
     if not isinstance(mask, Mask):
         raise TypeError(f"block_layout needs a stlib mask, got {type(mask).__name__}")

@@ -110,6 +110,15 @@ def attention_fn(
     (Lq != Lkv) with a mask, grid or plan; cross-attention without one runs dense
     (``jax.nn.dot_product_attention``). A query row the stlib mask leaves empty gets zeros, where
     flax's own attention gives it uniform weights over every key.
+
+    >>> import jax, stlib
+    >>> fn = stlib.attention_fn(stlib.masks.band(256, 32), impl="xla")  # for flax's MultiHeadAttention
+    >>> x = jax.random.normal(jax.random.key(0), (1, 256, 2, 64))  # [batch, L, H, D]
+    >>> fn(x, x, x).shape
+    (1, 256, 2, 64)
+    >>> stlib.attention_fn(impl="pallas-tile")
+    Traceback (most recent call last):
+    ValueError: stlib.attention_fn(): impl='pallas-tile' is unknown (did you mean 'pallas_tile'?); ...
     """
     if mask is not None and not isinstance(mask, Mask):
         raise TypeError(f"mask must be a stlib mask (stlib.masks.*) or None, got {type(mask).__name__}")

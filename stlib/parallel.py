@@ -21,7 +21,7 @@ from functools import partial
 
 import jax
 import numpy as np
-from jax.sharding import Mesh
+from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from stlib.api import attention, check_mask, video_attention
@@ -146,7 +146,16 @@ def parallel_attention(
     batch axis B is split over ``batch_axis_name`` when given (else replicated). ``kwargs``: those of
     ``stlib.attention`` (``block_q``, ``options``, ...). Raises TypeError / ValueError naming the
     value: a mesh without ``axis_name``, H (or for "ulysses" L) not divisible by the axis size, a
-    mask or plan whose heads differ from q's, an unknown strategy."""
+    mask or plan whose heads differ from q's, an unknown strategy.
+
+    >>> import jax, stlib
+    >>> mesh = jax.make_mesh((1,), ("heads",))  # on a TPU slice: (n,) over its n chips
+    >>> q, k, v = stlib.random_qkv((2, 256, 64))
+    >>> mask = stlib.masks.band(256, 32)
+    >>> out = stlib.parallel_attention(q, k, v, mask, mesh=mesh, axis_name="heads", impl="xla")
+    >>> out.shape, bool(abs(out - stlib.attention(q, k, v, mask, impl="reference")).max() < 1e-4)
+    ((2, 256, 64), True)
+    """
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy={strategy!r} must be one of {STRATEGIES}")
     _check_mesh(mesh, axis_name, batch_axis_name)
@@ -190,7 +199,16 @@ def parallel_attention(
         return out
 
     sharded = jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec, check_vma=False)
-    return sharded(q, k, v)
+    return sharded(*(_placed(x, mesh, spec) for x in (q, k, v)))
+
+
+def _placed(x, mesh: Mesh, spec: P):
+    """``x`` sharded as ``spec`` where the spec names an explicit mesh axis (``jax.make_mesh``'s
+    default), whose ``shard_map`` takes only inputs already sharded so; as it is on an auto mesh."""
+    kinds = dict(zip(mesh.axis_names, mesh.axis_types))
+    if any(kinds.get(name) == AxisType.Explicit for name in spec if name is not None):
+        return jax.reshard(x, NamedSharding(mesh, spec))
+    return x
 
 
 def _all_to_all(x, axis_name: str, split_axis: int, concat_axis: int):

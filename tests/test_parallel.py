@@ -66,6 +66,23 @@ def test_both_strategies_equal_single_device_attention_gradients_included(strate
         assert float(jnp.max(jnp.abs(g - w))) <= 2e-3 * scale, f"d{name}"
 
 
+@pytest.mark.parametrize("strategy", ["heads", "ulysses"])
+def test_a_mesh_of_explicit_axes_takes_unsharded_inputs(strategy):
+    """``jax.make_mesh`` gives explicit axes, whose ``shard_map`` refuses inputs not already sharded
+    as its specs: ``parallel_attention`` places them, inside jit and out."""
+    mesh = jax.make_mesh((4,), ("x",))
+    assert mesh.axis_types == (jax.sharding.AxisType.Explicit,)
+    mask = _svg_mix()
+    q, k, v = qkv(1, HEADS, GRID.num_tokens, 16)
+    want = stlib.video_attention(q, k, v, GRID, mask, impl="reference")
+
+    def sharded(q, k, v):
+        return parallel_attention(q, k, v, mask, mesh=mesh, axis_name="x", strategy=strategy, grid=GRID)
+
+    assert_close(sharded(q, k, v), want, TOL)
+    assert_close(jax.jit(sharded)(q, k, v), want, TOL)
+
+
 def test_per_head_masks_follow_their_heads_to_their_devices():
     mask = _svg_mix()
     branches = device_branches(mask, None, HEADS, 4)

@@ -190,3 +190,19 @@ def test_the_backward_compiles_at_case_study_shape(impl, chip):
     else:
         assert FUSED_PREFIX in text, "the fused dk / dv / dq kernel (its dq window fits VMEM here)"
         assert DQ_PREFIX not in text and DKV_PREFIX not in text
+
+
+@pytest.mark.parametrize("head_dim", [64, 256])
+@pytest.mark.parametrize("impl", [impl.name for impl in registry.tpu_kernels()])
+def test_head_dims_64_and_256_compile(impl, head_dim, chip="v6e"):
+    """Head dims beside the case study's 128: each TPU kernel compiles them, a band over 512 x 512
+    blocks (EMPTY and PARTIAL tiles)."""
+    shape = jax.ShapeDtypeStruct((2, 2048, head_dim), jnp.bfloat16)
+    mask = masks.band(2048, 256)
+
+    def fn(q, k, v):
+        return stlib.attention(q, k, v, mask, impl=impl, block_q=512, block_kv=512, interpret=False)
+
+    compiled = compile_for_tpu(fn, shape, shape, shape, chip=chip)
+    assert_pallas_kernel(compiled, impl)
+    assert compiled.memory()["output_size_in_bytes"] == 2 * 2048 * head_dim * 2

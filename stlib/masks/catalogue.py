@@ -24,7 +24,13 @@ from stlib.masks.video import (
 def case_study_masks(
     grid: VideoGrid = CASE_STUDY.grid, num_heads: int = CASE_STUDY.num_heads
 ) -> dict[str, Mask]:
-    """Every built-in pattern on ``grid``, by name (raster order unless the name says otherwise)."""
+    """Every built-in pattern on ``grid``, by name (raster order unless the name says otherwise).
+
+    >>> import stlib
+    >>> masks = stlib.masks.case_study_masks()  # Wan 720p: 21 x 45 x 80 tokens
+    >>> len(masks), masks["sliding tile, 3-D tiled order"]
+    (13, sliding_tile((21, 45, 80), tile=(3, 8, 16), window=(3, 3, 3)).permute('tiled 3x8x16 (padded)'))
+    """
     length = grid.num_tokens
     tile, window = CASE_STUDY.sta_tile, CASE_STUDY.sta_window
     svg_spatial = spatial_band(grid, 0.25, anchor=True)

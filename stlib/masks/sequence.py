@@ -1,7 +1,9 @@
 """Plain sequence masks, defined on token indices alone: every key (``full``), a 1-D band
 (``band``, with the SVG band budget ``band_width_for_density``), an explicit bool array
 (``from_array``, identified by its shape and a digest of its bytes) and a different mask per head
-(``per_head``, whose distinct head masks, by value, a kernel evaluates and selects between).
+(``per_head``, whose distinct head masks, by value, a kernel evaluates and selects between), and
+``global_tokens``, which puts text tokens in front of any mask (keeping its traceable and interval
+forms).
 """
 
 from __future__ import annotations
@@ -193,35 +195,128 @@ class MultiHeadMask(Mask):
         return f"per_head([{', '.join(repr(m) for m in self.masks)}])"
 
 
+class GlobalTokensMask(Mask):
+    """``count`` global (text) tokens in front of ``inner``: they see and are seen by everything."""
+
+    def __init__(self, inner: Mask, count: int):
+        if not isinstance(inner, Mask):
+            raise TypeError(f"global_tokens needs a Mask, got {type(inner).__name__}")
+        self.inner = inner
+        self.count = check_positive_int("count", count)
+        self.length = inner.length + self.count
+        self.num_heads = inner.num_heads
+        self.traceable = inner.traceable
+        self.has_intervals = inner.has_intervals
+
+    def _key(self):
+        return (self.inner, self.count)
+
+    def children(self):
+        return (self.inner,)
+
+    def token_validity(self):
+        inner = self.inner.token_validity()
+        return None if inner is None else np.concatenate([np.ones(self.count, bool), inner])
+
+    def _allowed(self, q, k, head):
+        xp = _xp(q, k)
+        n = self.count
+        inner = self.inner._allowed(xp.maximum(q - n, 0), xp.maximum(k - n, 0), head)
+        return (q < n) | (k < n) | inner
+
+    def _intervals(self, rows, head):
+        n = self.count
+        s, e = self.inner.key_intervals(np.maximum(rows - n, 0), head)
+        s, e = s + n, e + n
+        is_global = (rows < n)[:, None]
+        s = np.concatenate([np.zeros_like(s[:, :1]), np.where(is_global, n, s)], axis=1)
+        e = np.concatenate([np.where(is_global, self.length, n), np.where(is_global, n, e)], axis=1)
+        return s, e
+
+    def __repr__(self):
+        return f"global_tokens({self.inner!r}, count={self.count})"
+
+
 def full(length: int) -> Mask:
-    """Every query sees every key."""
+    """Every query sees every key.
+
+    >>> import stlib
+    >>> int(stlib.masks.full(4).to_dense().sum())
+    16
+    """
     return FullMask(length)
 
 
 def band(length: int, width: int) -> Mask:
-    """|q - k| <= width (a 1-D sliding window)."""
+    """|q - k| <= width (a 1-D sliding window).
+
+    >>> import stlib
+    >>> stlib.masks.band(6, 1).to_dense().astype(int)
+    array([[1, 1, 0, 0, 0, 0],
+           [1, 1, 1, 0, 0, 0],
+           [0, 1, 1, 1, 0, 0],
+           [0, 0, 1, 1, 1, 0],
+           [0, 0, 0, 1, 1, 1],
+           [0, 0, 0, 0, 1, 1]])
+    """
     return BandMask(length, width)
 
 
 def causal(length: int) -> Mask:
-    """k <= q on ``length`` tokens."""
+    """k <= q on ``length`` tokens.
+
+    >>> import stlib
+    >>> stlib.masks.causal(4).to_dense().astype(int)
+    array([[1, 0, 0, 0],
+           [1, 1, 0, 0],
+           [1, 1, 1, 0],
+           [1, 1, 1, 1]])
+    """
     return CausalMask(length)
 
 
 def from_array(array) -> Mask:
     """A mask from an explicit bool [L, L] or [H, L, L] array (kept as a read-only view: do not
-    change the array afterwards, the mask is identified by its bytes)."""
+    change the array afterwards, the mask is identified by its bytes).
+
+    >>> import numpy as np, stlib
+    >>> stlib.masks.from_array(np.eye(3, dtype=bool))
+    ArrayMask(L=3)
+    """
     return ArrayMask(array)
 
 
 def per_head(masks) -> Mask:
-    """Head h uses ``masks[h]`` (all the same length, each head-uniform)."""
+    """Head h uses ``masks[h]`` (all the same length, each head-uniform).
+
+    >>> import stlib
+    >>> mask = stlib.masks.per_head([stlib.masks.causal(256), stlib.masks.band(256, 16)])
+    >>> mask, mask.num_heads
+    (per_head([CausalMask(L=256), BandMask(L=256, width=16)]), 2)
+    """
     return MultiHeadMask(masks)
 
 
 def band_width_for_density(length: int, density: float) -> int:
-    """SVG band budget: w = L * (1 - sqrt(1 - density)) rounded up to a multiple of 128."""
+    """SVG band budget: w = L * (1 - sqrt(1 - density)) rounded up to a multiple of 128.
+
+    >>> import stlib
+    >>> stlib.masks.band_width_for_density(75_600, 0.25)  # the case study's band 0.25
+    10240
+    """
     check_positive_int("length", length)
     check_fraction("density", density)
     width = length * (1.0 - math.sqrt(1.0 - density))
     return int(min(math.ceil(width / 128.0) * 128, length))
+
+
+def global_tokens(mask: Mask, count: int) -> Mask:
+    """Prepend ``count`` global (e.g. text) tokens that every token sees and that see every token.
+    The result has length count + mask.length; the video tokens keep ``mask`` among themselves.
+
+    >>> import stlib
+    >>> mask = stlib.masks.global_tokens(stlib.masks.band(256, 16), 8)
+    >>> mask, mask.length
+    (global_tokens(BandMask(L=256, width=16), count=8), 264)
+    """
+    return GlobalTokensMask(mask, count)

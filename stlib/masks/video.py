@@ -2,9 +2,8 @@
 coordinates: 3-D neighbourhood attention (``neighborhood``, NATTEN / GNA semantics), Sliding Tile
 Attention (``sliding_tile``), the Sparse VideoGen heads in their exact (``spatial``, ``temporal``)
 and TPU band forms (``spatial_band``, ``temporal_band``), Radial Attention (``radial``),
-autoregressive ``frame_causal``, the frame-0 anchor, and ``global_tokens``, which puts text tokens
-in front of any mask. Every video mask is traceable (a kernel evaluates it from iota) and has an
-interval form; ``global_tokens`` keeps both properties of the mask it wraps.
+autoregressive ``frame_causal`` and the frame-0 anchor. Every video mask is traceable (a kernel
+evaluates it from iota) and has an interval form.
 """
 
 from __future__ import annotations
@@ -319,48 +318,6 @@ class FirstFrameMask(VideoMask):
         return "first_frame"
 
 
-class GlobalTokensMask(Mask):
-    """``count`` global (text) tokens in front of ``inner``: they see and are seen by everything."""
-
-    def __init__(self, inner: Mask, count: int):
-        if not isinstance(inner, Mask):
-            raise TypeError(f"global_tokens needs a Mask, got {type(inner).__name__}")
-        self.inner = inner
-        self.count = check_positive_int("count", count)
-        self.length = inner.length + self.count
-        self.num_heads = inner.num_heads
-        self.traceable = inner.traceable
-        self.has_intervals = inner.has_intervals
-
-    def _key(self):
-        return (self.inner, self.count)
-
-    def children(self):
-        return (self.inner,)
-
-    def token_validity(self):
-        inner = self.inner.token_validity()
-        return None if inner is None else np.concatenate([np.ones(self.count, bool), inner])
-
-    def _allowed(self, q, k, head):
-        xp = _xp(q, k)
-        n = self.count
-        inner = self.inner._allowed(xp.maximum(q - n, 0), xp.maximum(k - n, 0), head)
-        return (q < n) | (k < n) | inner
-
-    def _intervals(self, rows, head):
-        n = self.count
-        s, e = self.inner.key_intervals(np.maximum(rows - n, 0), head)
-        s, e = s + n, e + n
-        is_global = (rows < n)[:, None]
-        s = np.concatenate([np.zeros_like(s[:, :1]), np.where(is_global, n, s)], axis=1)
-        e = np.concatenate([np.where(is_global, self.length, n), np.where(is_global, n, e)], axis=1)
-        return s, e
-
-    def __repr__(self):
-        return f"global_tokens({self.inner!r}, count={self.count})"
-
-
 def _with_anchor(mask: VideoMask, anchor: bool) -> Mask:
     return mask | FirstFrameMask(mask.grid) if anchor else mask
 
@@ -376,6 +333,11 @@ def neighborhood(grid: VideoGrid, kernel_size, stride=1, dilation=1, causal=Fals
     ``stride`` s groups queries in blocks of s (in group coordinates) that all use the window of
     the block's position ``start + s // 2`` (clamped to the last position).
     Raises ValueError if kernel_size * dilation exceeds an axis or stride exceeds kernel_size.
+
+    >>> import stlib
+    >>> mask = stlib.masks.neighborhood(stlib.VideoGrid(4, 8, 16), kernel_size=3)
+    >>> round(stlib.block_layout(mask, 128, 128).density, 3)
+    0.053
     """
     return NeighborhoodMask(grid, kernel_size, stride, dilation, causal)
 
@@ -405,13 +367,25 @@ def sliding_tile(grid: VideoGrid, tile, window) -> Mask:
 
 def spatial(grid: VideoGrid, frame_window: int = 0, *, anchor: bool = False) -> Mask:
     """Sparse VideoGen spatial head: keys in the same frame and the ``frame_window`` nearest frames
-    on each side; ``anchor`` adds every key of frame 0."""
+    on each side; ``anchor`` adds every key of frame 0.
+
+    >>> import stlib
+    >>> mask = stlib.masks.spatial(stlib.VideoGrid(4, 8, 16))
+    >>> mask, mask.to_dense().sum(axis=1)[:3]  # each query sees its frame's 8 x 16 keys
+    (spatial((4, 8, 16), frame_window=0), array([128, 128, 128]))
+    """
     return _with_anchor(FrameWindowMask(grid, frame_window), anchor)
 
 
 def temporal(grid: VideoGrid, spatial_window: int = 0, *, anchor: bool = False) -> Mask:
     """Sparse VideoGen temporal head: keys at the same spatial location (flattened spatial index
-    within ``spatial_window``) in every frame; ``anchor`` adds every key of frame 0."""
+    within ``spatial_window``) in every frame; ``anchor`` adds every key of frame 0.
+
+    >>> import stlib
+    >>> mask = stlib.masks.temporal(stlib.VideoGrid(4, 8, 16))
+    >>> mask, mask.to_dense().sum(axis=1)[:3]  # each query sees its location in the 4 frames
+    (temporal((4, 8, 16), spatial_window=0), array([4, 4, 4]))
+    """
     return _with_anchor(SpatialNeighbourMask(grid, spatial_window), anchor)
 
 
@@ -425,7 +399,12 @@ def spatial_band(
     grid: VideoGrid, density: float | None = None, *, width: int | None = None, anchor: bool = False
 ) -> Mask:
     """SVG spatial head in its TPU band form: |q - k| <= w in frame-major (raster) order, with
-    w from ``density`` (``band_width_for_density``) or given as ``width``."""
+    w from ``density`` (``band_width_for_density``) or given as ``width``.
+
+    >>> import stlib
+    >>> stlib.masks.spatial_band(stlib.VideoGrid(4, 8, 16), density=0.25)
+    spatial_band((4, 8, 16), width=128)
+    """
     return _with_anchor(VideoBandMask(grid, _band_width(grid, density, width)), anchor)
 
 
@@ -434,7 +413,12 @@ def temporal_band(
 ) -> Mask:
     """SVG temporal head in its TPU band form: a band of width w (from ``density`` or ``width``)
     in token-major (y, x, t) order, expressed on raster indices.
-    ``.permute(token_major_order(grid))`` turns it into a plain band."""
+    ``.permute(token_major_order(grid))`` turns it into a plain band.
+
+    >>> import stlib
+    >>> stlib.masks.temporal_band(stlib.VideoGrid(4, 8, 16), width=128)
+    temporal_band((4, 8, 16), width=128)
+    """
     return _with_anchor(TokenMajorBandMask(grid, _band_width(grid, density, width)), anchor)
 
 
@@ -462,16 +446,20 @@ class VideoBandMask(VideoMask):
 def radial(grid: VideoGrid, spatial_window: int, *, sink: bool = True) -> Mask:
     """Radial Attention: a query sees keys of frame distance d whose flattened spatial index is
     within ``spatial_window >> floor(log2(d + 1))`` of its own (the window halves each time the
-    distance doubles, down to the same location); ``sink`` adds every key of frame 0."""
+    distance doubles, down to the same location); ``sink`` adds every key of frame 0.
+
+    >>> import stlib
+    >>> stlib.masks.radial(stlib.VideoGrid(4, 8, 16), spatial_window=8)
+    radial((4, 8, 16), spatial_window=8, sink=True)
+    """
     return RadialMask(grid, spatial_window, sink)
 
 
 def frame_causal(grid: VideoGrid) -> Mask:
-    """Autoregressive video: keys of the same and earlier frames."""
+    """Autoregressive video: keys of the same and earlier frames.
+
+    >>> import stlib
+    >>> stlib.masks.frame_causal(stlib.VideoGrid(4, 8, 16)).to_dense().sum(axis=1)[::128]  # frames 0..3
+    array([128, 256, 384, 512])
+    """
     return FrameCausalMask(grid)
-
-
-def global_tokens(mask: Mask, count: int) -> Mask:
-    """Prepend ``count`` global (e.g. text) tokens that every token sees and that see every token.
-    The result has length count + mask.length; the video tokens keep ``mask`` among themselves."""
-    return GlobalTokensMask(mask, count)
