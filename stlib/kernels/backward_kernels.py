@@ -25,9 +25,16 @@ dk / dv kernel reads that table transposed) and exponentiates as the forward did
 log2(e) folded into the scale when ``exp2``), so the gradient is that of what the forward computed,
 balanced rounding included. A masked pair contributes nothing, whatever its data; an allowed pair
 with a NaN or inf input makes its gradient entries NaN or inf.
+
+The three kernels share one builder (``PassGrid``: a pass's tables, where each grid step is, its
+block maps, its mask and its ``pallas_call``) and name their operands: a kernel body reads
+``refs.q``, ``refs.dk_acc``, ``refs.mask`` (the table, where the pass reads one), never a position.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -69,35 +76,139 @@ def _dot(a, b, contract):
     )
 
 
-def _block_maps(where, *, q_at: int, kv_at: int):
-    """Index maps from a grid step's ``where`` (head first, then the q and kv tiles at ``q_at`` and
-    ``kv_at``): q-side blocks (q, dO, dq), kv-side blocks (k, v, dk, dv), lane-dense rows (lse, di)."""
+@dataclass(frozen=True)
+class PassGrid:
+    """The grid of one backward pass: the scalar-prefetched tables of its selected tiles
+    (``mask_info.grid_tables``: q rows, or kv rows when ``transposed``), ``extent`` steps a row,
+    ``n_rows`` rows, and the pass's ``plan`` (how its tiles are masked)."""
 
-    def q_map(p, j, *tab):
-        w = where(p, j, *tab)
-        return (w[0], w[q_at], 0)
+    tables: tuple
+    extent: int
+    n_rows: int
+    plan: MaskPlan
+    transposed: bool
 
-    def kv_map(p, j, *tab):
-        w = where(p, j, *tab)
-        return (w[0], w[kv_at], 0)
+    @classmethod
+    def of(cls, selected, plan: MaskPlan, num_heads: int, *, transposed: bool, block_q: int, kernel: str):
+        """The grid of ``selected`` tiles; raises ValueError naming ``kernel`` when its tables
+        overflow SMEM."""
+        tables, extent, n_rows = mask_info.grid_tables(selected, plan, num_heads, transposed=transposed)
+        mask_info.check_prefetch(tables, plan, block_q, kernel, "use larger tiles or fewer heads per call")
+        return cls(tuple(tables), extent, n_rows, plan, transposed)
 
-    def row_map(p, j, *tab):
-        w = where(p, j, *tab)
-        return (w[0], 0, w[q_at])
+    @property
+    def table_mask(self) -> bool:
+        """Whether the pass reads its tiles' masks from the int8 table operand (``mask``)."""
+        return self.plan.mode == MaskPlanMode.TABLE
 
-    return q_map, kv_map, row_map
+    def where(self, p, j, head, row, slot, tiles, counts, *_):
+        """(head, row tile, tile of the row, table entry, active) of grid step (p, j): the row
+        tile is a q tile (a kv tile when ``transposed``)."""
+        entry = slot[p] * self.extent + j
+        return head[p], row[p], tiles[entry], entry, j < counts[slot[p]]
+
+    def block_maps(self):
+        """Index maps from a grid step: q-side blocks (q, dO, dq), kv-side blocks (k, v, dk, dv),
+        lane-dense rows (lse, di)."""
+        q_at, kv_at = (2, 1) if self.transposed else (1, 2)
+        where = self.where
+
+        def q_map(p, j, *tab):
+            w = where(p, j, *tab)
+            return (w[0], w[q_at], 0)
+
+        def kv_map(p, j, *tab):
+            w = where(p, j, *tab)
+            return (w[0], w[kv_at], 0)
+
+        def row_map(p, j, *tab):
+            w = where(p, j, *tab)
+            return (w[0], 0, w[q_at])
+
+        return q_map, kv_map, row_map
+
+    def mask_operand(self, bq: int, bkv: int):
+        """(the int8 tile table, its BlockSpec): each step's tile mask, [bkv, bq] when
+        ``transposed``."""
+        table, shape = self.plan.table, (None, bq, bkv)
+        if self.transposed:
+            table, shape = np.ascontiguousarray(table.transpose(0, 2, 1)), (None, bkv, bq)
+        return jnp.asarray(table), pl.BlockSpec(
+            shape, lambda p, j, *tab: (tab[-1][self.where(p, j, *tab)[3]], 0, 0)
+        )
+
+    def allowed(self, refs, tab, head, qi, ki, bq, bkv):
+        """The step's tile mask (from the table operand or ``_mask_fn``), or None (no mask)."""
+        if self.table_mask:
+            return refs.mask[...] != 0
+        return _mask_fn(self.plan, tab, head, qi, ki, bq, bkv, transposed=self.transposed)
+
+    def run(
+        self,
+        body,
+        *,
+        inputs: dict,
+        outputs: dict,
+        scratch: dict,
+        aliases: dict,
+        bq: int,
+        bkv: int,
+        name: str,
+        interpret,
+        dimension_semantics=("parallel", "arbitrary"),
+        vmem_limit=None,
+    ):
+        """The pass as one ``pallas_call``: ``inputs`` and ``outputs`` map operand names to
+        (array or ShapeDtypeStruct, BlockSpec), ``scratch`` names to scratch shapes, each in the
+        kernel's order; the mask table (``mask``) follows the inputs where the plan reads one.
+        ``aliases`` (input name -> output name): buffers the outputs reuse. ``body(tab, refs)``
+        gets the prefetched tables and every ref by name (``refs.q``, ``refs.dq_acc``, ...).
+        Returns the output, or the list of them when there are several."""
+        inputs = dict(inputs)
+        if self.table_mask:
+            inputs["mask"] = self.mask_operand(bq, bkv)
+        names = [*inputs, *outputs, *scratch]
+        count = len(self.tables)
+
+        def kernel(*refs):
+            body(refs[:count], SimpleNamespace(**dict(zip(names, refs[count:]))))
+
+        out_specs = [spec for _, spec in outputs.values()]
+        out_shape = [shape for shape, _ in outputs.values()]
+        single = len(outputs) == 1
+        grid_spec = pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=count,
+            grid=(self.n_rows, self.extent),
+            in_specs=[spec for _, spec in inputs.values()],
+            out_specs=out_specs[0] if single else out_specs,
+            scratch_shapes=list(scratch.values()),
+        )
+        order = list(inputs)
+        return pallas_call.run_pallas(
+            kernel,
+            grid_spec=grid_spec,
+            out_shape=out_shape[0] if single else out_shape,
+            interpret=interpret,
+            dimension_semantics=dimension_semantics,
+            name=name,
+            operands=[*(jnp.asarray(t) for t in self.tables), *(value for value, _ in inputs.values())],
+            input_output_aliases={count + order.index(i): list(outputs).index(o) for i, o in aliases.items()},
+            vmem_limit_bytes=vmem_limit,
+        )
 
 
-def _operand_specs(q_map, kv_map, row_map, bq: int, bkv: int, head_dim: int) -> list:
-    """BlockSpecs of q, k, v, dO, lse, di (the operands both backward kernels read, in that order)."""
-    return [
-        pl.BlockSpec((None, bq, head_dim), q_map),
-        pl.BlockSpec((None, bkv, head_dim), kv_map),
-        pl.BlockSpec((None, bkv, head_dim), kv_map),
-        pl.BlockSpec((None, bq, head_dim), q_map),
-        pl.BlockSpec((None, 1, bq), row_map),  # lse, lane-dense
-        pl.BlockSpec((None, 1, bq), row_map),  # di, lane-dense
-    ]
+def _read_operands(grid: PassGrid, q, k, v, do, lse, di, bq: int, bkv: int) -> dict:
+    """q, k, v, dO, lse, di (what every backward kernel reads, in that order) with their BlockSpecs."""
+    q_map, kv_map, row_map = grid.block_maps()
+    head_dim = q.shape[-1]
+    return {
+        "q": (q, pl.BlockSpec((None, bq, head_dim), q_map)),
+        "k": (k, pl.BlockSpec((None, bkv, head_dim), kv_map)),
+        "v": (v, pl.BlockSpec((None, bkv, head_dim), kv_map)),
+        "do": (do, pl.BlockSpec((None, bq, head_dim), q_map)),
+        "lse": (lse, pl.BlockSpec((None, 1, bq), row_map)),  # lane-dense
+        "di": (di, pl.BlockSpec((None, 1, bq), row_map)),  # lane-dense
+    }
 
 
 def dq_pass(
@@ -119,212 +230,128 @@ def dq_pass(
 ):
     """dq_in + dQ / scale of one pass, [H, Lq, D] f32 (dq_in's buffer reused)."""
     num_heads, _, head_dim = q.shape
-    tables, extent, n_rows = mask_info.grid_tables(selected, plan, num_heads, transposed=False)
-    mask_info.check_prefetch(tables, plan, bq, "the dq kernel", "use larger tiles or fewer heads per call")
-    table_mask = plan.mode == MaskPlanMode.TABLE
+    grid = PassGrid.of(selected, plan, num_heads, transposed=False, block_q=bq, kernel="the dq kernel")
+    extent = grid.extent
 
-    def where(p, j, head, row, slot, tiles, counts, *_):
-        """(head, q tile, kv tile, table entry, active) of grid step (p, j)."""
-        entry = slot[p] * extent + j
-        return head[p], row[p], tiles[entry], entry, j < counts[slot[p]]
-
-    def kernel(*refs):
-        tab, rest = refs[: len(tables)], list(refs[len(tables) :])
-        mask_ref = rest.pop(7) if table_mask else None
-        q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dq_prev, dq_ref, lse_col, di_col, acc = rest
+    def body(tab, r):
         p, j = pl.program_id(0), pl.program_id(1)
-        h, qi, ki, _, active = where(p, j, *tab)
+        h, qi, ki, _, active = grid.where(p, j, *tab)
 
         @pl.when(j == 0)
         def _():  # this q tile's lane-dense rows as columns, once per q tile
-            for row, col in ((lse_ref, lse_col), (di_ref, di_col)):
+            for row, col in ((r.lse, r.lse_col), (r.di, r.di_col)):
                 col[...] = jnp.broadcast_to(
                     jnp.transpose(jnp.broadcast_to(row[...], (8, bq)))[:, :1], col.shape
                 )
-            acc[...] = dq_prev[...]
+            r.acc[...] = r.dq_in[...]
 
         @pl.when(active)
         def _():
-            qs = online_softmax.scaled_q(q_ref, softmax)
-            s = _dot(qs, k_ref[...], (1, 1))  # [bq, bkv]
-            p_ = softmax.exp(s - online_softmax.lanes(lse_col[...], bkv))
-            dp = _dot(do_ref[...], v_ref[...], (1, 1))  # [bq, bkv]
-            ds = p_ * (dp - online_softmax.lanes(di_col[...], bkv))
-            allowed = (
-                (mask_ref[...] != 0)
-                if table_mask
-                else _mask_fn(plan, tab, h, qi, ki, bq, bkv, transposed=False)
-            )
+            qs = online_softmax.scaled_q(r.q, softmax)
+            s = _dot(qs, r.k[...], (1, 1))  # [bq, bkv]
+            p_ = softmax.exp(s - online_softmax.lanes(r.lse_col[...], bkv))
+            dp = _dot(r.do[...], r.v[...], (1, 1))  # [bq, bkv]
+            ds = p_ * (dp - online_softmax.lanes(r.di_col[...], bkv))
+            allowed = grid.allowed(r, tab, h, qi, ki, bq, bkv)
             if allowed is not None:
                 ds = jnp.where(allowed, ds, 0.0)
-            acc[...] += _dot(ds.astype(k_ref.dtype), k_ref[...], (1, 0))  # [bq, D]
+            r.acc[...] += _dot(ds.astype(r.k.dtype), r.k[...], (1, 0))  # [bq, D]
 
         @pl.when(j == extent - 1)
         def _():
-            dq_ref[...] = acc[...]
+            r.dq[...] = r.acc[...]
 
-    q_map, kv_map, row_map = _block_maps(where, q_at=1, kv_at=2)
-    in_specs = [
-        *_operand_specs(q_map, kv_map, row_map, bq, bkv, head_dim),
-        pl.BlockSpec((None, bq, head_dim), q_map),  # dq so far (aliased to the output)
-    ]
-    operands = [q, k, v, do, lse, di, dq_in]
-    if table_mask:
-        in_specs.append(
-            pl.BlockSpec((None, bq, bkv), lambda p, j, *tab: (tab[-1][where(p, j, *tab)[3]], 0, 0))
-        )
-        operands.append(jnp.asarray(plan.table))
-    grid_spec = pltpu.PrefetchScalarGridSpec(
-        num_scalar_prefetch=len(tables),
-        grid=(n_rows, extent),
-        in_specs=in_specs,
-        out_specs=pl.BlockSpec((None, bq, head_dim), q_map),
-        scratch_shapes=[
-            pltpu.VMEM((bq, LANES), jnp.float32),
-            pltpu.VMEM((bq, LANES), jnp.float32),
-            pltpu.VMEM((bq, head_dim), jnp.float32),
-        ],
-    )
-    return pallas_call.run_pallas(
-        kernel,
-        grid_spec=grid_spec,
-        out_shape=jax.ShapeDtypeStruct(dq_in.shape, jnp.float32),
-        interpret=interpret,
-        dimension_semantics=("parallel", "arbitrary"),
-        name=name,
-        operands=[*(jnp.asarray(t) for t in tables), *operands],
-        input_output_aliases={len(tables) + 6: 0},
-    )
+    q_map, _, _ = grid.block_maps()
+    q_block = pl.BlockSpec((None, bq, head_dim), q_map)
+    return grid.run(
+        body,
+        inputs={**_read_operands(grid, q, k, v, do, lse, di, bq, bkv), "dq_in": (dq_in, q_block)},
+        outputs={"dq": (jax.ShapeDtypeStruct(dq_in.shape, jnp.float32), q_block)},
+        scratch={
+            "lse_col": pltpu.VMEM((bq, LANES), jnp.float32),
+            "di_col": pltpu.VMEM((bq, LANES), jnp.float32),
+            "acc": pltpu.VMEM((bq, head_dim), jnp.float32),
+        },
+        aliases={"dq_in": "dq"},
+        bq=bq, bkv=bkv, name=name, interpret=interpret,
+    )  # fmt: skip
 
 
-def _kv_tile_step(q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dk_acc, dv_acc, allowed, softmax):
+def _kv_tile_step(r, allowed, softmax):
     """One computed tile of a kv-row grid (the dk / dv and the fused kernel): S^T and P^T with keys
     on sublanes (the lse row broadcasts over them), dV += P^T dO, dP^T, dS^T = P^T * (dP^T - di),
     dK += dS^T Q; a pair ``allowed`` excludes contributes nothing. Returns dS^T in q's dtype."""
-    qs = online_softmax.scaled_q(q_ref, softmax)
-    s_t = _dot(k_ref[...], qs, (1, 1))  # [bkv, bq]: keys on sublanes
-    p_t = softmax.exp(s_t - lse_ref[...])  # the lse row [1, bq] broadcasts over the keys
+    qs = online_softmax.scaled_q(r.q, softmax)
+    s_t = _dot(r.k[...], qs, (1, 1))  # [bkv, bq]: keys on sublanes
+    p_t = softmax.exp(s_t - r.lse[...])  # the lse row [1, bq] broadcasts over the keys
     if allowed is not None:
         p_t = jnp.where(allowed, p_t, 0.0)
-    dv_acc[...] += _dot(p_t.astype(do_ref.dtype), do_ref[...], (1, 0))  # [bkv, D]
-    dp_t = _dot(v_ref[...], do_ref[...], (1, 1))  # [bkv, bq]
-    ds_t = p_t * (dp_t - di_ref[...])
+    r.dv_acc[...] += _dot(p_t.astype(r.do.dtype), r.do[...], (1, 0))  # [bkv, D]
+    dp_t = _dot(r.v[...], r.do[...], (1, 1))  # [bkv, bq]
+    ds_t = p_t * (dp_t - r.di[...])
     if allowed is not None:
         ds_t = jnp.where(allowed, ds_t, 0.0)
-    ds_t = ds_t.astype(q_ref.dtype)
-    dk_acc[...] += _dot(ds_t, q_ref[...], (1, 0))  # [bkv, D]
+    ds_t = ds_t.astype(r.q.dtype)
+    r.dk_acc[...] += _dot(ds_t, r.q[...], (1, 0))  # [bkv, D]
     return ds_t
 
 
+def _kv_blocks(grid: PassGrid, dk_in, dv_in, bkv: int) -> tuple[dict, dict, dict]:
+    """The dk / dv operands so far (aliased to the outputs), the outputs and their f32
+    accumulators, of a kv-row grid."""
+    _, kv_map, _ = grid.block_maps()
+    block = pl.BlockSpec((None, bkv, dk_in.shape[-1]), kv_map)
+    inputs = {"dk_in": (dk_in, block), "dv_in": (dv_in, block)}
+    outputs = {
+        "dk": (jax.ShapeDtypeStruct(dk_in.shape, jnp.float32), block),
+        "dv": (jax.ShapeDtypeStruct(dv_in.shape, jnp.float32), block),
+    }
+    scratch = {
+        "dk_acc": pltpu.VMEM((bkv, dk_in.shape[-1]), jnp.float32),
+        "dv_acc": pltpu.VMEM((bkv, dk_in.shape[-1]), jnp.float32),
+    }
+    return inputs, outputs, scratch
+
+
 def dkv_pass(
-    q,
-    k,
-    v,
-    do,
-    lse,
-    di,
-    dk_in,
-    dv_in,
-    selected,
-    plan,
-    *,
-    name,
-    bq,
-    bkv,
-    softmax: online_softmax.SoftmaxOptions,
-    interpret,
-):
+    q, k, v, do, lse, di, dk_in, dv_in, selected, plan, *, name, bq, bkv,
+    softmax: online_softmax.SoftmaxOptions, interpret,
+):  # fmt: skip
     """(dk_in + dK / scale, dv_in + dV) of one pass, [H, Lkv, D] f32 each (their buffers reused)."""
-    num_heads, _, head_dim = k.shape
-    tables, extent, n_rows = mask_info.grid_tables(selected, plan, num_heads, transposed=True)
-    mask_info.check_prefetch(
-        tables, plan, bq, "the dk / dv kernel", "use larger tiles or fewer heads per call"
-    )
-    table_mask = plan.mode == MaskPlanMode.TABLE
+    grid = PassGrid.of(selected, plan, k.shape[0], transposed=True, block_q=bq, kernel="the dk / dv kernel")
+    extent = grid.extent
 
-    def where(p, j, head, row, slot, tiles, counts, *_):
-        """(head, kv tile, q tile, table entry, active) of grid step (p, j)."""
-        entry = slot[p] * extent + j
-        return head[p], row[p], tiles[entry], entry, j < counts[slot[p]]
-
-    def kernel(*refs):
-        tab, rest = refs[: len(tables)], list(refs[len(tables) :])
-        mask_ref = rest.pop(8) if table_mask else None
-        q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dk_prev, dv_prev, dk_ref, dv_ref, dk_acc, dv_acc = rest
+    def body(tab, r):
         p, j = pl.program_id(0), pl.program_id(1)
-        h, ki, qi, _, active = where(p, j, *tab)
+        h, ki, qi, _, active = grid.where(p, j, *tab)
 
         @pl.when(j == 0)
         def _():
-            dk_acc[...] = dk_prev[...]
-            dv_acc[...] = dv_prev[...]
+            r.dk_acc[...] = r.dk_in[...]
+            r.dv_acc[...] = r.dv_in[...]
 
         @pl.when(active)
         def _():
-            allowed = (
-                (mask_ref[...] != 0)
-                if table_mask
-                else _mask_fn(plan, tab, h, qi, ki, bq, bkv, transposed=True)
-            )
-            _kv_tile_step(q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dk_acc, dv_acc, allowed, softmax)
+            _kv_tile_step(r, grid.allowed(r, tab, h, qi, ki, bq, bkv), softmax)
 
         @pl.when(j == extent - 1)
         def _():
-            dk_ref[...] = dk_acc[...]
-            dv_ref[...] = dv_acc[...]
+            r.dk[...] = r.dk_acc[...]
+            r.dv[...] = r.dv_acc[...]
 
-    q_map, kv_map, row_map = _block_maps(where, q_at=2, kv_at=1)
-    in_specs = [
-        *_operand_specs(q_map, kv_map, row_map, bq, bkv, head_dim),
-        pl.BlockSpec((None, bkv, head_dim), kv_map),  # dk so far (aliased)
-        pl.BlockSpec((None, bkv, head_dim), kv_map),  # dv so far (aliased)
-    ]
-    operands = [q, k, v, do, lse, di, dk_in, dv_in]
-    if table_mask:
-        in_specs.append(
-            pl.BlockSpec((None, bkv, bq), lambda p, j, *tab: (tab[-1][where(p, j, *tab)[3]], 0, 0))
-        )
-        operands.append(jnp.asarray(np.ascontiguousarray(plan.table.transpose(0, 2, 1))))
-    grid_spec = pltpu.PrefetchScalarGridSpec(
-        num_scalar_prefetch=len(tables),
-        grid=(n_rows, extent),
-        in_specs=in_specs,
-        out_specs=[pl.BlockSpec((None, bkv, head_dim), kv_map)] * 2,
-        scratch_shapes=[pltpu.VMEM((bkv, head_dim), jnp.float32)] * 2,
-    )
-    return pallas_call.run_pallas(
-        kernel,
-        grid_spec=grid_spec,
-        out_shape=[jax.ShapeDtypeStruct(dk_in.shape, jnp.float32)] * 2,
-        interpret=interpret,
-        dimension_semantics=("parallel", "arbitrary"),
-        name=name,
-        operands=[*(jnp.asarray(t) for t in tables), *operands],
-        input_output_aliases={len(tables) + 6: 0, len(tables) + 7: 1},
-    )
+    inputs, outputs, scratch = _kv_blocks(grid, dk_in, dv_in, bkv)
+    return grid.run(
+        body,
+        inputs={**_read_operands(grid, q, k, v, do, lse, di, bq, bkv), **inputs},
+        outputs=outputs, scratch=scratch, aliases={"dk_in": "dk", "dv_in": "dv"},
+        bq=bq, bkv=bkv, name=name, interpret=interpret,
+    )  # fmt: skip
 
 
 def fused_pass(
-    q,
-    k,
-    v,
-    do,
-    lse,
-    di,
-    dq_in,
-    dk_in,
-    dv_in,
-    selected,
-    plan,
-    *,
-    name,
-    window,
-    bq,
-    bkv,
-    softmax,
-    interpret,
-    vmem_limit,
-):
+    q, k, v, do, lse, di, dq_in, dk_in, dv_in, selected, plan, *, name, window, bq, bkv, softmax,
+    interpret, vmem_limit,
+):  # fmt: skip
     """(dq_in + dQ / scale, dk_in + dK / scale, dv_in + dV) of one pass restricted to the q tiles
     ``window`` = (first, end): the dk / dv grid (kv rows, head by head) that also forms dQ = dS K
     from the dS^T it has, accumulating the window's dq of the current head in a VMEM scratch. That
@@ -332,106 +359,60 @@ def fused_pass(
     DMAs the kernel waits for (the bytes are small beside the steps'); rows of one head are
     consecutive in the grid, so the scratch is whole when it is written. Heads without a row in
     the pass are never visited and keep their dq (aliased buffers)."""
-    num_heads, _, head_dim = k.shape
+    head_dim = k.shape[-1]
     first_tile, end_tile = window
     rows = (end_tile - first_tile) * bq
-    tables, extent, n_rows = mask_info.grid_tables(selected, plan, num_heads, transposed=True)
-    mask_info.check_prefetch(
-        tables, plan, bq, "the fused backward kernel", "use larger tiles or fewer heads per call"
+    grid = PassGrid.of(
+        selected, plan, k.shape[0], transposed=True, block_q=bq, kernel="the fused backward kernel"
     )
-    table_mask = plan.mode == MaskPlanMode.TABLE
+    extent, n_rows = grid.extent, grid.n_rows
 
-    def where(p, j, head, row, slot, tiles, counts, *_):
-        """(head, kv tile, q tile, table entry, active) of grid step (p, j)."""
-        entry = slot[p] * extent + j
-        return head[p], row[p], tiles[entry], entry, j < counts[slot[p]]
-
-    def kernel(*refs):
-        tab, rest = refs[: len(tables)], list(refs[len(tables) :])
-        mask_ref = rest.pop(9) if table_mask else None
-        (q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dk_prev, dv_prev, dq_hbm_in,
-         dk_ref, dv_ref, dq_hbm, dk_acc, dv_acc, dq_acc, sem) = rest  # fmt: skip
+    def body(tab, r):
         p, j = pl.program_id(0), pl.program_id(1)
-        h, ki, qi, _, active = where(p, j, *tab)
+        h, ki, qi, _, active = grid.where(p, j, *tab)
         heads = tab[0]
-        head_rows = dq_hbm.at[h, pl.ds(first_tile * bq, rows)]  # this window of the head's dq in HBM
+        head_rows = r.dq.at[h, pl.ds(first_tile * bq, rows)]  # this window of the head's dq in HBM
 
         @pl.when((j == 0) & ((p == 0) | (heads[jnp.maximum(p - 1, 0)] != h)))
         def _():  # the head's first kv row: its dq so far into VMEM
-            pltpu.async_copy(dq_hbm_in.at[h, pl.ds(first_tile * bq, rows)], dq_acc, sem).wait()
+            pltpu.async_copy(r.dq_in.at[h, pl.ds(first_tile * bq, rows)], r.dq_acc, r.sem).wait()
 
         @pl.when(j == 0)
         def _():
-            dk_acc[...] = dk_prev[...]
-            dv_acc[...] = dv_prev[...]
+            r.dk_acc[...] = r.dk_in[...]
+            r.dv_acc[...] = r.dv_in[...]
 
         @pl.when(active)
         def _():
-            allowed = (
-                (mask_ref[...] != 0)
-                if table_mask
-                else _mask_fn(plan, tab, h, qi, ki, bq, bkv, transposed=True)
-            )
-            ds_t = _kv_tile_step(
-                q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dk_acc, dv_acc, allowed, softmax
-            )
+            ds_t = _kv_tile_step(r, grid.allowed(r, tab, h, qi, ki, bq, bkv), softmax)
             at = pl.ds(pl.multiple_of((qi - first_tile) * bq, bq), bq)
-            dq_acc[at, :] += _dot(ds_t, k_ref[...], (0, 0))  # [bq, D] = dS K
+            r.dq_acc[at, :] += _dot(ds_t, r.k[...], (0, 0))  # [bq, D] = dS K
 
         @pl.when(j == extent - 1)
         def _():
-            dk_ref[...] = dk_acc[...]
-            dv_ref[...] = dv_acc[...]
+            r.dk[...] = r.dk_acc[...]
+            r.dv[...] = r.dv_acc[...]
 
         @pl.when((j == extent - 1) & ((p == n_rows - 1) | (heads[jnp.minimum(p + 1, n_rows - 1)] != h)))
         def _():  # the head's last kv row: its dq back to HBM
-            pltpu.async_copy(dq_acc, head_rows, sem).wait()
+            pltpu.async_copy(r.dq_acc, head_rows, r.sem).wait()
 
-    q_map, kv_map, row_map = _block_maps(where, q_at=2, kv_at=1)
-    in_specs = [
-        *_operand_specs(q_map, kv_map, row_map, bq, bkv, head_dim),
-        pl.BlockSpec((None, bkv, head_dim), kv_map),  # dk so far (aliased)
-        pl.BlockSpec((None, bkv, head_dim), kv_map),  # dv so far (aliased)
-        pl.BlockSpec(memory_space=pl.ANY),  # dq so far, in HBM (aliased)
-    ]
-    operands = [q, k, v, do, lse, di, dk_in, dv_in, dq_in]
-    if table_mask:
-        in_specs.append(
-            pl.BlockSpec((None, bkv, bq), lambda p, j, *tab: (tab[-1][where(p, j, *tab)[3]], 0, 0))
-        )
-        operands.append(jnp.asarray(np.ascontiguousarray(plan.table.transpose(0, 2, 1))))
-    grid_spec = pltpu.PrefetchScalarGridSpec(
-        num_scalar_prefetch=len(tables),
-        grid=(n_rows, extent),
-        in_specs=in_specs,
-        out_specs=[
-            pl.BlockSpec((None, bkv, head_dim), kv_map),
-            pl.BlockSpec((None, bkv, head_dim), kv_map),
-            pl.BlockSpec(memory_space=pl.ANY),
-        ],
-        scratch_shapes=[
-            pltpu.VMEM((bkv, head_dim), jnp.float32),
-            pltpu.VMEM((bkv, head_dim), jnp.float32),
-            pltpu.VMEM((rows, head_dim), jnp.float32),
-            pltpu.SemaphoreType.DMA,
-        ],
-    )
-    base = len(tables)
-    return pallas_call.run_pallas(
-        kernel,
-        grid_spec=grid_spec,
-        out_shape=[
-            jax.ShapeDtypeStruct(dk_in.shape, jnp.float32),
-            jax.ShapeDtypeStruct(dv_in.shape, jnp.float32),
-            jax.ShapeDtypeStruct(dq_in.shape, jnp.float32),
-        ],
-        interpret=interpret,
+    inputs, outputs, scratch = _kv_blocks(grid, dk_in, dv_in, bkv)
+    in_hbm = pl.BlockSpec(memory_space=pl.ANY)
+    return grid.run(
+        body,
+        inputs={**_read_operands(grid, q, k, v, do, lse, di, bq, bkv), **inputs, "dq_in": (dq_in, in_hbm)},
+        outputs={**outputs, "dq": (jax.ShapeDtypeStruct(dq_in.shape, jnp.float32), in_hbm)},
+        scratch={
+            **scratch,
+            "dq_acc": pltpu.VMEM((rows, head_dim), jnp.float32),
+            "sem": pltpu.SemaphoreType.DMA,
+        },
+        aliases={"dk_in": "dk", "dv_in": "dv", "dq_in": "dq"},
+        bq=bq, bkv=bkv, name=name, interpret=interpret,
         dimension_semantics=("arbitrary", "arbitrary"),  # a head's kv rows all add into one dq scratch
-        name=name,
-        operands=[*(jnp.asarray(t) for t in tables), *operands],
-        input_output_aliases={base + 6: 0, base + 7: 1, base + 8: 2},
-        vmem_limit_bytes=vmem_limit,
-    )
+        vmem_limit=vmem_limit,
+    )  # fmt: skip
 
 
 def fused_vmem_bytes(block_q: int, block_kv: int, head_dim: int, itemsize: int) -> int:
