@@ -83,9 +83,9 @@ import numpy as np
 import stlib
 import stlib.kernels  # registers the Pallas kernels with stlib.attention
 from stlib import configs, exercises, masks, notebook, plotting
-from stlib.kernels.online_softmax import merge_partials
 from stlib.kernels.tile import TileOptions, tile_attention, tile_work
 from stlib.passes import balanced_keep, split_passes
+from stlib.reference import merge_partials
 from stlib.reorder import choose_orders
 
 cfg = notebook.setup(SIZE, solutions=SOLUTIONS)
@@ -341,7 +341,7 @@ assert err < tolerance(jnp.float32), err
 print(f"PASSED  hand merge of the two halves == dense reference over all 1,000 keys (max error {err:.2e})")
 stlib_merged, _ = merge_partials(o1, lse1[..., None], o2, lse2[..., None])
 gap = float(jnp.max(jnp.abs(stlib_merged - merged)))
-print(f"PASSED  stlib.kernels.online_softmax.merge_partials == hand merge (max error {gap:.1e})")
+print(f"PASSED  stlib.reference.merge_partials == hand merge (max error {gap:.1e})")
 
 whole = stlib.block_layout(masks.full(length), 128, 128)
 for p in split_passes(whole, "exact"):
@@ -543,7 +543,7 @@ print("(the teaching kernel's arguments include the 64 MiB int8 [L, L] mask; the
 # * masked tiles from the mask's predicate on iota, or a deduplicated int8 tile table steered by a
 #   carried index (`stlib.passes.plan_mask`, `mask_info.carried_index`), never a dense [L, L] array;
 # * balanced rounding of boundary tiles (`balanced_keep`, `BoundaryPolicy.BALANCED`);
-# * exp2 on by default (`TileOptions`), padding, the merge with `online_softmax.merge_partials`, and the
+# * exp2 on by default (`TileOptions`), padding, the merge with `reference.merge_partials`, and the
 #   SMEM check (`mask_info.check_prefetch`).
 #
 # ### Exercise 1: finish a pass

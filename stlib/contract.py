@@ -117,11 +117,14 @@ class Backward:
     (the forward that also keeps what the backward needs) and ``backward(residuals, do, mask,
     **call) -> (dq, dk, dv)``; ``call``: the keywords of ``Implementation.forward``. ``stlib.api``
     joins them into a ``jax.custom_vjp``. ``estimator``: as ``Implementation``'s, for the
-    backward's own Pallas kernels."""
+    backward's own Pallas kernels. ``lse_residuals``: the residuals are (q, k, v, o, lse), lse
+    [H, L] f32 (natural log, -inf for rows that see nothing), and ``backward`` takes an o and lse
+    of a call over more keys than k and v (the flash decomposition a ring attention runs by)."""
 
     forward: Callable
     backward: Callable
     estimator: EstimatorHooks | None = None
+    lse_residuals: bool = False
 
 
 @dataclass(frozen=True)

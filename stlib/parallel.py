@@ -1,11 +1,14 @@
 """Attention over a device mesh: ``parallel_attention`` shards heads ("heads") or the sequence
-("ulysses") over one mesh axis with ``jax.shard_map``.
+("ulysses", "ring") over one mesh axis with ``jax.shard_map``.
 
 - "heads": q, k, v [H, L, D] are split over the heads; device d runs heads [d * H/N, (d + 1) * H/N)
   on the whole sequence. No communication.
 - "ulysses": q, k, v are split over the sequence; an all-to-all turns [H, L/N, D] into
   [H/N, L, D] (heads <-> sequence), each device runs its heads on the whole sequence, and a second
   all-to-all turns the output back into [H, L/N, D]. Four all-to-alls per call (q, k, v, o).
+- "ring": q, k, v stay split over the sequence; kv shards travel to the devices whose queries see
+  them (``stlib.ring``: sparse ring attention, a hop no device needs is never issued). H need not
+  divide over the devices.
 
 Either way a device runs attention on the whole sequence for H/N heads, so a per-head mask (or a
 routed SVG plan) must follow its heads to their device. A ``shard_map`` body is one program for
@@ -24,13 +27,14 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from stlib import ring
 from stlib.api import attention, check_mask, video_attention
 from stlib.geometry import VideoGrid
 from stlib.masks import Mask, per_head
-from stlib.registry import DEFAULT_IMPL, choose
+from stlib.registry import DEFAULT_IMPL, choose, get
 
-#: The two ways of splitting attention over a mesh axis.
-STRATEGIES = ("heads", "ulysses")
+#: The ways of splitting attention over a mesh axis.
+STRATEGIES = ("heads", "ulysses", "ring")
 
 
 @dataclass(frozen=True)
@@ -102,13 +106,13 @@ def _check_shapes(q, k, v, strategy, n, batch_size) -> None:
     if not (q.shape == k.shape == v.shape):
         raise ValueError(f"q {q.shape}, k {k.shape} and v {v.shape} must have one shape")
     heads, length = q.shape[-3], q.shape[-2]
-    if heads % n:
+    if heads % n and strategy != "ring":
         raise ValueError(
             f"H={heads} heads do not divide over the {n} devices of the axis (strategy={strategy!r})"
         )
-    if strategy == "ulysses" and length % n:
+    if strategy in ("ulysses", "ring") and length % n:
         raise ValueError(
-            f"L={length} tokens do not divide over the {n} devices of the axis (strategy='ulysses')"
+            f"L={length} tokens do not divide over the {n} devices of the axis (strategy={strategy!r})"
         )
     if batch_size is not None:
         if q.ndim != 4:
@@ -135,9 +139,11 @@ def parallel_attention(
     **kwargs,
 ):
     """Attention of global q, k, v [H, L, D] (or [B, H, L, D]) sharded over ``mesh``'s axis
-    ``axis_name`` by ``strategy`` ("heads" or "ulysses", see the module docstring); returns the
-    output sharded like the input (heads: over H; ulysses: over L). Equal to ``attention`` (or, with
-    ``grid`` / ``plan``, ``video_attention``) on one device, gradients included.
+    ``axis_name`` by ``strategy`` ("heads", "ulysses" or "ring", see the module docstring); returns
+    the output sharded like the input (heads: over H; ulysses and ring: over L). Equal to
+    ``attention`` (or, with ``grid`` / ``plan``, ``video_attention``) on one device, gradients
+    included. "ring" takes the mask in the tokens' own order (no ``grid`` or ``plan``), a stlib tile
+    kernel or a plain-JAX ``impl``, and any number of heads.
 
     ``mask``: a stlib mask [H heads or head-uniform] in raster order; ``grid``: reorder the tokens
     per device as ``video_attention`` does; ``plan``: a routed ``stlib.routing.SvgPlan`` (instead of
@@ -145,7 +151,7 @@ def parallel_attention(
     choice even from a CPU host; Pallas kernels are then compiled, not interpreted). A leading
     batch axis B is split over ``batch_axis_name`` when given (else replicated). ``kwargs``: those of
     ``stlib.attention`` (``block_q``, ``options``, ...). Raises TypeError / ValueError naming the
-    value: a mesh without ``axis_name``, H (or for "ulysses" L) not divisible by the axis size, a
+    value: a mesh without ``axis_name``, H (or for "ulysses" and "ring" L) not divisible by the axis size, a
     mask or plan whose heads differ from q's, an unknown strategy.
 
     >>> import jax, stlib
@@ -176,6 +182,13 @@ def parallel_attention(
     chosen = choose(impl, mask if plan is None else plan.mask, backend=platform).name
     if platform == "tpu" and kwargs.get("interpret") is None:
         kwargs["interpret"] = False
+    if strategy == "ring":
+        if plan is not None or grid is not None:
+            raise ValueError(
+                "strategy='ring' takes the mask in the order the tokens are sharded in: reorder q, k, v "
+                "and the mask (mask.permute(order)) first; grid and plan are for 'heads' and 'ulysses'"
+            )
+        return _ring(q, k, v, mask, mesh, axis_name, batch_axis_name, get(chosen), kwargs)
     branches = device_branches(mask, plan, heads, n)
     run = partial(_run_branch, grid=grid, with_plan=plan is not None, impl=chosen, kwargs=kwargs)
     fns = [partial(run, branch) for branch in branches.branches]
@@ -200,6 +213,27 @@ def parallel_attention(
 
     sharded = jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec, check_vma=False)
     return sharded(*(_placed(x, mesh, spec) for x in (q, k, v)))
+
+
+def _ring(q, k, v, mask, mesh, axis_name, batch_axis_name, implementation, kwargs):
+    """``strategy="ring"``: the sequence split over ``axis_name``, the hops of ``ring.ring_hops``."""
+    n = mesh.shape[axis_name]
+    batched = q.ndim == 4
+    local = ring.ring_local(
+        ring.ring_hops(ring.dense_mask(mask, q.shape[-2]), n),
+        *ring.hop_functions(implementation, ring.ring_call(implementation, q.shape[-1], kwargs)),
+        axis_name=axis_name,
+        num_devices=n,
+    )
+    body = jax.vmap(local) if batched else local
+    lead = (batch_axis_name,) if batched else ()
+    spec = P(*lead, None, axis_name, None)
+    sharded = jax.shard_map(body, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec, check_vma=False)
+    out = sharded(*(_placed(x, mesh, spec) for x in (q, k, v)))
+    valid = None if mask is None else mask.token_validity()
+    if valid is not None and not valid.all():  # padding slots of a permuted mask: zeros
+        out = jax.numpy.where(jax.numpy.asarray(valid)[:, None], out, jax.numpy.zeros((), out.dtype))
+    return out
 
 
 def _placed(x, mesh: Mesh, spec: P):

@@ -23,14 +23,24 @@ def reference_attention(q, k, v, dense_mask, scale: float):
 
     ``dense_mask``: None, bool [L, L] or [H, L, L].
     """
+    return reference_attention_lse(q, k, v, dense_mask, scale)[0]
+
+
+def _scores(q, k, dense_mask, scale: float):
     s = (
         jnp.einsum(
             "hqd,hkd->hqk", q.astype(jnp.float32), k.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST
         )
         * scale
     )
-    if dense_mask is not None:
-        s = jnp.where(jnp.asarray(dense_mask), s, -jnp.inf)
+    return s if dense_mask is None else jnp.where(jnp.asarray(dense_mask), s, -jnp.inf)
+
+
+def reference_attention_lse(q, k, v, dense_mask, scale: float):
+    """(o in q's dtype, lse [H, Lq, 1] f32: natural log, -inf for rows that see nothing) of
+    ``reference_attention``: what a partial result over some keys carries to be merged
+    (``merge_partials``). k and v may have other lengths than q (a block of keys)."""
+    s = _scores(q, k, dense_mask, scale)
     m = jnp.max(s, axis=-1, keepdims=True)
     m = jnp.where(jnp.isfinite(m), m, 0.0)
     p = jnp.exp(s - m)  # exactly 0 where masked
@@ -40,7 +50,37 @@ def reference_attention(q, k, v, dense_mask, scale: float):
     if dense_mask is not None:  # rows the mask leaves empty are zeros, whatever v holds
         xp = array_module(dense_mask)  # on the host for a numpy mask: no [L, L] constant to fold
         o = jnp.where(jnp.asarray(xp.any(dense_mask, axis=-1, keepdims=True)), o, 0.0)
-    return o.astype(q.dtype)
+    lse = jnp.where(l > 0, m + jnp.log(jnp.where(l > 0, l, 1.0)), -jnp.inf)
+    return o.astype(q.dtype), lse
+
+
+def reference_gradients(q, k, v, o, lse, do, dense_mask, scale: float):
+    """(dq, dk, dv), each in its input's dtype, of attention over the keys k, v given the output
+    ``o`` and log-sum-exp ``lse`` [H, Lq, 1] of the whole call (which may span more keys than k, v:
+    the flash backward's decomposition): P = exp(S - lse), dV = P^T dO, dS = P * (dO V^T - di) with
+    di = rowsum(dO * O), dQ = scale dS K, dK = scale dS^T Q."""
+    p = jnp.exp(_scores(q, k, dense_mask, scale) - jnp.where(jnp.isfinite(lse), lse, jnp.inf))
+    do32, f32 = do.astype(jnp.float32), jnp.float32
+    di = jnp.sum(do32 * o.astype(f32), axis=-1, keepdims=True)
+    ds = p * (jnp.einsum("hqd,hkd->hqk", do32, v.astype(f32), precision=HIGHEST) - di)
+    dq = jnp.einsum("hqk,hkd->hqd", ds, k.astype(f32), precision=HIGHEST) * scale
+    dk = jnp.einsum("hqk,hqd->hkd", ds, q.astype(f32), precision=HIGHEST) * scale
+    dv = jnp.einsum("hqk,hqd->hkd", p, do32, precision=HIGHEST)
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
+
+
+def merge_partials(o1, lse1, o2, lse2):
+    """Numerically stable merge of two attention results over disjoint key sets.
+
+    o [H, L, D], lse [H, L, 1] (natural log, -inf where a pass saw no key). Rows neither pass saw
+    stay zero; a NaN in either pass stays NaN."""
+    lse = jnp.logaddexp(lse1, lse2)
+    empty = lse == -jnp.inf
+    safe = jnp.where(empty, 0.0, lse)
+    w1 = jnp.where(empty, 0.0, jnp.exp(lse1 - safe))
+    w2 = jnp.where(empty, 0.0, jnp.exp(lse2 - safe))
+    out = w1 * o1.astype(jnp.float32) + w2 * o2.astype(jnp.float32)
+    return out.astype(o1.dtype), lse
 
 
 def xla_block_sparse_attention(q, k, v, layout: BlockLayout, scale: float):

@@ -140,8 +140,8 @@ def test_bad_meshes_and_shapes_are_refused_by_name():
         parallel_attention(q[:, :286], k[:, :286], v[:, :286], strategy="ulysses", **call)
     with pytest.raises(ValueError, match="mask has 4 heads but q has 8"):
         parallel_attention(q, k, v, _svg_mix(heads=4), grid=GRID, **call)
-    with pytest.raises(ValueError, match="strategy='ring'"):
-        parallel_attention(q, k, v, strategy="ring", **call)
+    with pytest.raises(ValueError, match="strategy='rings' must be one of"):
+        parallel_attention(q, k, v, strategy="rings", **call)
     with pytest.raises(ValueError, match="batch_axis_name='b' is not an axis"):
         parallel_attention(q[None], k[None], v[None], batch_axis_name="b", **call)
     with pytest.raises(TypeError, match="mesh must be a jax.sharding.Mesh"):

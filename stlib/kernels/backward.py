@@ -344,7 +344,7 @@ def tile_training(forward_with_lse, resolve, passes_of, *, own_blocks: bool = Fa
         compute_regions=lambda kernel, n: ["compute"],
         schedule_counts=schedule_counts,
     )
-    return Backward(forward, backward, estimator)
+    return Backward(forward, backward, estimator, lse_residuals=True)
 
 
 __all__ = [

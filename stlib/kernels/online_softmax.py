@@ -116,17 +116,3 @@ def softmax_scratch(block_q: int, head_dim: int):
         pltpu.VMEM((block_q, LANES), jnp.float32),  # l: running sum (lane-replicated)
         pltpu.VMEM((block_q, head_dim), jnp.float32),  # acc: unnormalised output
     ]
-
-
-def merge_partials(o1, lse1, o2, lse2):
-    """Numerically stable merge of two attention results over disjoint key sets.
-
-    o [H, L, D], lse [H, L, 1] (natural log, -inf where a pass saw no key). Rows neither pass saw
-    stay zero; a NaN in either pass stays NaN."""
-    lse = jnp.logaddexp(lse1, lse2)
-    empty = lse == -jnp.inf
-    safe = jnp.where(empty, 0.0, lse)
-    w1 = jnp.where(empty, 0.0, jnp.exp(lse1 - safe))
-    w2 = jnp.where(empty, 0.0, jnp.exp(lse2 - safe))
-    out = w1 * o1.astype(jnp.float32) + w2 * o2.astype(jnp.float32)
-    return out.astype(o1.dtype), lse

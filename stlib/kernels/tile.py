@@ -37,6 +37,7 @@ from stlib.kernels.backward import tile_training
 from stlib.layout import BlockLayout, block_layout, flat_steps, row_tables
 from stlib.masks import Mask, full
 from stlib.passes import BoundaryPolicy, MaskPlan, MaskPlanMode, PassKind, split_passes
+from stlib.reference import merge_partials
 from stlib.registry import Implementation, Role, register
 
 NAME = "pallas_tile"
@@ -286,7 +287,7 @@ def tile_attention(
             out_dtype=out_dtype,
             name=f"stlib_tile_{p.name}",
         )
-        o, lse = (o_p, lse_p) if o is None else online_softmax.merge_partials(o, lse, o_p, lse_p)
+        o, lse = (o_p, lse_p) if o is None else merge_partials(o, lse, o_p, lse_p)
     if o is None:  # nothing to compute: every row sees nothing
         o, lse = jnp.zeros(qp.shape, q.dtype), jnp.full((num_heads, qp.shape[1], 1), -jnp.inf, jnp.float32)
     o = o[:, :length].astype(q.dtype)

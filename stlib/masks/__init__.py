@@ -10,6 +10,7 @@ VideoGen plan; ``catalogue`` the named case-study masks. Every name is re-export
 from stlib.masks.base import (
     DENSE_LIMIT,
     MAX_TRACED_HEAD_MASKS,
+    BlockView,
     CombinedMask,
     CombineOp,
     Mask,
@@ -58,6 +59,7 @@ __all__ = [
     "MAX_TRACED_HEAD_MASKS",
     "ArrayMask",
     "BandMask",
+    "BlockView",
     "CausalMask",
     "CombineOp",
     "CombinedMask",

@@ -156,6 +156,16 @@ class Mask:
         """This mask seen in another token order (padding slots see and are seen by nothing)."""
         return PermutedMask(self, order)
 
+    def block_view(self, q_start: int, k_start: int, size: int) -> Mask:
+        """The block on query rows [q_start, q_start + size) and keys [k_start, k_start + size) as a
+        mask of ``size`` tokens (``BlockView``: a ring's (q shard, kv shard) pair).
+
+        >>> import stlib
+        >>> stlib.masks.causal(8).block_view(4, 0, 4).to_dense().all()  # rows 4..7 see keys 0..3
+        np.True_
+        """
+        return BlockView(self, q_start, k_start, size)
+
     def head(self, index: int) -> Mask:
         """The single-head mask of head ``index`` (the mask itself when it is head-uniform)."""
         self._check_head(index)
@@ -307,3 +317,49 @@ class PermutedMask(Mask):
 
     def __repr__(self):
         return f"{self.base!r}.permute({self.order.name!r})"
+
+
+class BlockView(Mask):
+    """The block of ``base`` on query rows [q_start, q_start + size) and keys [k_start, k_start +
+    size) as a mask of ``size`` tokens of its own: what one (q shard, kv shard) pair of a ring
+    attends. Traceable and in interval form where ``base`` is; a pair ``base`` refuses (padding
+    included) stays refused, so its token validity is left to the caller (rows and keys come from
+    different shards)."""
+
+    def __init__(self, base: Mask, q_start: int, k_start: int, size: int):
+        if not isinstance(base, Mask):
+            raise TypeError(f"BlockView needs a Mask, got {type(base).__name__}")
+        for name, value in (("q_start", q_start), ("k_start", k_start)):
+            if not (0 <= value and value + size <= base.length):
+                raise ValueError(f"{name}={value} + size={size} lies outside the mask's {base.length} tokens")
+        if size < 1:
+            raise ValueError(f"size={size} must be at least 1")
+        self.base, self.q_start, self.k_start, self.length = base, int(q_start), int(k_start), int(size)
+        self.num_heads = base.num_heads
+        self.traceable = base.traceable
+        self.has_intervals = base.has_intervals
+
+    def _key(self):
+        return (self.base, self.q_start, self.k_start, self.length)
+
+    def children(self):
+        return (self.base,)
+
+    def head(self, index):
+        self._check_head(index)
+        if self.num_heads is None:
+            return self
+        return BlockView(self.base.head(index), self.q_start, self.k_start, self.length)
+
+    def _allowed(self, q, k, head):
+        return self.base._allowed(q + self.q_start, k + self.k_start, head)
+
+    def _intervals(self, rows, head):
+        starts, ends = self.base.key_intervals(rows + self.q_start, head)
+        return (
+            np.clip(starts - self.k_start, 0, self.length),
+            np.clip(ends - self.k_start, 0, self.length),
+        )
+
+    def __repr__(self):
+        return f"{self.base!r}.block_view(q_start={self.q_start}, k_start={self.k_start}, size={self.length})"

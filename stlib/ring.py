@@ -1,0 +1,232 @@
+"""Sparse ring attention over one mesh axis (``parallel_attention(..., strategy="ring")``).
+
+q, k, v are split over the sequence: device i of N holds tokens [i * S, (i + 1) * S), S = L / N,
+of every head. On hop ``offset`` device i attends its queries against the kv shard of device
+(i - offset) mod N, which a ``ppermute`` brings over; the hops' partial outputs merge by their
+log-sum-exp (``reference.merge_partials``). Each (q shard, kv shard) pair is a block of the
+mask (``Mask.block_view``), and a sparse video mask leaves most of them empty: a hop whose block is
+empty on every device and for every head is not issued at all (no transfer, no kernel), and a device
+whose block is empty on an issued hop runs no kernel on it. Devices whose blocks allow the same
+pairs share one compiled branch (``lax.switch`` on the axis index), as ``parallel`` does for heads.
+
+The backward rides the same hops: the kv shard comes over again, the kernel's own backward gives
+the hop's dq (kept) and dk, dv (sent back to their owner by the inverse ``ppermute`` and summed
+there), from the merged output and log-sum-exp the forward kept (a ``jax.custom_vjp``). A kernel
+takes part when its ``Backward`` keeps (q, k, v, o, lse) (``Backward.lse_residuals``: every stlib
+tile kernel); the plain-JAX implementations run each hop as materialised attention of the block.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from stlib.masks import DENSE_LIMIT, Mask, full
+from stlib.reference import merge_partials, reference_attention_lse, reference_gradients
+from stlib.registry import Implementation
+
+
+@dataclass(frozen=True)
+class RingHop:
+    """One issued hop: device i attends the kv shard of device (i - ``offset``) mod N with the block
+    ``branches[branch_of_device[i]]`` of the mask (None: that device has nothing to do)."""
+
+    offset: int
+    branches: tuple
+    branch_of_device: tuple[int, ...]
+
+
+def _block_signature(block: Mask) -> tuple[bool, str]:
+    """(whether ``block`` allows no pair for any head, a digest equal for blocks that allow the same
+    pairs): its key intervals per head, or its dense form where it has none."""
+    heads = [None] if block.num_heads is None else range(block.num_heads)
+    digest = hashlib.sha256()
+    empty = True
+    for h in heads:
+        view = block if h is None else block.head(h)
+        if block.has_intervals:
+            starts, ends = view.key_intervals(np.arange(block.length))
+            keep = ends > starts
+            empty &= not keep.any()
+            for array in (np.where(keep, starts, 0), np.where(keep, ends, 0)):
+                digest.update(np.ascontiguousarray(array).tobytes())
+        else:
+            if block.length > DENSE_LIMIT:
+                raise ValueError(
+                    f"the ring's shards of {block.length} tokens are too long to read {block!r} densely "
+                    f"(no interval form; at most {DENSE_LIMIT}): use more devices or a mask in raster order"
+                )
+            dense = view.to_dense()
+            empty &= not dense.any()
+            digest.update(np.packbits(dense).tobytes())
+    return empty, digest.hexdigest()
+
+
+def ring_hops(mask: Mask | None, num_devices: int) -> list[RingHop]:
+    """The hops a ring of ``num_devices`` issues for ``mask`` (``dense_mask`` for dense attention),
+    each with the distinct blocks its devices attend; hops empty everywhere are left out.
+
+    >>> import stlib
+    >>> grid = stlib.VideoGrid(4, 8, 16)  # 4 frames of 128 tokens: one frame per device
+    >>> [hop.offset for hop in ring_hops(stlib.masks.spatial(grid), 4)]  # same-frame keys only
+    [0]
+    >>> [hop.offset for hop in ring_hops(stlib.masks.frame_causal(grid), 4)]
+    [0, 1, 2, 3]
+    """
+    if num_devices < 1:
+        raise ValueError(f"num_devices={num_devices} must be at least 1")
+    if mask.length % num_devices:
+        raise ValueError(f"L={mask.length} tokens do not divide over the {num_devices} devices of the ring")
+    size = mask.length // num_devices
+    hops = []
+    for offset in range(num_devices):
+        branches: dict = {}
+        of_device = []
+        for device in range(num_devices):
+            block = mask.block_view(device * size, ((device - offset) % num_devices) * size, size)
+            empty, signature = _block_signature(block)
+            key = None if empty else signature
+            branches.setdefault(key, None if empty else block)
+            of_device.append(list(branches).index(key))
+        if list(branches) != [None]:
+            hops.append(RingHop(offset, tuple(branches.values()), tuple(of_device)))
+    return hops
+
+
+def hop_functions(implementation: Implementation, call: dict):
+    """(forward, backward) of one hop of ``implementation``: ``forward(q, k, v, block) -> (o, lse
+    [H, S, 1] f32)`` and ``backward(q, k, v, o, lse, do, block) -> (dq, dk, dv)`` from the merged o
+    and lse; ``call``: the implementation's keywords (scale, blocks, options, interpret)."""
+    training = implementation.backward
+    if training is not None and training.lse_residuals:
+
+        def forward(q, k, v, block):
+            o, (*_, lse) = training.forward(q, k, v, block, **call)
+            return o, lse.reshape(*lse.shape[:2], 1).astype(jnp.float32)
+
+        def backward(q, k, v, o, lse, do, block):
+            return training.backward((q, k, v, o, lse[..., 0]), do, block, **call)
+
+        return forward, backward
+    if implementation.estimator is not None:  # a Pallas kernel without the tile backward (Splash)
+        raise ValueError(
+            f"strategy='ring' needs a kernel whose backward keeps (q, k, v, o, lse) to merge hops; "
+            f"impl={implementation.name!r} has none: use a stlib tile kernel, 'xla' or 'reference'"
+        )
+    scale = call["scale"]
+
+    def forward(q, k, v, block):
+        return reference_attention_lse(q, k, v, _dense_block(block), scale)
+
+    def backward(q, k, v, o, lse, do, block):
+        return reference_gradients(q, k, v, o, lse, do, _dense_block(block), scale)
+
+    return forward, backward
+
+
+def _dense_block(block: Mask) -> np.ndarray:
+    """bool [S, S] (or [H, S, S]) of ``block``, for materialised attention."""
+    return block.to_dense()
+
+
+def _empty_forward(q, k, v):
+    return jnp.zeros(q.shape, q.dtype), jnp.full((*q.shape[:2], 1), -jnp.inf, jnp.float32)
+
+
+def _empty_backward(q, k, v, o, lse, do):
+    return jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v)
+
+
+def _switch(hop: RingHop, functions: list, axis_name: str, *args):
+    """Run this device's branch of ``hop`` (one branch: no switch at all)."""
+    if len(functions) == 1:
+        return functions[0](*args)
+    index = jnp.asarray(np.asarray(hop.branch_of_device, np.int32))[jax.lax.axis_index(axis_name)]
+    return jax.lax.switch(index, functions, *args)
+
+
+def _shifted(x, offset: int, num_devices: int, axis_name: str):
+    """``x`` of device (i - offset) mod N on device i (``offset`` 0: x itself)."""
+    if offset % num_devices == 0:
+        return x
+    perm = [(j, (j + offset) % num_devices) for j in range(num_devices)]
+    return jax.lax.ppermute(x, axis_name, perm)
+
+
+def ring_local(hops: list[RingHop], forward, backward, *, axis_name: str, num_devices: int):
+    """The per-device body of the ring (inside ``shard_map``): (q, k, v) [H, S, D] shards -> o, a
+    ``jax.custom_vjp`` whose backward rides the same hops (``forward`` / ``backward``:
+    ``hop_functions``)."""
+
+    def branches(hop, empty, run):
+        return [empty if block is None else partial(run, block=block) for block in hop.branches]
+
+    def merged(q, k, v):
+        o = jnp.zeros(q.shape, jnp.float32)
+        lse = jnp.full((*q.shape[:2], 1), -jnp.inf, jnp.float32)
+        for hop in hops:
+            kh, vh = (_shifted(x, hop.offset, num_devices, axis_name) for x in (k, v))
+            fns = branches(hop, _empty_forward, lambda q, k, v, block: forward(q, k, v, block))
+            o_h, lse_h = _switch(hop, fns, axis_name, q, kh, vh)
+            o, lse = merge_partials(o, lse, o_h, lse_h)
+        return o.astype(q.dtype), lse
+
+    @jax.custom_vjp
+    def run(q, k, v):
+        return merged(q, k, v)[0]
+
+    def run_forward(q, k, v):
+        o, lse = merged(q, k, v)
+        return o, (q, k, v, o, lse)
+
+    def run_backward(residuals, do):
+        q, k, v, o, lse = residuals
+        dq = jnp.zeros(q.shape, jnp.float32)
+        dk = jnp.zeros(k.shape, jnp.float32)
+        dv = jnp.zeros(v.shape, jnp.float32)
+        for hop in hops:
+            kh, vh = (_shifted(x, hop.offset, num_devices, axis_name) for x in (k, v))
+            fns = branches(
+                hop,
+                _empty_backward,
+                lambda q, k, v, o, lse, do, block: backward(q, k, v, o, lse, do, block),
+            )
+            dq_h, dk_h, dv_h = _switch(hop, fns, axis_name, q, kh, vh, o, lse, do)
+            dq += dq_h.astype(jnp.float32)
+            back = -hop.offset  # dk, dv of the kv shard go home
+            dk += _shifted(dk_h.astype(jnp.float32), back, num_devices, axis_name)
+            dv += _shifted(dv_h.astype(jnp.float32), back, num_devices, axis_name)
+        return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
+
+    run.defvjp(run_forward, run_backward)
+    return run
+
+
+def ring_call(implementation: Implementation, head_dim: int, kwargs: dict) -> dict:
+    """The keywords a hop's kernel runs with: scale (default 1/sqrt(D)), blocks, validated options,
+    interpret."""
+    unknown = sorted(set(kwargs) - {"scale", "block_q", "block_kv", "options", "interpret"})
+    if unknown:
+        raise TypeError(f"strategy='ring' takes no keyword(s) {unknown}")
+    scale = kwargs.get("scale")
+    return {
+        "scale": float(1.0 / math.sqrt(head_dim) if scale is None else scale),
+        "block_q": kwargs.get("block_q"),
+        "block_kv": kwargs.get("block_kv"),
+        "options": implementation.options(kwargs.get("options")),
+        "interpret": kwargs.get("interpret"),
+    }
+
+
+def dense_mask(mask: Mask | None, length: int) -> Mask:
+    """``mask``, or the full mask where None (the ring's blocks are views of a mask)."""
+    return full(length) if mask is None else mask
+
+
+__all__ = ["RingHop", "dense_mask", "hop_functions", "ring_call", "ring_hops", "ring_local"]
