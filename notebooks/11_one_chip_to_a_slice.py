@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # 11 · From one chip to a slice: heads and Ulysses attention over a device mesh, and the model block
+# # 11 · From one chip to a slice: heads, Ulysses and ring attention over a device mesh, and the model block
 #
 # Wan 14B has 40 attention heads of 128 over 75,600 video tokens at 720p. The case study's workload
 # (10 heads on one v6e) is one quarter of that layer: the same layer on a 4-chip slice, 10 heads per chip.
@@ -26,9 +26,12 @@
 #    *sequence*. An all-to-all turns [H, L/N, D] into [H/N, L, D], each device runs attention on the
 #    whole sequence for its heads, and a second all-to-all turns the output back. That is four
 #    all-to-alls per call (q, k, v in, o out).
-# 3. What that traffic costs beside the sparse kernel, at Wan 14B's shape, compiled for real slices
+# 3. **Ring**: the sequence stays split. Each kv shard travels to the devices whose queries see it
+#    (`ppermute`), the partial outputs merge by their log-sum-exp, and a sparse mask lets the ring
+#    skip the hops that no device needs. Any number of heads works.
+# 4. What that traffic costs beside the sparse kernel, at Wan 14B's shape, compiled for real slices
 #    (v6e 2x2, TPU7x 2x2x1, v6e 4x4) without a TPU.
-# 4. The model: a Wan-style block in flax nnx whose self-attention is `stlib.attention_fn`, sharded.
+# 5. The model: a Wan-style block in flax nnx whose self-attention is `stlib.attention_fn`, sharded.
 #
 # Terms: a **mesh** is an array of devices with named axes (`jax.sharding.Mesh`). A **shard_map**
 # runs one function per device on that device's block of each array. `P("x")` (a `PartitionSpec`)
@@ -96,7 +99,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import stlib
-from stlib import exercises, masks, notebook, parallel, plotting
+from stlib import exercises, masks, notebook, parallel, plotting, ring
 from stlib.bench import block_sweep, slice_compile
 
 cfg = notebook.setup(SIZE, solutions=SOLUTIONS)
@@ -183,7 +186,7 @@ tables = [stlib.block_layout(masks.per_head([mix.head(h) for h in branches.heads
 fig = plotting.device_tables(tables, f"the tile table each device runs (raster order, 128 x 128 tiles), {H} heads over {N} devices")
 plotting.save(fig, cfg.figure("11_device_tables"))
 
-for strategy in parallel.STRATEGIES:
+for strategy in ("heads", "ulysses"):  # the ring takes the mask in the tokens' own order: its section below
     got = stlib.parallel_attention(q, k, v, mix, mesh=mesh, axis_name="x", strategy=strategy, grid=grid)
     err = float(jnp.max(jnp.abs(got - stlib.video_attention(q, k, v, grid, mix, impl="reference"))))
     assert err < tolerance(jnp.float32), (strategy, err)
@@ -244,7 +247,7 @@ def loss(fn):
 
 
 want = jax.grad(loss(lambda q, k, v: stlib.video_attention(q, k, v, grid, mix, impl="reference")), argnums=(0, 1, 2))(q, k, v)
-for strategy in parallel.STRATEGIES:
+for strategy in ("heads", "ulysses"):
     def sharded(q, k, v, strategy=strategy):
         return stlib.parallel_attention(q, k, v, mix, mesh=mesh, axis_name="x", strategy=strategy, grid=grid)
 
@@ -252,6 +255,79 @@ for strategy in parallel.STRATEGIES:
     gap = max(float(jnp.max(jnp.abs(g - w)) / jnp.max(jnp.abs(w))) for g, w in zip(got, want))
     assert gap < 2e-3, (strategy, gap)
     print(f"PASSED  {strategy:8s} dq, dk, dv == one device (largest gap {gap:.1e} of the largest entry)")
+
+# %% [markdown]
+# ## Ring: the sequence stays split, the kv shards travel
+#
+# Ulysses needs H divisible by the devices (Wan 14B's 40 heads do not divide over 16), and it holds
+# every token of a head on one device. A **ring** keeps q, k, v split over the sequence: device i
+# holds tokens [i S, (i + 1) S), S = L / N. On hop `offset` device i attends its queries against
+# the kv shard of device (i - offset) mod N, which `jax.lax.ppermute` brings over. Each hop gives
+# a partial output over some keys and its log-sum-exp, and the partials merge exactly
+# (`stlib.reference.merge_partials`, notebook 06's merge).
+#
+# The (q shard, kv shard) pair of a hop is a block of the mask (`mask.block_view`). With a local
+# video mask most blocks are empty. A hop whose block is empty on every device is never issued: no
+# transfer, no kernel. Written in view below with plain-JAX attention per hop, which hops are issued
+# is decided on the host from the mask's blocks.
+
+# %%
+from stlib.reference import merge_partials, reference_attention_lse
+
+S = L // N
+
+
+def ring_attention(q, k, v, mask):
+    blocks = {off: np.stack([mask.block_view(d * S, (d - off) % N * S, S).to_dense() for d in range(N)])
+              for off in range(N)}  # [N devices, (H,) S, S] per hop offset
+    issued = [off for off, b in blocks.items() if b.any()]
+
+    def local(q, k, v):  # [H, S, D] on each device
+        me = jax.lax.axis_index("x")
+        o = jnp.zeros(q.shape, jnp.float32)
+        lse = jnp.full((*q.shape[:2], 1), -jnp.inf)
+        for off in issued:
+            perm = [(j, (j + off) % N) for j in range(N)]  # device j's shard goes to device j + off
+            kh, vh = (k, v) if off == 0 else (jax.lax.ppermute(x, "x", perm) for x in (k, v))
+            o_h, lse_h = reference_attention_lse(q, kh, vh, jnp.asarray(blocks[off])[me], q.shape[-1] ** -0.5)
+            o, lse = merge_partials(o, lse, o_h, lse_h)
+        return o.astype(q.dtype)
+
+    return jax.shard_map(local, mesh=mesh, in_specs=P(None, "x"), out_specs=P(None, "x"))(q, k, v), issued
+
+
+want_mix = stlib.video_attention(q, k, v, grid, mix, impl="reference")
+for name, m in {"the per-head mix": mix, "its spatial heads alone": spatial}.items():
+    got, issued = ring_attention(q, k, v, m)
+    err = float(jnp.max(jnp.abs(got - stlib.attention(q, k, v, m, impl="reference"))))
+    assert err < tolerance(jnp.float32), (name, err)
+    print(f"PASSED  ring in view with {name} == one device (max error {err:.1e}); hops issued {issued} of {list(range(N))}")
+library = stlib.parallel_attention(q, k, v, mix, mesh=mesh, axis_name="x", strategy="ring", impl="xla")
+lib_err = float(jnp.max(jnp.abs(library - ring_attention(q, k, v, mix)[0])))
+assert lib_err < tolerance(jnp.float32), lib_err
+got = jax.jit(jax.grad(loss(lambda q, k, v: stlib.parallel_attention(
+    q, k, v, mix, mesh=mesh, axis_name="x", strategy="ring", impl="xla")), argnums=(0, 1, 2)))(q, k, v)
+gap = max(float(jnp.max(jnp.abs(g - w)) / jnp.max(jnp.abs(w))) for g, w in zip(got, want))
+assert gap < 2e-3, gap
+print(f"PASSED  stlib.parallel_attention(strategy='ring') == the ring in view (max gap {lib_err:.1e}); "
+      f"its dq, dk, dv == one device (largest gap {gap:.1e} of the largest entry)")
+
+panels = {}
+for name, m in {"per-head SVG mix": mix, "spatial heads alone": spatial, "band, width L / 8": band}.items():
+    hops = ring.ring_hops(m, N)
+    panels[name] = (ring.ring_blocks(hops, N), [hop.offset for hop in hops])
+fig = plotting.ring_blocks(panels, f"the (q shard, kv shard) blocks a {N}-device ring computes (raster order, "
+                                   f"{L:,} tokens, {S:,} per device)")
+plotting.save(fig, cfg.figure("11_ring_blocks"))
+
+# %% [markdown]
+# The temporal heads see their own position in every frame, so every block of the mix holds some
+# pair and the ring issues every hop. The spatial heads alone and the band need the shard itself and
+# its neighbours only: hop 2 is skipped, and on hops 1 and 3 the devices at the ends of the sequence
+# run no kernel. In the library (`stlib.ring`) each hop runs the tile kernel on that block's own
+# tables, devices whose blocks allow the same pairs share one compiled branch, and the backward
+# rides the same hops: the kv shard comes over again, the kernel's own backward gives the hop's dq
+# and dk, dv, and dk, dv go back to their owner by the inverse `ppermute`.
 
 # %% [markdown]
 # ## Compiling for a real slice without a TPU
@@ -277,6 +353,13 @@ for strategy, spec in (("heads", P("x", None, None)), ("ulysses", P(None, "x", N
     share = compiled.memory_analysis().argument_size_in_bytes / (3 * 8 * small_grid.num_tokens * 128 * 2)
     print(f"v6e:2x2 {strategy:8s}: each device holds {share:.2f} of q, k, v; {len(moved)} all-to-alls of "
           f"{[f'{b / 1e6:.2f} MB' for b in moved]}")
+ring_arg = jax.ShapeDtypeStruct((8, small_grid.num_tokens, 128), jnp.bfloat16,
+                                sharding=NamedSharding(tpu_mesh, P(None, "x", None)))
+for name, m in {"the spatial heads": masks.spatial(small_grid, 0), "the per-head mix": small_mix}.items():
+    text = jax.jit(lambda q, k, v, m=m: stlib.parallel_attention(
+        q, k, v, m, mesh=tpu_mesh, axis_name="x", strategy="ring")).lower(ring_arg, ring_arg, ring_arg).compile().as_text()
+    print(f"v6e:2x2 ring with {name}: {len(re.findall(r'collective-permute(?:-start)?[(]', text))} kv-shard "
+          f"transfers (collective-permutes) in the compiled program")
 
 # %% [markdown]
 # ### Exercise 2: what one all-to-all moves
@@ -379,6 +462,9 @@ print(f"PASSED  WanBlock ({params:,} parameters, {H} heads, sliding tile {tile_m
 #
 # * A slice runs the single-chip kernel unchanged. Heads sharding gives each device H / N heads
 #   and needs no communication. Ulysses gets there from sequence-sharded inputs with four all-to-alls.
+# * A ring keeps the sequence split and moves kv shards instead. It takes any number of heads, and a
+#   sparse mask lets it skip the hops no device needs: the compiled program then holds fewer
+#   transfers.
 # * Per-head masks must follow their heads. One SPMD program holds one branch per distinct
 #   per-device head slice. Laying heads out so the slices coincide (the exercise) compiles one kernel.
 # * At Wan 14B's shape the all-to-all traffic is a small fraction of the sparse kernel's estimated

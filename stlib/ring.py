@@ -99,6 +99,26 @@ def ring_hops(mask: Mask | None, num_devices: int) -> list[RingHop]:
     return hops
 
 
+def ring_blocks(hops: list[RingHop], num_devices: int) -> np.ndarray:
+    """bool [N, N]: whether the queries of device d attend the kv shard of device j on some issued
+    hop (the (q shard, kv shard) blocks the ring computes; the rest it skips).
+
+    >>> import stlib
+    >>> grid = stlib.VideoGrid(4, 8, 16)
+    >>> ring_blocks(ring_hops(stlib.masks.frame_causal(grid), 4), 4).astype(int)
+    array([[1, 0, 0, 0],
+           [1, 1, 0, 0],
+           [1, 1, 1, 0],
+           [1, 1, 1, 1]])
+    """
+    attended = np.zeros((num_devices, num_devices), bool)
+    for hop in hops:
+        for device, branch in enumerate(hop.branch_of_device):
+            if hop.branches[branch] is not None:
+                attended[device, (device - hop.offset) % num_devices] = True
+    return attended
+
+
 def hop_functions(implementation: Implementation, call: dict):
     """(forward, backward) of one hop of ``implementation``: ``forward(q, k, v, block) -> (o, lse
     [H, S, 1] f32)`` and ``backward(q, k, v, o, lse, do, block) -> (dq, dk, dv)`` from the merged o
@@ -229,4 +249,4 @@ def dense_mask(mask: Mask | None, length: int) -> Mask:
     return full(length) if mask is None else mask
 
 
-__all__ = ["RingHop", "dense_mask", "hop_functions", "ring_call", "ring_hops", "ring_local"]
+__all__ = ["RingHop", "dense_mask", "hop_functions", "ring_blocks", "ring_call", "ring_hops", "ring_local"]

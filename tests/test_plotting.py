@@ -96,3 +96,15 @@ def test_block_sweep_draws_the_sweeps_figure_rows(tmp_path):
 def test_every_exported_figure_is_reachable_and_no_folder_is_fixed_at_import():
     assert all(callable(getattr(plotting, n)) for n in plotting.__all__ if n.islower())
     assert not hasattr(plotting, "FIGURES_DIR")  # stlib.paths.figures_dir() says where figures go
+
+
+def test_ring_blocks_names_each_hop_and_each_skipped_block(tmp_path):
+    import numpy as np
+
+    attended = np.eye(4, dtype=bool) | np.eye(4, k=1, dtype=bool)
+    fig = plotting.ring_blocks({"band": (attended, [0, 3])}, "t")
+    (ax,) = fig.axes
+    labels = [t.get_text() for t in ax.texts]
+    assert labels.count("skip") == 16 - 7 and labels.count("hop 0") == 4 and labels.count("hop 3") == 3
+    assert "issued [0, 3], skipped [1, 2]" in ax.get_title()
+    assert plotting.save(fig, tmp_path / "ring.png").stat().st_size > 0

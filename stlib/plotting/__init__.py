@@ -6,7 +6,7 @@ estimates are hatched. Figures take plain data: no kernel is named here.
 ``common`` (palette, ``save``, ``where_measured``) · ``layouts`` (masks, tile layouts, step tables and
 step plans) · ``timing`` (measured times and speed-ups) · ``work`` (hardware-independent work and
 rooflines) · ``blocks`` (VMEM, tile-size trade-off, block sweep) · ``estimates`` (static estimates) ·
-``quality`` (error vs work) · ``slices`` (per-device tables, communication beside the kernel). Every figure is re-exported here: ``plotting.X`` is the import path.
+``quality`` (error vs work) · ``slices`` (per-device tables, a ring's blocks, communication beside the kernel). Every figure is re-exported here: ``plotting.X`` is the import path.
 """
 
 from stlib.plotting.blocks import block_sweep, tile_size_tradeoff, vmem_bars
@@ -23,7 +23,7 @@ from stlib.plotting.layouts import (
     step_table_map,
 )
 from stlib.plotting.quality import quality_vs_work
-from stlib.plotting.slices import communication_vs_kernel, device_tables
+from stlib.plotting.slices import communication_vs_kernel, device_tables, ring_blocks
 from stlib.plotting.timing import latency_bars, named_bars, relative_bars, speedup_vs_density, timing_lines
 from stlib.plotting.work import cost_breakdown, roofline_chart, roofline_fraction, work_bars
 
@@ -47,6 +47,7 @@ __all__ = [
     "occupancy_heatmap",
     "quality_vs_work",
     "relative_bars",
+    "ring_blocks",
     "roofline_chart",
     "roofline_fraction",
     "save",

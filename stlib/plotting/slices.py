@@ -1,5 +1,6 @@
-"""Figures of attention over a slice: which tile table each device runs, and what Ulysses'
-all-to-alls cost beside the kernel (a model over static estimates, never a measurement)."""
+"""Figures of attention over a slice: which tile table each device runs, which (q shard, kv shard)
+blocks a ring computes and which hops it skips, and what Ulysses' all-to-alls cost beside the kernel
+(a model over static estimates, never a measurement)."""
 
 from __future__ import annotations
 
@@ -78,3 +79,39 @@ def communication_vs_kernel(rows: list[dict], title: str):
 
 
 __all__ = ["communication_vs_kernel", "device_tables"]
+
+
+def ring_blocks(panels: dict, title: str):
+    """One panel per mask: ``panels[name] = (attended, offsets)``, ``attended`` bool [N, N] (device
+    d's queries attend device j's kv shard: ``stlib.ring.ring_blocks``) and the issued hop offsets.
+    A computed block is coloured by its hop ((d - j) mod N), a skipped one left pale; the title
+    names the hops issued and skipped."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.1 * len(panels) + 0.4, 3.6), squeeze=False)
+    for ax, (name, (attended, offsets)) in zip(axes[0], panels.items()):
+        n = attended.shape[0]
+        hop = (np.arange(n)[:, None] - np.arange(n)[None, :]) % n
+        ax.grid(False)
+        ax.imshow(
+            np.where(attended, hop, np.nan),
+            cmap=ListedColormap([PALETTE[h % len(PALETTE)] for h in range(n)]),
+            vmin=-0.5,
+            vmax=n - 0.5,
+        )
+        ax.imshow(np.where(attended, np.nan, 0.0), cmap=ListedColormap(["#eeeeee"]), vmin=0, vmax=1)
+        for d in range(n):
+            for j in range(n):
+                ax.text(
+                    j,
+                    d,
+                    f"hop {hop[d, j]}" if attended[d, j] else "skip",
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    color="white" if attended[d, j] else "#888888",
+                )
+        skipped = [h for h in range(n) if h not in offsets]
+        ax.set_title(f"{name}\nhops issued {list(offsets)}, skipped {skipped}", fontsize=8)
+        ax.set(xticks=range(n), yticks=range(n), xlabel="kv shard (device)", ylabel="q shard (device)")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
