@@ -9,6 +9,9 @@
 - "ring": q, k, v stay split over the sequence; kv shards travel to the devices whose queries see
   them (``stlib.ring``: sparse ring attention, a hop no device needs is never issued). H need not
   divide over the devices.
+- "ulysses-ring" over two axes, ``axis_name=(ulysses_axis, ring_axis)`` (maxdiffusion's 2-D meshes):
+  the sequence split over both, an all-to-all over the first gathers each ring's stretch of the
+  sequence for H / U heads, a ring over the second runs it, and the way back swaps again.
 
 Either way a device runs attention on the whole sequence for H/N heads, so a per-head mask (or a
 routed SVG plan) must follow its heads to their device. A ``shard_map`` body is one program for
@@ -34,7 +37,7 @@ from stlib.masks import Mask, per_head
 from stlib.registry import DEFAULT_IMPL, choose, get
 
 #: The ways of splitting attention over a mesh axis.
-STRATEGIES = ("heads", "ulysses", "ring")
+STRATEGIES = ("heads", "ulysses", "ring", "ulysses-ring")
 
 
 @dataclass(frozen=True)
@@ -106,11 +109,11 @@ def _check_shapes(q, k, v, strategy, n, batch_size) -> None:
     if not (q.shape == k.shape == v.shape):
         raise ValueError(f"q {q.shape}, k {k.shape} and v {v.shape} must have one shape")
     heads, length = q.shape[-3], q.shape[-2]
-    if heads % n and strategy != "ring":
+    if heads % n and strategy in ("heads", "ulysses"):
         raise ValueError(
             f"H={heads} heads do not divide over the {n} devices of the axis (strategy={strategy!r})"
         )
-    if strategy in ("ulysses", "ring") and length % n:
+    if strategy != "heads" and length % n:
         raise ValueError(
             f"L={length} tokens do not divide over the {n} devices of the axis (strategy={strategy!r})"
         )
@@ -139,11 +142,12 @@ def parallel_attention(
     **kwargs,
 ):
     """Attention of global q, k, v [H, L, D] (or [B, H, L, D]) sharded over ``mesh``'s axis
-    ``axis_name`` by ``strategy`` ("heads", "ulysses" or "ring", see the module docstring); returns
-    the output sharded like the input (heads: over H; ulysses and ring: over L). Equal to
+    ``axis_name`` by ``strategy`` ("heads", "ulysses", "ring", or "ulysses-ring" over
+    ``axis_name=(ulysses_axis, ring_axis)``; see the module docstring); returns the output sharded
+    like the input (heads: over H; the others: over L). Equal to
     ``attention`` (or, with ``grid`` / ``plan``, ``video_attention``) on one device, gradients
-    included. "ring" takes the mask in the tokens' own order (no ``grid`` or ``plan``), a stlib tile
-    kernel or a plain-JAX ``impl``, and any number of heads.
+    included. "ring" and "ulysses-ring" take the mask in the tokens' own order (no ``grid`` or
+    ``plan``) and a stlib tile kernel or a plain-JAX ``impl``; "ring" takes any number of heads.
 
     ``mask``: a stlib mask [H heads or head-uniform] in raster order; ``grid``: reorder the tokens
     per device as ``video_attention`` does; ``plan``: a routed ``stlib.routing.SvgPlan`` (instead of
@@ -164,10 +168,17 @@ def parallel_attention(
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy={strategy!r} must be one of {STRATEGIES}")
-    _check_mesh(mesh, axis_name, batch_axis_name)
-    n = mesh.shape[axis_name]
+    axes = _check_axes(axis_name, strategy)
+    for name in axes:
+        _check_mesh(mesh, name, batch_axis_name)
+    n = int(np.prod([mesh.shape[name] for name in axes]))
     batch_size = None if batch_axis_name is None else mesh.shape[batch_axis_name]
     _check_shapes(q, k, v, strategy, n, batch_size)
+    if strategy == "ulysses-ring" and q.shape[-3] % mesh.shape[axes[0]]:
+        raise ValueError(
+            f"H={q.shape[-3]} heads do not divide over the {mesh.shape[axes[0]]} devices of the Ulysses "
+            f"axis {axes[0]!r} (strategy='ulysses-ring')"
+        )
     heads, length = q.shape[-3], q.shape[-2]
     if plan is not None:
         if mask is not None or grid is not None:
@@ -182,13 +193,13 @@ def parallel_attention(
     chosen = choose(impl, mask if plan is None else plan.mask, backend=platform).name
     if platform == "tpu" and kwargs.get("interpret") is None:
         kwargs["interpret"] = False
-    if strategy == "ring":
+    if strategy in ("ring", "ulysses-ring"):
         if plan is not None or grid is not None:
             raise ValueError(
-                "strategy='ring' takes the mask in the order the tokens are sharded in: reorder q, k, v "
-                "and the mask (mask.permute(order)) first; grid and plan are for 'heads' and 'ulysses'"
+                f"strategy={strategy!r} takes the mask in the order the tokens are sharded in: reorder q, "
+                "k, v and the mask (mask.permute(order)) first; grid and plan are for 'heads' and 'ulysses'"
             )
-        return _ring(q, k, v, mask, mesh, axis_name, batch_axis_name, get(chosen), kwargs)
+        return _ring(q, k, v, mask, mesh, axes, batch_axis_name, get(chosen), kwargs)
     branches = device_branches(mask, plan, heads, n)
     run = partial(_run_branch, grid=grid, with_plan=plan is not None, impl=chosen, kwargs=kwargs)
     fns = [partial(run, branch) for branch in branches.branches]
@@ -215,20 +226,55 @@ def parallel_attention(
     return sharded(*(_placed(x, mesh, spec) for x in (q, k, v)))
 
 
-def _ring(q, k, v, mask, mesh, axis_name, batch_axis_name, implementation, kwargs):
-    """``strategy="ring"``: the sequence split over ``axis_name``, the hops of ``ring.ring_hops``."""
-    n = mesh.shape[axis_name]
-    batched = q.ndim == 4
-    local = ring.ring_local(
-        ring.ring_hops(ring.dense_mask(mask, q.shape[-2]), n),
+def _check_axes(axis_name, strategy: str) -> tuple:
+    """The mesh axes of ``strategy``: (ulysses axis, ring axis) for "ulysses-ring", else (axis,)."""
+    if strategy == "ulysses-ring":
+        if not (
+            isinstance(axis_name, (tuple, list)) and len(axis_name) == 2 and axis_name[0] != axis_name[1]
+        ):
+            raise ValueError(
+                f"strategy='ulysses-ring' takes axis_name=(ulysses_axis, ring_axis), two axes of the mesh; "
+                f"got axis_name={axis_name!r}"
+            )
+        return tuple(axis_name)
+    if isinstance(axis_name, (tuple, list)):
+        raise TypeError(f"axis_name={axis_name!r}: a pair of axes only for strategy='ulysses-ring'")
+    return (axis_name,)
+
+
+def _ring(q, k, v, mask, mesh, axes, batch_axis_name, implementation, kwargs):
+    """``strategy="ring"`` over ``axes = (ring,)``, or "ulysses-ring" over ``axes = (ulysses, ring)``:
+    the sequence split over the axes, the hops of ``ring.ring_hops`` (one ring per head slice of the
+    Ulysses axis)."""
+    ulysses_axis, ring_axis = axes if len(axes) == 2 else (None, axes[0])
+    groups = 1 if ulysses_axis is None else mesh.shape[ulysses_axis]
+    size = mesh.shape[ring_axis]
+    heads, length = q.shape[-3], q.shape[-2]
+    whole = ring.dense_mask(mask, length)
+    per = heads // groups
+    slices = [head_slice(whole, g * per, (g + 1) * per) for g in range(groups)]
+    local_ring = ring.ring_local(
+        ring.ring_hops(slices, size),
         *ring.hop_functions(implementation, ring.ring_call(implementation, q.shape[-1], kwargs)),
-        axis_name=axis_name,
-        num_devices=n,
+        axis_name=ring_axis,
+        num_devices=size,
+        group_axis=ulysses_axis,
     )
-    body = jax.vmap(local) if batched else local
+    batched = q.ndim == 4
+    head_axis = 1 if batched else 0
+    body = jax.vmap(local_ring) if batched else local_ring
+
+    def local(q, k, v):
+        if ulysses_axis is not None:  # [.., H, L/(U R), D] -> [.., H/U, L/R, D]: the ring's stretch
+            q, k, v = (_all_to_all(x, ulysses_axis, head_axis, head_axis + 1) for x in (q, k, v))
+        out = body(q, k, v)
+        if ulysses_axis is not None:
+            out = _all_to_all(out, ulysses_axis, head_axis + 1, head_axis)
+        return out
+
     lead = (batch_axis_name,) if batched else ()
-    spec = P(*lead, None, axis_name, None)
-    sharded = jax.shard_map(body, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec, check_vma=False)
+    spec = P(*lead, None, ring_axis if ulysses_axis is None else (ring_axis, ulysses_axis), None)
+    sharded = jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec, check_vma=False)
     out = sharded(*(_placed(x, mesh, spec) for x in (q, k, v)))
     valid = None if mask is None else mask.token_validity()
     if valid is not None and not valid.all():  # padding slots of a permuted mask: zeros
@@ -240,7 +286,10 @@ def _placed(x, mesh: Mesh, spec: P):
     """``x`` sharded as ``spec`` where the spec names an explicit mesh axis (``jax.make_mesh``'s
     default), whose ``shard_map`` takes only inputs already sharded so; as it is on an auto mesh."""
     kinds = dict(zip(mesh.axis_names, mesh.axis_types))
-    if any(kinds.get(name) == AxisType.Explicit for name in spec if name is not None):
+    names = [
+        n for entry in spec if entry is not None for n in (entry if isinstance(entry, tuple) else (entry,))
+    ]
+    if any(kinds.get(name) == AxisType.Explicit for name in names):
         return jax.reshard(x, NamedSharding(mesh, spec))
     return x
 

@@ -34,8 +34,9 @@ from stlib.registry import Implementation
 
 @dataclass(frozen=True)
 class RingHop:
-    """One issued hop: device i attends the kv shard of device (i - ``offset``) mod N with the block
-    ``branches[branch_of_device[i]]`` of the mask (None: that device has nothing to do)."""
+    """One issued hop: device i of a ring of N attends the kv shard of device (i - ``offset``) mod N
+    with the block ``branches[branch_of_device[g * N + i]]`` of its group g's mask (None: that device
+    has nothing to do); one group unless the ring runs beside Ulysses (a group per head slice)."""
 
     offset: int
     branches: tuple
@@ -68,9 +69,10 @@ def _block_signature(block: Mask) -> tuple[bool, str]:
     return empty, digest.hexdigest()
 
 
-def ring_hops(mask: Mask | None, num_devices: int) -> list[RingHop]:
-    """The hops a ring of ``num_devices`` issues for ``mask`` (``dense_mask`` for dense attention),
-    each with the distinct blocks its devices attend; hops empty everywhere are left out.
+def ring_hops(mask, num_devices: int) -> list[RingHop]:
+    """The hops a ring of ``num_devices`` issues for ``mask`` (``dense_mask`` for dense attention;
+    a list of masks: one per group of rings, their devices numbered group by group), each with the
+    distinct blocks its devices attend; hops empty on every device are left out.
 
     >>> import stlib
     >>> grid = stlib.VideoGrid(4, 8, 16)  # 4 frames of 128 tokens: one frame per device
@@ -81,15 +83,17 @@ def ring_hops(mask: Mask | None, num_devices: int) -> list[RingHop]:
     """
     if num_devices < 1:
         raise ValueError(f"num_devices={num_devices} must be at least 1")
-    if mask.length % num_devices:
-        raise ValueError(f"L={mask.length} tokens do not divide over the {num_devices} devices of the ring")
-    size = mask.length // num_devices
+    groups = list(mask) if isinstance(mask, (list, tuple)) else [mask]
+    length = groups[0].length
+    if length % num_devices:
+        raise ValueError(f"L={length} tokens do not divide over the {num_devices} devices of the ring")
+    size = length // num_devices
     hops = []
     for offset in range(num_devices):
         branches: dict = {}
         of_device = []
-        for device in range(num_devices):
-            block = mask.block_view(device * size, ((device - offset) % num_devices) * size, size)
+        for group, device in ((g, d) for g in groups for d in range(num_devices)):
+            block = group.block_view(device * size, ((device - offset) % num_devices) * size, size)
             empty, signature = _block_signature(block)
             key = None if empty else signature
             branches.setdefault(key, None if empty else block)
@@ -113,7 +117,8 @@ def ring_blocks(hops: list[RingHop], num_devices: int) -> np.ndarray:
     """
     attended = np.zeros((num_devices, num_devices), bool)
     for hop in hops:
-        for device, branch in enumerate(hop.branch_of_device):
+        for flat, branch in enumerate(hop.branch_of_device):
+            device = flat % num_devices  # any group's
             if hop.branches[branch] is not None:
                 attended[device, (device - hop.offset) % num_devices] = True
     return attended
@@ -163,11 +168,11 @@ def _empty_backward(q, k, v, o, lse, do):
     return jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v)
 
 
-def _switch(hop: RingHop, functions: list, axis_name: str, *args):
-    """Run this device's branch of ``hop`` (one branch: no switch at all)."""
+def _switch(hop: RingHop, functions: list, device, *args):
+    """Run this device's branch of ``hop`` (``device``: its traced index; one branch: no switch)."""
     if len(functions) == 1:
         return functions[0](*args)
-    index = jnp.asarray(np.asarray(hop.branch_of_device, np.int32))[jax.lax.axis_index(axis_name)]
+    index = jnp.asarray(np.asarray(hop.branch_of_device, np.int32))[device()]
     return jax.lax.switch(index, functions, *args)
 
 
@@ -179,10 +184,15 @@ def _shifted(x, offset: int, num_devices: int, axis_name: str):
     return jax.lax.ppermute(x, axis_name, perm)
 
 
-def ring_local(hops: list[RingHop], forward, backward, *, axis_name: str, num_devices: int):
+def ring_local(hops: list[RingHop], forward, backward, *, axis_name: str, num_devices: int, group_axis=None):
     """The per-device body of the ring (inside ``shard_map``): (q, k, v) [H, S, D] shards -> o, a
     ``jax.custom_vjp`` whose backward rides the same hops (``forward`` / ``backward``:
-    ``hop_functions``)."""
+    ``hop_functions``); the ring runs over ``axis_name``, one ring per index of ``group_axis``
+    (None: one ring)."""
+
+    def device():
+        position = jax.lax.axis_index(axis_name)
+        return position if group_axis is None else jax.lax.axis_index(group_axis) * num_devices + position
 
     def branches(hop, empty, run):
         return [empty if block is None else partial(run, block=block) for block in hop.branches]
@@ -193,7 +203,7 @@ def ring_local(hops: list[RingHop], forward, backward, *, axis_name: str, num_de
         for hop in hops:
             kh, vh = (_shifted(x, hop.offset, num_devices, axis_name) for x in (k, v))
             fns = branches(hop, _empty_forward, lambda q, k, v, block: forward(q, k, v, block))
-            o_h, lse_h = _switch(hop, fns, axis_name, q, kh, vh)
+            o_h, lse_h = _switch(hop, fns, device, q, kh, vh)
             o, lse = merge_partials(o, lse, o_h, lse_h)
         return o.astype(q.dtype), lse
 
@@ -217,7 +227,7 @@ def ring_local(hops: list[RingHop], forward, backward, *, axis_name: str, num_de
                 _empty_backward,
                 lambda q, k, v, o, lse, do, block: backward(q, k, v, o, lse, do, block),
             )
-            dq_h, dk_h, dv_h = _switch(hop, fns, axis_name, q, kh, vh, o, lse, do)
+            dq_h, dk_h, dv_h = _switch(hop, fns, device, q, kh, vh, o, lse, do)
             dq += dq_h.astype(jnp.float32)
             back = -hop.offset  # dk, dv of the kv shard go home
             dk += _shifted(dk_h.astype(jnp.float32), back, num_devices, axis_name)

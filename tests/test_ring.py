@@ -1,6 +1,7 @@
-"""Sparse ring attention (``stlib.ring``, ``parallel_attention(strategy="ring")``): on a 4-device CPU
-mesh it equals single-device attention, gradients included, for per-head spatial / temporal masks,
-a frame-causal mask and dense attention, with a tile kernel (interpret mode) and with plain JAX;
+"""Sparse ring attention (``stlib.ring``, ``parallel_attention(strategy="ring")`` and the 2-D
+"ulysses-ring"): on a 4-device CPU mesh (4, or 2 x 2) it equals single-device attention, gradients
+included, for per-head spatial / temporal masks, a frame-causal mask and dense attention, with a
+tile kernel (interpret mode) and with plain JAX;
 hops no device needs are not issued (counted in the compiled program); a small ring compiles for a
 v6e slice without a TPU; bad input is refused by name."""
 
@@ -76,6 +77,33 @@ def test_the_ring_equals_single_device_attention_gradients_included(impl, mask_n
     assert out.sharding.is_equivalent_to(NamedSharding(_mesh(), P(None, "x", None)), 3)
     want = stlib.video_attention(q, k, v, GRID, mask, impl="reference")
     assert_close(out, want, TOL)
+    _check_gradients(fn, mask, q, k, v)
+
+
+@pytest.mark.parametrize(
+    ("impl", "mask_name"),
+    [
+        ("xla", "per-head SVG mix"),
+        (by_role(Role.TILE).name, "per-head SVG mix"),
+        (by_role(Role.TILE).name, "frame causal"),
+    ],
+)
+def test_ulysses_ring_on_a_2x2_mesh_equals_single_device_attention(impl, mask_name):
+    """All-to-all over the first axis (2 head slices), a ring of 2 over the second, 4 heads."""
+    mix = masks.per_head([*_svg_mix().masks, masks.spatial(GRID, 1)])
+    mask = {"per-head SVG mix": mix, "frame causal": masks.frame_causal(GRID)}[mask_name]
+    mesh = jax.make_mesh((2, 2), ("u", "r"))
+    blocks = {} if impl == "xla" else {"block_q": 128, "block_kv": 128}
+    q, k, v = qkv(3, 4, GRID.num_tokens, 32)
+
+    def fn(q, k, v):
+        return parallel_attention(
+            q, k, v, mask, mesh=mesh, axis_name=("u", "r"), strategy="ulysses-ring", impl=impl, **blocks
+        )
+
+    out = jax.jit(fn)(q, k, v)
+    assert out.sharding.is_equivalent_to(NamedSharding(mesh, P(None, ("r", "u"), None)), 3)
+    assert_close(out, stlib.video_attention(q, k, v, GRID, mask, impl="reference"), TOL)
     _check_gradients(fn, mask, q, k, v)
 
 
@@ -156,3 +184,14 @@ def test_bad_ring_calls_are_refused_by_name():
         parallel_attention(q, k, v, masks.spatial(GRID), impl="splash", **call)
     with pytest.raises(TypeError, match="strategy='ring' takes no keyword"):
         parallel_attention(q, k, v, masks.spatial(GRID), impl="xla", allow_slow_interpret=True, **call)
+    two = {"mesh": jax.make_mesh((2, 2), ("u", "r")), "strategy": "ulysses-ring"}
+    with pytest.raises(ValueError, match="axis_name=\\(ulysses_axis, ring_axis\\)"):
+        parallel_attention(q, k, v, axis_name="u", **two)
+    with pytest.raises(TypeError, match="a pair of axes only for strategy='ulysses-ring'"):
+        parallel_attention(q, k, v, mesh=two["mesh"], axis_name=("u", "r"), strategy="ring")
+    with pytest.raises(
+        ValueError, match="H=3 heads do not divide over the 2 devices of the Ulysses axis 'u'"
+    ):
+        parallel_attention(q, k, v, axis_name=("u", "r"), **two)
+    with pytest.raises(ValueError, match="axis_name='t' is not an axis of the mesh"):
+        parallel_attention(q[:2], k[:2], v[:2], axis_name=("u", "t"), **two)
