@@ -202,13 +202,15 @@ def _attention_heads(q, k, v, mask: Mask | None, call: dict):
         scale = 1.0 / math.sqrt(q.shape[2])
     elif not isinstance(scale, numbers.Real) or isinstance(scale, bool) or not math.isfinite(scale):
         raise TypeError(f"scale={scale!r} must be a finite number")
-    kernel_call = {
-        "scale": float(scale),
-        "block_q": _check_block("block_q", call["block_q"]),
-        "block_kv": _check_block("block_kv", call["block_kv"]),
-        "options": options,
-        "interpret": interpret,
-    }
+    kernel_call = implementation.kernel_call(  # the call's Config, resolved once
+        mask,
+        q.shape[1],
+        scale=float(scale),
+        block_q=_check_block("block_q", call["block_q"]),
+        block_kv=_check_block("block_kv", call["block_kv"]),
+        options=options,
+        interpret=interpret,
+    )
     out = implementation.trainable(mask, kernel_call)(q, k, v)
     valid = None if mask is None else mask.token_validity()
     if valid is not None and not valid.all():

@@ -349,6 +349,14 @@ def flat_steps(selected: np.ndarray) -> dict[str, np.ndarray]:
     }
 
 
+def call_layout(mask: Mask | None, length: int, block_q: int, block_kv: int) -> BlockLayout:
+    """The tile layout a kernel call runs on: ``mask``'s (None: dense attention over ``length``
+    tokens) at ``block_q`` x ``block_kv`` (``block_layout``, cached by value)."""
+    from stlib.masks import full
+
+    return block_layout(mask if mask is not None else full(length), block_q, block_kv)
+
+
 def block_layout(mask: Mask, block_q: int, block_kv: int) -> BlockLayout:
     """Classify every (q-tile, kv-tile) of ``mask`` as EMPTY / PARTIAL / FULL.
 

@@ -45,8 +45,9 @@ class Role(enum.StrEnum):
 class Implementation:
     """One attention implementation (the op).
 
-    ``forward(q, k, v, mask, *, scale, block_q, block_kv, options, interpret)`` -> [H, L, D] gets
-    validated inputs (``stlib.api``); ``options`` is an instance of ``options_type``.
+    ``forward(q, k, v, mask, *, scale, config, interpret)`` -> [H, L, D] gets validated inputs
+    (``stlib.api``) and the call's ``Config``, resolved once by ``config`` (its ``options`` an
+    instance of ``options_type``, its blocks by ``resolve``): no forward resolves again.
     ``work(layout, num_heads, head_dim, options)`` -> ``KernelWork`` (grid steps, computed and
     masked tiles, flops) on a tile layout. ``chips``: the chips it compiles for. ``resolve(mask,
     length, block_q, block_kv, options, interpret)`` -> (blocks with ``block_q``, ``block_kv``,
@@ -91,8 +92,17 @@ class Implementation:
         """How comparisons name it (its presentation's title, else its name)."""
         return self.presentation.title or self.name
 
+    def kernel_call(
+        self, mask, length: int, *, scale: float, block_q=None, block_kv=None, options=None, interpret=None
+    ) -> dict:
+        """The keywords ``forward`` and ``backward`` take for a call on ``length`` tokens with ``mask``:
+        ``scale``, the ``Config`` (``config``: blocks and options resolved here, once) and
+        ``interpret``. Raises TypeError / ValueError for bad options or blocks."""
+        config = self.config(mask, length, block_q, block_kv, options, interpret=interpret)
+        return {"scale": scale, "config": config, "interpret": interpret}
+
     def trainable(self, mask, call: dict, primal: Callable | None = None) -> Callable:
-        """(q, k, v) -> o: ``forward`` with ``mask`` and ``call`` (its keywords) as a function whose
+        """(q, k, v) -> o: ``forward`` with ``mask`` and ``call`` (its keywords, ``kernel_call``) as a function whose
         gradient is this implementation's own backward (``Backward``, joined as a
         ``jax.custom_vjp``; without one, ``forward`` as it is, differentiable where it is plain
         JAX). ``primal``: what runs when nothing is differentiated (default ``forward``; a plan

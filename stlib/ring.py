@@ -131,12 +131,15 @@ def hop_functions(implementation: Implementation, call: dict):
     training = implementation.backward
     if training is not None and training.lse_residuals:
 
+        def hop_call(block, length):  # each hop's block resolves its own Config, once
+            return implementation.kernel_call(block, length, **call)
+
         def forward(q, k, v, block):
-            o, (*_, lse) = training.forward(q, k, v, block, **call)
+            o, (*_, lse) = training.forward(q, k, v, block, **hop_call(block, q.shape[1]))
             return o, lse.reshape(*lse.shape[:2], 1).astype(jnp.float32)
 
         def backward(q, k, v, o, lse, do, block):
-            return training.backward((q, k, v, o, lse[..., 0]), do, block, **call)
+            return training.backward((q, k, v, o, lse[..., 0]), do, block, **hop_call(block, q.shape[1]))
 
         return forward, backward
     if implementation.estimator is not None:  # a Pallas kernel without the tile backward (Splash)

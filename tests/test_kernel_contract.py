@@ -111,17 +111,8 @@ def test_shared_kv_heads_and_own_v_head_dim_run_or_are_refused(impl):
     q, _, _ = stlib.random_qkv((heads, LENGTH, dim), jnp.float32, seed=2)
     _, k, v = stlib.random_qkv((kv_heads, LENGTH, dim), jnp.float32, seed=3)
     block_q, block_kv = small_blocks(impl, mask, LENGTH)
-    out = implementation.forward(
-        q,
-        k,
-        v[..., :dim_v],
-        mask,
-        scale=dim**-0.5,
-        block_q=block_q,
-        block_kv=block_kv,
-        options=implementation.options(),
-        interpret=None,
-    )
+    call = implementation.kernel_call(mask, LENGTH, scale=dim**-0.5, block_q=block_q, block_kv=block_kv)
+    out = implementation.forward(q, k, v[..., :dim_v], mask, **call)
     group = heads // kv_heads  # q head h reads kv head h // group
     k_rep, v_rep = jnp.repeat(k, group, axis=0), jnp.repeat(v, group, axis=0)
     ref = stlib.attention(q, k_rep, v_rep, mask, impl="reference")[..., :dim_v]
@@ -131,7 +122,7 @@ def test_shared_kv_heads_and_own_v_head_dim_run_or_are_refused(impl):
 @pytest.mark.parametrize("impl", IMPLS)
 def test_config_blocks_are_the_blocks_the_forward_runs(impl):
     """``config``: blocks on the TPU tiling (block_q a multiple of 8, block_kv and the chunk of 128,
-    the chunk dividing block_kv) for a Pallas kernel, all None otherwise; explicit blocks kept as
+    the chunk dividing block_kv) for a Pallas kernel, xla's own tiles, all None for the reference; explicit blocks kept as
     given; and the forward with the config's blocks and options passed explicitly is the forward
     with none passed, bit for bit."""
     implementation = registry.get(impl)
@@ -145,6 +136,9 @@ def test_config_blocks_are_the_blocks_the_forward_runs(impl):
         block_q, block_kv = small_blocks(impl, mask, LENGTH)
         explicit = implementation.config(mask, LENGTH, block_q, block_kv)
         assert (explicit.block_q, explicit.block_kv) == (block_q, block_kv)
+    elif implementation.resolve is not None:  # a plain-JAX op with tiles of its own (xla)
+        assert config.block_q > 0 and config.block_kv > 0 and config.block_kv_compute is None, config
+        assert (implementation.config(mask, LENGTH, 64, 128).block_q, config.block_q) == (64, 128)
     else:
         assert config.blocks() == {"block_q": None, "block_kv": None, "block_kv_compute": None}
     q, k, v = stlib.random_qkv((2, LENGTH, 64), jnp.float32, seed=4)

@@ -122,20 +122,13 @@ def traced_call(config: KernelConfig):
         implementation.check_supports(
             shared_kv_heads=kv_heads != config.num_heads, head_dim_v=dv != config.head_dim
         )
-        options = implementation.options(config.options or None)
+        call = implementation.kernel_call(
+            mask, length, scale=config.head_dim**-0.5, block_q=config.block_q, block_kv=config.block_kv,
+            options=config.options or None, interpret=False,
+        )  # fmt: skip
 
         def fn(q, k, v):  # stlib.attention checks equal shapes: the kernel's own forward takes these
-            return implementation.forward(
-                q,
-                k,
-                v,
-                mask,
-                scale=config.head_dim**-0.5,
-                block_q=config.block_q,
-                block_kv=config.block_kv,
-                options=options,
-                interpret=False,
-            )
+            return implementation.forward(q, k, v, mask, **call)
     else:
 
         def fn(q, k, v):

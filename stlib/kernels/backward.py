@@ -8,13 +8,14 @@ the gradient they compute: ``stlib.kernels.backward_kernels``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 
 import jax.numpy as jnp
 import numpy as np
 
 from stlib.blocks import block_sizes_for
-from stlib.contract import Backward, EstimatorHooks
+from stlib.contract import Backward, Config, EstimatorHooks
 from stlib.device import LANES, current_chip, resolve_interpret
 from stlib.geometry import TokenOrder, tile_rows
 from stlib.kernels import mask_info, online_softmax, pallas_call
@@ -30,8 +31,7 @@ from stlib.kernels.backward_kernels import (
     fused_vmem_bytes,
     residual_rows,
 )
-from stlib.layout import block_layout
-from stlib.masks import full
+from stlib.layout import block_layout, call_layout
 from stlib.passes import MaskPlan, MaskPlanMode
 
 #: The backward's own tiles, compiled for a TPU, where the forward's are larger (``tile_training``'s
@@ -262,12 +262,29 @@ def one_tile_layout(layout):
     return None if tiles.kind_counts()["PARTIAL"] else tiles
 
 
-def tile_training(forward_with_lse, resolve, passes_of, *, own_blocks: bool = False) -> Backward:
+def _cached_if_hashable(fn):
+    """``fn`` memoised by its arguments' values (``functools.lru_cache``) where they all hash; an
+    argument that does not (interpret parameters, say) calls ``fn`` itself."""
+    cached = functools.lru_cache(maxsize=32)(fn)
+
+    def call(*args):
+        try:
+            hash(args)
+        except TypeError:
+            return fn(*args)
+        return cached(*args)
+
+    return call
+
+
+def tile_training(forward_with_lse, passes_of, *, own_blocks: bool = False) -> Backward:
     """The ``contract.Backward`` of a flash kernel whose ``forward_with_lse(q, k, v, layout, mask, *,
-    scale, options, interpret) -> (o, lse)`` runs the call's ``mask`` (None: dense) on a layout of
-    the blocks ``resolve`` (its block rule) picks: the forward keeps (q, k, v, o, lse); the backward
-    runs ``tile_backward`` over ``passes_of(layout, options)`` (``stlib.passes.split_passes``
-    with the boundary policy the forward ran), so the gradient is that of what the forward computed.
+    scale, options, interpret) -> (o, lse)`` runs the call's ``mask`` (None: dense) on the layout of
+    the call's resolved ``Config``: the forward keeps (q, k, v, o, lse); the backward runs
+    ``tile_backward`` over ``passes_of(layout, options)`` (``stlib.passes.split_passes`` with the
+    boundary policy the forward ran), so the gradient is that of what the forward computed. The
+    backward's plan (its layout and kernel calls) is built once per (mask, config, shape) and
+    shared by every backward of that call (``backward_plan``: cached by value).
     ``own_blocks``: the backward takes ``BACKWARD_TILE`` (in interpret mode the default blocks)
     where the forward's are larger (a forward tuned to big tiles, whose [block_q, block_kv] f32
     scores the backward's several intermediates would not fit beside in VMEM); only for a forward
@@ -275,16 +292,10 @@ def tile_training(forward_with_lse, resolve, passes_of, *, own_blocks: bool = Fa
     the backward's tiles then differ. The entry also names, attributes and counts the backward's
     kernels for the static estimate."""
 
-    def layout_of(mask, length, block_q, block_kv, options, interpret):
-        sizes, options = resolve(mask, length, block_q, block_kv, options, interpret)
-        return block_layout(
-            mask if mask is not None else full(length), sizes.block_q, sizes.block_kv
-        ), options
-
-    def backward_plan(mask, length, head_dim, itemsize, block_q, block_kv, options, interpret):
+    def backward_plan(mask, length, head_dim, itemsize, config: Config, interpret):
         """(layout, options, calls, chip) of the backward: the forward's layout (or the default
         blocks, ``own_blocks``) and its kernel calls, sized for the chip the forward was."""
-        layout, options = layout_of(mask, length, block_q, block_kv, options, interpret)
+        layout, options = call_layout(mask, length, config.block_q, config.block_kv), config.options
         if own_blocks:
             default = block_sizes_for(length, None, None, interpret=interpret)
             cap = (default.block_q, default.block_kv) if resolve_interpret(interpret) else BACKWARD_TILE
@@ -305,15 +316,19 @@ def tile_training(forward_with_lse, resolve, passes_of, *, own_blocks: bool = Fa
         )
         return layout, options, calls, chip
 
-    def forward(q, k, v, mask, *, scale, block_q, block_kv, options, interpret):
-        layout, options = layout_of(mask, q.shape[1], block_q, block_kv, options, interpret)
-        o, lse = forward_with_lse(q, k, v, layout, mask, scale=scale, options=options, interpret=interpret)
+    backward_plan = _cached_if_hashable(backward_plan)
+
+    def forward(q, k, v, mask, *, scale, config: Config, interpret):
+        layout = call_layout(mask, q.shape[1], config.block_q, config.block_kv)
+        o, lse = forward_with_lse(
+            q, k, v, layout, mask, scale=scale, options=config.options, interpret=interpret
+        )
         return o, (q, k, v, o, lse)
 
-    def backward(residuals, do, mask, *, scale, block_q, block_kv, options, interpret):
+    def backward(residuals, do, mask, *, scale, config: Config, interpret):
         q, k, v, o, lse = residuals
         shape = (q.shape[1], q.shape[2], q.dtype.itemsize)
-        layout, options, calls, chip = backward_plan(mask, *shape, block_q, block_kv, options, interpret)
+        layout, options, calls, chip = backward_plan(mask, *shape, config, interpret)
         return tile_backward(
             q, k, v, o, lse, do, calls,
             block_q=layout.block_q, block_kv=layout.block_kv, scale=scale, exp2=options.exp2,
@@ -324,11 +339,12 @@ def tile_training(forward_with_lse, resolve, passes_of, *, own_blocks: bool = Fa
         """The counts of the compiled backward kernel ``attribution.kernel`` of ``setup``'s call."""
         from stlib import registry
 
-        options = registry.get(setup.impl).options(setup.options or None)
+        config = registry.get(setup.impl).config(
+            setup.mask, setup.length, setup.block_q, setup.block_kv, setup.options or None, interpret=False
+        )
         layout, _, calls, _ = backward_plan(
-            setup.mask, setup.length, setup.head_dim, setup.itemsize,
-            setup.block_q, setup.block_kv, options, False,
-        )  # fmt: skip
+            setup.mask, setup.length, setup.head_dim, setup.itemsize, config, False
+        )
         name = re.sub(r"\.\d+$", "", attribution.kernel)  # the compiled program's ".N" suffix
         call = next((c for c in calls if c.name == name), None)
         if call is None:

@@ -19,12 +19,12 @@ from jax.experimental.pallas import tpu as pltpu
 
 from stlib import accounting
 from stlib.blocks import BlockSizes
-from stlib.contract import EstimatorHooks
+from stlib.contract import Config, EstimatorHooks
 from stlib.device import CHIPS
 from stlib.kernels import flash_options, mask_info, online_softmax, pallas_call
 from stlib.kernels.backward import tile_training
-from stlib.layout import BlockLayout, TileKind, block_layout
-from stlib.masks import Mask, full
+from stlib.layout import BlockLayout, TileKind, call_layout
+from stlib.masks import Mask
 from stlib.passes import MaskPlanMode, exact_passes, plan_mask
 from stlib.registry import Implementation, Role, register
 
@@ -186,11 +186,9 @@ def block_sparse_work(layout: BlockLayout, num_heads: int, head_dim: int) -> acc
     return accounting.work_from_counts(layout, num_heads, head_dim, num_heads * nq * nk, computed, masked)
 
 
-def _forward(
-    q, k, v, mask: Mask | None, *, scale, block_q, block_kv, options: flash_options.FlashOptions, interpret
-):
-    sizes, options = flash_options.flash_resolve(mask, q.shape[1], block_q, block_kv, options, interpret)
-    layout = block_layout(mask if mask is not None else full(q.shape[1]), sizes.block_q, sizes.block_kv)
+def _forward(q, k, v, mask: Mask | None, *, scale, config: Config, interpret):
+    layout = call_layout(mask, q.shape[1], config.block_q, config.block_kv)
+    options = config.options
     return block_sparse_attention(
         q,
         k,
@@ -244,7 +242,6 @@ IMPLEMENTATION = register(
                 exp2=options.exp2,
                 return_lse=True,
             ),
-            flash_options.flash_resolve,
             exact_passes,
         ),
     ),

@@ -15,7 +15,7 @@ from jax.experimental import pallas as pl
 
 from stlib import accounting
 from stlib.blocks import BlockSizes
-from stlib.contract import EstimatorHooks
+from stlib.contract import Config, EstimatorHooks
 from stlib.device import CHIPS
 from stlib.kernels import flash_options, mask_info, online_softmax, pallas_call
 from stlib.kernels.backward import tile_training
@@ -137,10 +137,10 @@ def dense_work(layout, num_heads: int, head_dim: int) -> accounting.KernelWork:
     return accounting.work_from_counts(layout, num_heads, head_dim, steps, steps, masked)
 
 
-def _forward(q, k, v, mask, *, scale, block_q, block_kv, options: flash_options.FlashOptions, interpret):
-    sizes, options = flash_options.flash_resolve(mask, q.shape[1], block_q, block_kv, options, interpret)
+def _forward(q, k, v, mask, *, scale, config: Config, interpret):
+    sizes = BlockSizes(config.block_q, config.block_kv, config.block_kv_compute)
     return dense_attention(
-        q, k, v, mask, scale=scale, block_sizes=sizes, interpret=interpret, exp2=options.exp2
+        q, k, v, mask, scale=scale, block_sizes=sizes, interpret=interpret, exp2=config.options.exp2
     )
 
 
@@ -168,7 +168,7 @@ IMPLEMENTATION = register(
         work=lambda layout, num_heads, head_dim, options: dense_work(layout, num_heads, head_dim),
         chips=CHIPS,
         resolve=flash_options.flash_resolve,
-        backward=tile_training(_forward_with_lse, flash_options.flash_resolve, exact_passes),
+        backward=tile_training(_forward_with_lse, exact_passes),
     ),
     estimator=EstimatorHooks(
         kernel_names=("stlib_dense_flash",),

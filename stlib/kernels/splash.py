@@ -34,7 +34,7 @@ from jax.experimental.pallas.ops.tpu import splash_attention as sa
 from stlib import masks as M
 from stlib._intmath import round_up
 from stlib.accounting import block_changes, work_from_counts
-from stlib.contract import Capabilities, EstimatorHooks, Presentation, ScheduleCounts
+from stlib.contract import Capabilities, Config, EstimatorHooks, Presentation, ScheduleCounts
 from stlib.device import CHIPS, LANES, resolve_interpret
 from stlib.layout import TileKind, block_layout
 from stlib.registry import Implementation, Role, register
@@ -221,7 +221,7 @@ def splash_mask(mask: M.Mask | None, num_heads: int, length: int, padded: int):
 # the implementation
 
 
-def splash_attention(q, k, v, mask, *, scale, block_q, block_kv, options=None, interpret):
+def splash_attention(q, k, v, mask, *, scale, config: Config, interpret):
     """Splash attention on validated [H, L, D] inputs (see ``stlib.attention``); returns [H, L, Dv] in
     q's dtype, zeros for rows that see no key. k and v may have H / G heads (G q heads per kv head)
     and v its own head dim Dv. Raises ValueError for block sizes that are not multiples of 128, kv
@@ -232,7 +232,7 @@ def splash_attention(q, k, v, mask, *, scale, block_q, block_kv, options=None, i
         raise ValueError(
             f"k and v heads ({k.shape[0]}, {v.shape[0]}) must be equal and divide the q heads {num_heads}"
         )
-    blocks = splash_blocks(length, block_q, block_kv)
+    blocks = SplashBlocks(config.block_q, config.block_kv, config.block_kv_compute)
     padded = blocks.padded_length(length)
     splash, visible = splash_mask(mask, num_heads, length, padded)
     if visible is not None and not visible.any():
@@ -249,7 +249,7 @@ def splash_attention(q, k, v, mask, *, scale, block_q, block_kv, options=None, i
 
     kernel = sa.make_splash_mha(
         splash,
-        block_sizes=blocks.to_splash((options or SplashOptions()).fused_backward),
+        block_sizes=blocks.to_splash(config.options.fused_backward),
         head_shards=1,
         q_seq_shards=1,
         interpret=resolve_interpret(interpret),

@@ -30,12 +30,12 @@ from jax.experimental.pallas import tpu as pltpu
 
 from stlib import accounting
 from stlib.blocks import BlockSizes
-from stlib.contract import EstimatorHooks, Presentation, ScheduleCounts
+from stlib.contract import Config, EstimatorHooks, Presentation, ScheduleCounts
 from stlib.device import CHIPS
 from stlib.kernels import flash_options, mask_info, online_softmax, pallas_call
 from stlib.kernels.backward import tile_training
-from stlib.layout import BlockLayout, block_layout, flat_steps, row_tables
-from stlib.masks import Mask, full
+from stlib.layout import BlockLayout, call_layout, flat_steps, row_tables
+from stlib.masks import Mask
 from stlib.passes import BoundaryPolicy, MaskPlan, MaskPlanMode, PassKind, split_passes
 from stlib.reference import merge_partials
 from stlib.registry import Implementation, Role, register
@@ -312,10 +312,9 @@ def tile_work(layout: BlockLayout, num_heads: int, head_dim: int, options: TileO
     return accounting.work_from_counts(layout, num_heads, head_dim, steps, computed, masked)
 
 
-def _forward(q, k, v, mask: Mask | None, *, scale, block_q, block_kv, options: TileOptions, interpret):
-    sizes, options = flash_options.flash_resolve(mask, q.shape[1], block_q, block_kv, options, interpret)
-    layout = block_layout(mask if mask is not None else full(q.shape[1]), sizes.block_q, sizes.block_kv)
-    return tile_attention(q, k, v, layout, scale=scale, interpret=interpret, options=options)
+def _forward(q, k, v, mask: Mask | None, *, scale, config: Config, interpret):
+    layout = call_layout(mask, q.shape[1], config.block_q, config.block_kv)
+    return tile_attention(q, k, v, layout, scale=scale, interpret=interpret, options=config.options)
 
 
 def run_plan(q, k, v, plan, *, scale, options, interpret):
@@ -330,15 +329,13 @@ def run_plan(q, k, v, plan, *, scale, options, interpret):
     if explicit is not None and BoundaryPolicy(explicit) != plan.boundary:
         raise ValueError(f"options boundary={explicit!r} differs from the plan's {plan.boundary.value!r}")
     opts = dataclasses.replace(opts, boundary=plan.boundary)
-    call = {
-        "scale": scale,
-        "block_q": plan.block_q,
-        "block_kv": plan.block_kv,
-        "options": opts,
-        "interpret": interpret,
-    }
+    mask = plan.layout.mask
+    call = IMPLEMENTATION.kernel_call(
+        mask, mask.length, scale=scale, block_q=plan.block_q, block_kv=plan.block_kv, options=opts,
+        interpret=interpret,
+    )  # fmt: skip
     kernel = IMPLEMENTATION.trainable(
-        plan.layout.mask,
+        mask,
         call,
         primal=lambda *qkv: tile_attention(*qkv, plan.layout, scale=scale, options=opts, interpret=interpret),
     )
@@ -404,7 +401,6 @@ IMPLEMENTATION = register(
         plan_runner=run_plan,
         backward=tile_training(
             lambda q, k, v, layout, mask, **kw: tile_attention(q, k, v, layout, **kw, return_lse=True),
-            flash_options.flash_resolve,
             lambda layout, options: split_passes(layout, options.boundary),
         ),
     ),

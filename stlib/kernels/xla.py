@@ -4,10 +4,12 @@ checked against. ``reference`` materialises the [H, L, L] scores (L <= REFERENCE
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from stlib._intmath import round_up
 from stlib.contract import Capabilities
-from stlib.layout import block_layout
-from stlib.masks import DENSE_LIMIT, full
+from stlib.layout import call_layout
+from stlib.masks import DENSE_LIMIT
 from stlib.reference import reference_attention, xla_block_sparse_attention
 from stlib.registry import Implementation, Role, register
 
@@ -24,7 +26,7 @@ def _too_long(length: int) -> str | None:
     return None
 
 
-def _reference(q, k, v, mask, *, scale, block_q, block_kv, options, interpret):
+def _reference(q, k, v, mask, *, scale, config, interpret):
     length = q.shape[1]
     if _too_long(length):
         raise ValueError(_too_long(length))
@@ -32,14 +34,20 @@ def _reference(q, k, v, mask, *, scale, block_q, block_kv, options, interpret):
     return reference_attention(q, k, v, dense, scale)
 
 
-def _xla_layout(mask, length: int, block_q=None, block_kv=None):
+def _xla_blocks(mask, length: int, block_q, block_kv, options, interpret):
+    """(its blocks: the call's, else ``XLA_BLOCK`` capped to the sequence; options): xla's ``resolve``."""
     bq = block_q or min(XLA_BLOCK, round_up(length, 8))
     bkv = block_kv or min(XLA_BLOCK, round_up(length, 8))
-    return block_layout(mask if mask is not None else full(length), bq, bkv)
+    return SimpleNamespace(block_q=bq, block_kv=bkv, block_kv_compute=None), options
 
 
-def _xla(q, k, v, mask, *, scale, block_q, block_kv, options, interpret):
-    layout = _xla_layout(mask, q.shape[1], block_q, block_kv)
+def _xla_layout(mask, length: int):
+    sizes, _ = _xla_blocks(mask, length, None, None, None, None)
+    return call_layout(mask, length, sizes.block_q, sizes.block_kv)
+
+
+def _xla(q, k, v, mask, *, scale, config, interpret):
+    layout = call_layout(mask, q.shape[1], config.block_q, config.block_kv)
     return xla_block_sparse_attention(q, k, v, layout, scale)
 
 
@@ -78,6 +86,7 @@ XLA = register(
         name=XLA_NAME,
         roles=frozenset({Role.XLA}),
         forward=_xla,
+        resolve=_xla_blocks,
         description="plain JAX over the non-empty tiles of each row (no Pallas)",
         work=_block_sparse_work,
         capabilities=Capabilities(mask_support=_xla_mask_support),

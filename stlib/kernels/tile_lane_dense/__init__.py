@@ -19,7 +19,7 @@ import dataclasses
 from stlib import accounting, tuned
 from stlib._intmath import round_up
 from stlib.blocks import BlockSizes, default_block_sizes
-from stlib.contract import EstimatorHooks, Presentation, ScheduleCounts
+from stlib.contract import Config, EstimatorHooks, Presentation, ScheduleCounts
 from stlib.device import CHIPS, LANES, current_chip, resolve_interpret
 from stlib.geometry import tile_rows
 from stlib.kernels import flash_options
@@ -47,8 +47,8 @@ from stlib.kernels.tile_lane_dense.steps import (
     regions_of,
 )
 from stlib.kernels.tile_lane_dense.vmem import check_blocks, fit_lookahead, vmem_bytes
-from stlib.layout import BlockLayout, block_layout
-from stlib.masks import Mask, PermutedMask, full
+from stlib.layout import BlockLayout, call_layout
+from stlib.masks import Mask, PermutedMask
 from stlib.passes import BoundaryPolicy, split_passes
 from stlib.registry import Implementation, Role, register
 
@@ -206,10 +206,9 @@ def resolve_blocks(mask: Mask | None, length: int, block_q, block_kv, options: L
     return BlockSizes(bq, bkv, chunk), dataclasses.replace(options, block_kv_compute=chunk)
 
 
-def _forward(q, k, v, mask: Mask | None, *, scale, block_q, block_kv, options: LaneDenseOptions, interpret):
-    sizes, options = resolve_blocks(mask, q.shape[1], block_q, block_kv, options, interpret)
-    layout = block_layout(mask if mask is not None else full(q.shape[1]), sizes.block_q, sizes.block_kv)
-    return lane_dense_attention(q, k, v, layout, scale=scale, options=options, interpret=interpret)
+def _forward(q, k, v, mask: Mask | None, *, scale, config: Config, interpret):
+    layout = call_layout(mask, q.shape[1], config.block_q, config.block_kv)
+    return lane_dense_attention(q, k, v, layout, scale=scale, options=config.options, interpret=interpret)
 
 
 def run_plan(q, k, v, plan, *, scale, options, interpret):
@@ -217,13 +216,10 @@ def run_plan(q, k, v, plan, *, scale, options, interpret):
     tiles as FULL tiles): reorder per head, run, restore."""
     opts = IMPLEMENTATION.options(options)
     layout = plan.kernel_layout
-    call = {
-        "scale": scale,
-        "block_q": layout.block_q,
-        "block_kv": layout.block_kv,
-        "options": opts,
-        "interpret": interpret,
-    }
+    call = IMPLEMENTATION.kernel_call(
+        layout.mask, layout.mask.length, scale=scale, block_q=layout.block_q, block_kv=layout.block_kv,
+        options=opts, interpret=interpret,
+    )  # fmt: skip
     kernel = IMPLEMENTATION.trainable(
         layout.mask,
         call,
@@ -303,7 +299,6 @@ IMPLEMENTATION = register(
         plan_runner=run_plan,
         backward=tile_training(
             lambda q, k, v, layout, mask, **kw: lane_dense_attention(q, k, v, layout, **kw, return_lse=True),
-            resolve_blocks,
             lambda layout, options: split_passes(layout, BoundaryPolicy.EXACT),
             own_blocks=True,
         ),
