@@ -266,7 +266,7 @@ def video_attention(
     if mask is None:
         return attention(q, k, v, None, impl=impl, **kwargs)
     if orders is None:
-        orders = choose_orders(grid, mask, kwargs.get("block_q") or 128, kwargs.get("block_kv") or 128)
+        orders = choose_orders(grid, mask, *_order_blocks(impl, mask, q.shape[1], kwargs))
     elif isinstance(orders, TokenOrder):
         orders = [orders]
     orders = list(orders)
@@ -286,6 +286,21 @@ def video_attention(
         **kwargs,
     )
     return restore_orders(out, orders)
+
+
+def _order_blocks(impl: str, mask: Mask, length: int, kwargs: dict) -> tuple[int, int]:
+    """(block_q, block_kv) at which ``video_attention`` compares token orders: the blocks the
+    kernel resolves for the call (its ``Config`` on the raster-order mask), or 128 x 128 for an
+    implementation without tiles (the reference)."""
+    config = _choose(impl, mask).config(
+        mask,
+        length,
+        _check_block("block_q", kwargs.get("block_q")),
+        _check_block("block_kv", kwargs.get("block_kv")),
+        kwargs.get("options"),
+        interpret=kwargs.get("interpret"),
+    )
+    return config.block_q or 128, config.block_kv or 128
 
 
 def choose(mask: Mask | None = None, *, backend: str | None = None):

@@ -60,17 +60,24 @@ def check_chunk(block_kv_compute) -> None:
 
 #: Blocks in interpret mode off a TPU: small tiles keep CPU tests small.
 INTERPRET_BLOCK_SIZES = BlockSizes(block_q=128, block_kv=128)
+#: The flash kernels' blocks on a TPU where an implementation has no tuned ones of its own (every
+#: chip: big tiles keep 10-head prefetch tables in SMEM). Kernel choices, not hardware facts: the
+#: chip table holds none.
+TPU_BLOCK_SIZES = BlockSizes(block_q=512, block_kv=1024, block_kv_compute=512)
+#: The chip whose defaults a compile for a TPU takes off a TPU (the case study's chip).
+COMPILE_CHIP = "v6e"
 
 
 def default_block_sizes(chip: str | None, overrides=None) -> BlockSizes:
     """The default blocks on ``chip`` (a chip-table name; None: interpret mode off a TPU), from an
-    implementation's per-chip ``overrides`` where it has one, else from the chip table."""
+    implementation's per-chip ``overrides`` where it has one, else ``TPU_BLOCK_SIZES``. Raises
+    ValueError for a chip not in the table."""
     if chip is None:
         return INTERPRET_BLOCK_SIZES
+    chip_spec(chip)  # a chip of the table, or ValueError naming them
     if overrides and chip in overrides:
         return overrides[chip]
-    row = chip_spec(chip)
-    return BlockSizes(row.block_q, row.block_kv, row.block_kv_compute)
+    return TPU_BLOCK_SIZES
 
 
 def block_sizes_for(
@@ -83,11 +90,11 @@ def block_sizes_for(
     overrides=None,
 ) -> BlockSizes:
     """The block sizes an implementation uses: explicit values, else the default of the chip it
-    runs on (v6e's when compiling for a TPU from elsewhere, small tiles in interpret mode). The
-    default chunk applies only with default kv blocks."""
+    runs on (``COMPILE_CHIP``'s when compiling for a TPU from elsewhere, small tiles in interpret
+    mode). The default chunk applies only with default kv blocks."""
     chip = current_chip()
     if chip is None and not resolve_interpret(interpret):
-        chip = "v6e"
+        chip = COMPILE_CHIP
     base = default_block_sizes(chip, overrides)
     sizes = BlockSizes(
         block_q=block_q or base.block_q,

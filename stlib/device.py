@@ -39,7 +39,7 @@ class Chip:
     """One row of the chip table. The peak numbers are read from JAX's own table
     (``pltpu.get_tpu_info_for_chip``, per device: a TPU7x chip shows its two TensorCores as two
     devices); the row adds what that table lacks: how libtpu names the chip, its deviceless
-    topology, the compiler's default scoped-VMEM limit, the default kernel blocks, and the form in which
+    topology, the compiler's default scoped-VMEM limit, and the form in which
     libtpu's bundle dump writes branches (``stlib.analysis.schedule.BRANCH_FORMS``) and the chip's ICI
     bandwidth where the Cloud TPU docs state it (REFERENCE.md section 7; v5e: not recorded)."""
 
@@ -49,9 +49,6 @@ class Chip:
     device_kinds: tuple[str, ...]  # lower-case jax ``device_kind`` strings of this chip
     devices_per_chip: int
     scoped_vmem_default: int  # bytes a kernel may use without ``vmem_limit_bytes``
-    block_q: int = 512  # default kernel blocks (big tiles keep 10-head prefetch tables in SMEM)
-    block_kv: int = 1024
-    block_kv_compute: int | None = 512
     schedule_form: str = "delay4"  # how the bundle dump writes a branch's delay shadow
     ici_bandwidth: float | None = None  # bytes/s per chip, both directions together (Cloud TPU docs)
 

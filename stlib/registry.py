@@ -23,6 +23,7 @@ import dataclasses
 import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from stlib.contract import Backward, Capabilities, Config, EstimatorHooks, NoOptions, Presentation
 
@@ -244,18 +245,32 @@ IMPLEMENTATIONS: dict[str, Implementation] = {}
 #: (``choose``); what ``stlib.attention`` and every entry point run when no ``impl`` is named.
 AUTO = "auto"
 DEFAULT_IMPL = AUTO
-#: The situations ``auto`` tells apart: on a TPU with a mask, on a TPU without one (dense), and on
-#: any other backend (CPU, GPU), where no Pallas TPU kernel runs compiled.
-AUTO_SITUATIONS = ("tpu-masked", "tpu-dense", "elsewhere")
+#: Any backend without a row of its own in ``AUTO_PICKS``.
+ANY_BACKEND = "*"
 
 
-#: What ``impl="auto"`` runs, the one table of it: per situation the roles in order, the first whose
-#: holder accepts the mask (``choose``). A mask the best tile kernel refuses goes to Splash on a TPU,
-#: then to XLA; off a TPU XLA, then (a short sequence whose mask table XLA refuses) the reference.
-AUTO_PICKS: dict[str, tuple[Role, ...]] = {
-    "tpu-masked": (Role.BEST_TILE, Role.BASELINE, Role.XLA),
-    "tpu-dense": (Role.BASELINE,),
-    "elsewhere": (Role.XLA, Role.REFERENCE),
+class Situation(NamedTuple):
+    """What ``impl="auto"`` tells apart: the JAX ``backend`` ("tpu", "gpu", "cpu"; ``ANY_BACKEND``:
+    one without a row of its own) and whether the call has a mask (``masked``)."""
+
+    backend: str
+    masked: bool
+
+    def __str__(self) -> str:
+        backend = "any other backend" if self.backend == ANY_BACKEND else self.backend
+        return f"{backend}, {'masked' if self.masked else 'dense'}"
+
+
+#: What ``impl="auto"`` runs, the one table of it, keyed by (backend, masked): the roles in order,
+#: the first whose holder accepts the mask (``choose``). A mask the best tile kernel refuses goes to
+#: Splash on a TPU, then to XLA; on any other backend (CPU, GPU: no Pallas TPU kernel runs compiled)
+#: XLA, then (a short sequence whose mask table XLA refuses) the reference. A kernel for another
+#: backend adds its rows from its own module (``AUTO_PICKS[Situation("gpu", True)] = ...``).
+AUTO_PICKS: dict[Situation, tuple[Role, ...]] = {
+    Situation("tpu", True): (Role.BEST_TILE, Role.BASELINE, Role.XLA),
+    Situation("tpu", False): (Role.BASELINE,),
+    Situation(ANY_BACKEND, True): (Role.XLA, Role.REFERENCE),
+    Situation(ANY_BACKEND, False): (Role.XLA, Role.REFERENCE),
 }
 
 
@@ -311,16 +326,15 @@ def get(name: str) -> Implementation:
     return IMPLEMENTATIONS[name]
 
 
-def auto_situation(mask=None, backend: str | None = None) -> str:
-    """The ``AUTO_SITUATIONS`` entry of a call with ``mask`` (None: dense) on ``backend`` (None:
-    JAX's default backend)."""
+def auto_situation(mask=None, backend: str | None = None) -> Situation:
+    """The ``AUTO_PICKS`` key of a call with ``mask`` (None: dense) on ``backend`` (None: JAX's
+    default backend): its own row where the backend has one, else ``ANY_BACKEND``'s."""
     if backend is None:
         import jax
 
         backend = jax.default_backend()
-    if backend != "tpu":
-        return "elsewhere"
-    return "tpu-dense" if mask is None else "tpu-masked"
+    situation = Situation(backend, mask is not None)
+    return situation if situation in AUTO_PICKS else situation._replace(backend=ANY_BACKEND)
 
 
 def choose(impl: str, mask=None, *, backend: str | None = None) -> Implementation:
@@ -368,7 +382,7 @@ def baseline() -> Implementation:
     return by_role(Role.BASELINE)
 
 
-def auto_rank(implementation: Implementation, situation: str) -> int | None:
+def auto_rank(implementation: Implementation, situation: Situation) -> int | None:
     """Where ``impl="auto"`` places ``implementation`` in ``situation`` (0 first; None: never)."""
     ranked = [role for role in AUTO_PICKS[situation] if role in implementation.roles]
     return AUTO_PICKS[situation].index(ranked[0]) if ranked else None
@@ -385,13 +399,14 @@ def owner_of_kernel(kernel: str) -> Implementation | None:
 
 
 __all__ = [
+    "ANY_BACKEND",
     "AUTO",
     "AUTO_PICKS",
-    "AUTO_SITUATIONS",
     "DEFAULT_IMPL",
     "IMPLEMENTATIONS",
     "Implementation",
     "Role",
+    "Situation",
     "auto_rank",
     "auto_situation",
     "baseline",

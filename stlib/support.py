@@ -3,7 +3,7 @@ README's support table and the tail of ``help(stlib.attention)``."""
 
 from __future__ import annotations
 
-from stlib.registry import AUTO_SITUATIONS, IMPLEMENTATIONS, auto_rank
+from stlib.registry import AUTO_PICKS, IMPLEMENTATIONS, auto_rank
 
 #: Columns of the table, each read from the implementation's registry entry.
 COLUMNS = (
@@ -25,8 +25,8 @@ def _row(entry) -> tuple[str, ...]:
         gradient = "its own backward kernels (its custom_vjp)"
     else:
         gradient = "JAX autodiff (any order)"
-    ranks = {situation: auto_rank(entry, situation) for situation in AUTO_SITUATIONS}
-    auto = ", ".join(f"{situation} (rank {rank})" for situation, rank in ranks.items() if rank is not None)
+    ranks = {situation: auto_rank(entry, situation) for situation in AUTO_PICKS}
+    auto = "; ".join(f"{situation} (rank {rank})" for situation, rank in ranks.items() if rank is not None)
     return (
         f"`{entry.name}`",
         "Pallas (interpret mode off a TPU)" if entry.is_pallas else "plain JAX (XLA)",

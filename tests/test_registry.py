@@ -110,17 +110,15 @@ def test_mixed_dtypes_are_refused():
 
 
 def test_every_pallas_kernel_takes_the_chip_defaults_off_a_tpu():
-    from stlib.blocks import block_sizes_for, default_block_sizes
+    from stlib.blocks import TPU_BLOCK_SIZES, block_sizes_for, default_block_sizes
     from stlib.device import CHIP_TABLE
 
     assert block_sizes_for(75_600, None, None, interpret=True).block_q == 128  # interpret mode: small tiles
-    for chip in CHIP_TABLE.values():
-        sizes = default_block_sizes(chip.name)
-        assert (sizes.block_q, sizes.block_kv, sizes.block_kv_compute) == (
-            chip.block_q,
-            chip.block_kv,
-            chip.block_kv_compute,
-        )
+    for chip in CHIP_TABLE.values():  # the flash kernels' defaults, the same on every chip
+        assert default_block_sizes(chip.name) == TPU_BLOCK_SIZES
+        assert not hasattr(chip, "block_q")  # the chip table holds hardware facts, no kernel choice
+    with pytest.raises(ValueError, match="chip='v4'"):
+        default_block_sizes("v4")
     # per-implementation tuned defaults (package data written by a block sweep) name chips of the table only
     from stlib import tuned
 
@@ -179,14 +177,17 @@ def test_auto_picks_the_tile_kernel_on_a_tpu_splash_when_dense_and_xla_elsewhere
     band = masks.band(512, 64)
     tile = registry.choose("auto", band, backend="tpu")
     assert tile.is_pallas and not tile.baseline and tile.plan_runner is not None
-    assert registry.auto_rank(tile, "tpu-masked") == 0 and registry.auto_rank(tile, "elsewhere") is None
+    tpu_masked, cpu_masked = registry.Situation("tpu", True), registry.auto_situation(band, "cpu")
+    assert cpu_masked == registry.Situation(registry.ANY_BACKEND, True)
+    assert registry.auto_rank(tile, tpu_masked) == 0 and registry.auto_rank(tile, cpu_masked) is None
     assert registry.choose("auto", None, backend="tpu") is registry.baseline()
     for backend in ("cpu", "gpu"):
         assert registry.choose("auto", band, backend=backend).name == "xla"
         assert registry.choose("auto", None, backend=backend).name == "xla"
     assert registry.choose("pallas_dense", band, backend="tpu").name == "pallas_dense"
     assert registry.DEFAULT_IMPL == registry.AUTO
-    assert set(registry.AUTO_PICKS) == set(registry.AUTO_SITUATIONS)
+    for masked in (True, False):  # every backend finds a row
+        assert registry.Situation(registry.ANY_BACKEND, masked) in registry.AUTO_PICKS
     for situation, roles in registry.AUTO_PICKS.items():  # every role the table names is held
         assert all(registry.by_role(role) for role in roles), situation
 
@@ -210,7 +211,9 @@ def test_auto_falls_back_to_the_next_rank_when_a_mask_is_refused():
     refused_by_xla = _shuffled_band(9_000)  # more PARTIAL tiles than xla tabulates; reference takes it
     assert "too many to tabulate" in registry.get("xla").unsupported(mask=refused_by_xla)
     assert registry.choose("auto", refused_by_xla, backend="cpu").name == "reference"
-    with pytest.raises(ValueError, match=r"impl='auto' \(elsewhere\) found no .*tabulate.*L=20000 > 16384"):
+    with pytest.raises(
+        ValueError, match=r"impl='auto' \(any other backend, masked\) found no .*tabulate.*L=20000 > 16384"
+    ):
         registry.choose("auto", _shuffled_band(20_000), backend="cpu")
 
 

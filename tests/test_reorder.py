@@ -43,3 +43,32 @@ def test_heads_equal_by_value_are_measured_once(monkeypatch):
     assert len(measured) == 2
     assert orders == [tiled_order(G, (2, 4, 8))] * 3 + [token_major_order(G)]
     assert orders[0] is orders[1] is orders[2]
+
+
+def test_video_attention_compares_orders_at_the_blocks_the_kernel_resolves(monkeypatch):
+    """``video_attention`` measures candidate orders at the call's resolved blocks (the kernel's
+    ``Config``), not at a fixed 128 x 128: explicit blocks as given, and a kernel compiled for a TPU
+    at its own default blocks (stopped before it runs: no TPU here)."""
+    import pytest
+
+    import stlib
+    from stlib import registry
+
+    class Measured(Exception):
+        pass
+
+    def record(grid, mask, block_q, block_kv):
+        raise Measured((block_q, block_kv))
+
+    monkeypatch.setattr(reorder, "choose_orders", record)
+    q, k, v = stlib.random_qkv((1, G.num_tokens, 16))
+    sta = masks.sliding_tile(G, (2, 4, 8), (1, 1, 3))
+    with pytest.raises(Measured) as explicit:
+        stlib.video_attention(q, k, v, G, sta, impl="xla", block_q=64, block_kv=256)
+    assert explicit.value.args[0] == (64, 256)
+    impl = registry.get("pallas_tile_lane_dense")
+    default = impl.config(sta, G.num_tokens, interpret=False)  # the kernel's v6e blocks, fitted to L
+    assert (default.block_q, default.block_kv) != (128, 128)
+    with pytest.raises(Measured) as compiled:
+        stlib.video_attention(q, k, v, G, sta, impl=impl.name, interpret=False)
+    assert compiled.value.args[0] == (default.block_q, default.block_kv)

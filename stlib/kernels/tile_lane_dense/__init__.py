@@ -18,7 +18,7 @@ import dataclasses
 
 from stlib import accounting, tuned
 from stlib._intmath import round_up
-from stlib.blocks import BlockSizes, default_block_sizes
+from stlib.blocks import COMPILE_CHIP, BlockSizes, default_block_sizes
 from stlib.contract import Config, EstimatorHooks, Presentation, ScheduleCounts
 from stlib.device import CHIPS, LANES, current_chip, resolve_interpret
 from stlib.geometry import tile_rows
@@ -188,7 +188,7 @@ def resolve_blocks(mask: Mask | None, length: int, block_q, block_kv, options: L
     in multiples of 128."""
     chip = options.chip or current_chip()
     if chip is None and not resolve_interpret(interpret):
-        chip = "v6e"
+        chip = COMPILE_CHIP
     explicit = block_q is not None and block_kv is not None
     tiled = tiled_blocks(mask, chip)
     base = (None if explicit else tiled) or default_block_sizes(chip, DEFAULT_BLOCKS)
