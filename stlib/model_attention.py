@@ -125,6 +125,15 @@ def attention_fn(
     _check_build(impl, attention_kwargs, video=grid is not None or plan is not None)
     if (mesh is None) != (axis_name is None):
         raise ValueError("give mesh and axis_name together (parallel attention), or neither")
+    if mesh is not None:
+        from stlib.parallel import check_strategy
+
+        try:
+            check_strategy(
+                mesh, axis_name, strategy, batch_axis_name, reordered=grid is not None or plan is not None
+            )
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"stlib.attention_fn(): {error}") from None
     sparse = mask is not None or grid is not None or plan is not None
     stlib_mask = mask  # the callable's own ``mask`` keyword is flax's (refused unless None)
 

@@ -166,11 +166,9 @@ def parallel_attention(
     >>> out.shape, bool(abs(out - stlib.attention(q, k, v, mask, impl="reference")).max() < 1e-4)
     ((2, 256, 64), True)
     """
-    if strategy not in STRATEGIES:
-        raise ValueError(f"strategy={strategy!r} must be one of {STRATEGIES}")
-    axes = _check_axes(axis_name, strategy)
-    for name in axes:
-        _check_mesh(mesh, name, batch_axis_name)
+    axes = check_strategy(
+        mesh, axis_name, strategy, batch_axis_name, reordered=grid is not None or plan is not None
+    )
     n = int(np.prod([mesh.shape[name] for name in axes]))
     batch_size = None if batch_axis_name is None else mesh.shape[batch_axis_name]
     _check_shapes(q, k, v, strategy, n, batch_size)
@@ -194,11 +192,6 @@ def parallel_attention(
     if platform == "tpu" and kwargs.get("interpret") is None:
         kwargs["interpret"] = False
     if strategy in ("ring", "ulysses-ring"):
-        if plan is not None or grid is not None:
-            raise ValueError(
-                f"strategy={strategy!r} takes the mask in the order the tokens are sharded in: reorder q, "
-                "k, v and the mask (mask.permute(order)) first; grid and plan are for 'heads' and 'ulysses'"
-            )
         return _ring(q, k, v, mask, mesh, axes, batch_axis_name, get(chosen), kwargs)
     branches = device_branches(mask, plan, heads, n)
     run = partial(_run_branch, grid=grid, with_plan=plan is not None, impl=chosen, kwargs=kwargs)
@@ -224,6 +217,30 @@ def parallel_attention(
 
     sharded = jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec, check_vma=False)
     return sharded(*(_placed(x, mesh, spec) for x in (q, k, v)))
+
+
+def check_strategy(mesh, axis_name, strategy: str, batch_axis_name=None, *, reordered: bool = False) -> tuple:
+    """The mesh axes of a ``parallel_attention`` call ((ulysses axis, ring axis) for "ulysses-ring",
+    else (axis_name,)), after checking what needs no input: ``strategy`` one of ``STRATEGIES``, the
+    axis names of the strategy on ``mesh``, and no token reordering (``reordered``: a grid or plan)
+    for the ring strategies. Raises TypeError / ValueError naming the value.
+
+    >>> import jax
+    >>> check_strategy(jax.make_mesh((1,), ("x",)), "x", "rign")
+    Traceback (most recent call last):
+    ValueError: strategy='rign' must be one of ('heads', 'ulysses', 'ring', 'ulysses-ring')
+    """
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy={strategy!r} must be one of {STRATEGIES}")
+    axes = _check_axes(axis_name, strategy)
+    for name in axes:
+        _check_mesh(mesh, name, batch_axis_name)
+    if reordered and strategy in ("ring", "ulysses-ring"):
+        raise ValueError(
+            f"strategy={strategy!r} takes the mask in the order the tokens are sharded in: reorder q, "
+            "k, v and the mask (mask.permute(order)) first; grid and plan are for 'heads' and 'ulysses'"
+        )
+    return axes
 
 
 def _check_axes(axis_name, strategy: str) -> tuple:
@@ -307,4 +324,11 @@ def _run_branch(branch, q, k, v, *, grid, with_plan, impl, kwargs):
     return attention(q, k, v, branch, impl=impl, **kwargs)
 
 
-__all__ = ["STRATEGIES", "DeviceBranches", "device_branches", "head_slice", "parallel_attention"]
+__all__ = [
+    "STRATEGIES",
+    "DeviceBranches",
+    "check_strategy",
+    "device_branches",
+    "head_slice",
+    "parallel_attention",
+]

@@ -111,6 +111,16 @@ def test_bad_keywords_are_refused_when_the_callable_is_built():
     with pytest.raises(TypeError, match=r"stlib.attention_fn\(\): .*no_such_option"):
         stlib.attention_fn(_mix(), impl="pallas_tile", options={"no_such_option": 1})
     stlib.attention_fn(_mix(), grid=GRID, impl="xla", orders=None, scale=0.5, block_q=128)  # all fine
+    mesh = jax.make_mesh((1,), ("x",))  # a strategy, its axes and its inputs' order: checked at build too
+    with pytest.raises(ValueError, match=r"stlib.attention_fn\(\): strategy='rign' must be one of"):
+        stlib.attention_fn(_mix(), mesh=mesh, axis_name="x", strategy="rign")
+    with pytest.raises(ValueError, match=r"stlib.attention_fn\(\): axis_name='y' is not an axis of the mesh"):
+        stlib.attention_fn(_mix(), mesh=mesh, axis_name="y")
+    with pytest.raises(
+        ValueError, match=r"stlib.attention_fn\(\): strategy='ring' takes the mask in the order"
+    ):
+        stlib.attention_fn(_mix(), grid=GRID, mesh=mesh, axis_name="x", strategy="ring")
+    stlib.attention_fn(_mix(), mesh=mesh, axis_name="x", strategy="ring", impl="xla")  # all fine
 
 
 def test_a_routed_plan_runs_through_the_callable():
