@@ -210,8 +210,60 @@ def tiled_order(grid: VideoGrid, tile, *, pad: bool = True) -> TokenOrder:
     return TokenOrder(name, perm.astype(np.int32), grid.num_tokens, formula)
 
 
+#: How ``shard_order`` deals chunks of tokens to the devices of a ring: in runs ("contiguous": device
+#: d holds tokens [d L/N, (d + 1) L/N)), round-robin ("striped") or back and forth ("zigzag": 0, 1,
+#: ..., N-1, N-1, ..., 0, 0, ...), which evens out a frame-causal mask's work over the devices.
+SHARD_KINDS = ("contiguous", "striped", "zigzag")
+
+
+def shard_order(length: int, num_devices: int, kind: str = "zigzag", unit: int = 1) -> TokenOrder:
+    """The token order in which a ring of ``num_devices`` splits ``length`` tokens: chunks of ``unit``
+    tokens (a frame, say) dealt to the devices as ``kind`` says (``SHARD_KINDS``); position p of
+    the order is on device p // (L / N). Raises ValueError unless ``unit`` divides L and the chunks
+    divide over the devices.
+
+    >>> shard_order(8, 2, "zigzag", unit=2).perm.tolist()  # chunks 0..3 -> devices 0, 1, 1, 0
+    [0, 1, 6, 7, 2, 3, 4, 5]
+    """
+    check_positive_int("length", length)
+    check_positive_int("num_devices", num_devices)
+    check_positive_int("unit", unit)
+    if kind not in SHARD_KINDS:
+        raise ValueError(f"kind={kind!r} must be one of {SHARD_KINDS}")
+    if length % unit or (length // unit) % num_devices:
+        raise ValueError(
+            f"length={length} must split into chunks of unit={unit} tokens that divide over the "
+            f"{num_devices} devices (a multiple of {unit * num_devices} tokens)"
+        )
+    formula = _ShardFormula(length, num_devices, kind, unit)
+    perm = formula(np.arange(length, dtype=np.int64)).astype(np.int32)
+    return TokenOrder(f"{kind} over {num_devices} devices (unit {unit})", perm, length, formula)
+
+
 # Arithmetic forms of the orders (position -> raster index, -1 at padding): small picklable
 # callables that work on numpy arrays and, inside a kernel, on jax arrays.
+
+
+@dataclass(frozen=True)
+class _ShardFormula:
+    length: int
+    num_devices: int
+    kind: str
+    unit: int
+
+    def __call__(self, pos):  # pos = device * (L / N) + chunk of the device * unit + offset
+        xp = _xp(pos)
+        shard = self.length // self.num_devices
+        device, within = div(pos, shard), mod(pos, shard)
+        step, offset = div(within, self.unit), mod(within, self.unit)
+        if self.kind == "contiguous":
+            return pos
+        dealt = (
+            device
+            if self.kind == "striped"
+            else xp.where(mod(step, 2) == 0, device, self.num_devices - 1 - device)
+        )
+        return (step * self.num_devices + dealt) * self.unit + offset
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,8 @@
 """Tile occupancy of a mask: which (q-tile, kv-tile) pairs are EMPTY, PARTIAL or FULL, and the
 scalar-prefetch tables a sparse kernel reads.
 
-Allowed pairs per tile are counted from each query row's key intervals, one chunk of q tiles at a
-time: a difference array over keys gives, per q tile, how many of its rows see each key (its
-coverage); coverage gathered into the mask's token order and summed per kv tile is the tile's
-count. That is O(rows * intervals + q_tiles * L) and never touches L x L.
+Allowed pairs per tile are counted from each query row's key intervals (``stlib.tile_counts``),
+never from L x L.
 """
 
 from __future__ import annotations
@@ -16,11 +14,11 @@ from functools import cached_property
 
 import numpy as np
 
+from stlib import tile_counts
 from stlib._checks import check_positive_int
-from stlib._intmath import cdiv, round_up
+from stlib._intmath import round_up
 from stlib.device import LANES, SUBLANES, smem_limit
-from stlib.geometry import TokenOrder
-from stlib.masks import DENSE_LIMIT, Mask, PermutedMask
+from stlib.masks import Mask
 
 #: Largest partial-block table (elements) ``partial_block_table`` will build.
 PARTIAL_TABLE_LIMIT = 64 * 1024 * 1024
@@ -383,9 +381,9 @@ def _block_layout(mask: Mask, block_q: int, block_kv: int) -> BlockLayout:
     cache: dict[tuple, np.ndarray] = {}  # heads equal in mask and order (by value) are counted once
     counts = []
     for h in heads:
-        key = _unwrap(mask if h is None else mask.head(h))
+        key = tile_counts.counting_key(mask if h is None else mask.head(h))
         if key not in cache:
-            cache[key] = _tile_counts(*key, mask.length, block_q, block_kv)
+            cache[key] = tile_counts.tile_counts(*key, mask.length, block_q, block_kv)
         counts.append(cache[key])
     valid = valid_tokens(mask)
     valid_per_q = _valid_per_tile(mask, block_q).astype(np.int64)
@@ -402,14 +400,6 @@ def _block_layout(mask: Mask, block_q: int, block_kv: int) -> BlockLayout:
     )
 
 
-def _unwrap(mask: Mask) -> tuple[Mask, TokenOrder | None]:
-    """(mask in raster order, its token order or None): a permuted view is counted from its base's
-    intervals and the permutation."""
-    if isinstance(mask, PermutedMask):
-        return mask.base, mask.order
-    return mask, None
-
-
 def valid_tokens(mask: Mask) -> np.ndarray:
     """bool [L]: False at padding slots of permuted views inside the mask."""
     valid = mask.token_validity()
@@ -418,72 +408,3 @@ def valid_tokens(mask: Mask) -> np.ndarray:
 
 def _valid_per_tile(mask: Mask, block: int) -> np.ndarray:
     return np.add.reduceat(valid_tokens(mask), np.arange(0, mask.length, block)).astype(np.int32)
-
-
-def _tile_counts(
-    base: Mask, order: TokenOrder | None, length: int, block_q: int, block_kv: int
-) -> np.ndarray:
-    """int64 [nq, nk] allowed pairs per tile of a single-head mask ``base`` seen in ``order``."""
-    nq, nk = cdiv(length, block_q), cdiv(length, block_kv)
-    kv_starts = np.arange(0, length, block_kv)
-    if not base.has_intervals:
-        return _tile_counts_dense(base, order, length, block_q, block_kv)
-    perm = None if order is None else order.perm
-    n_keys = base.length
-    # q tiles per chunk: keep the [chunk, n_keys] coverage array around 32 MB
-    chunk = max(1, min(nq, (4 << 20) // max(n_keys, 1)))
-    out = np.zeros((nq, nk), dtype=np.int64)
-    for first in range(0, nq, chunk):
-        last = min(first + chunk, nq)
-        pos = np.arange(first * block_q, min(last * block_q, length))
-        rows = pos if perm is None else perm[pos]
-        real = rows >= 0
-        rows, tile = rows[real], pos[real] // block_q - first
-        rows, tile, weight = _row_classes(base, rows, tile)
-        starts, ends = base.key_intervals(rows)
-        tile = tile[:, None]
-        width = n_keys + 1
-        used = ends > starts
-        size = (last - first) * width
-        weight = None if weight is None else np.broadcast_to(weight[:, None], used.shape)[used]
-        diff = _weighted_bincount((tile * width + starts)[used], weight, size)
-        diff -= _weighted_bincount((tile * width + ends)[used], weight, size)
-        coverage = np.cumsum(diff.reshape(last - first, width)[:, :n_keys], axis=1)
-        if perm is not None:
-            coverage = np.where(perm >= 0, coverage[:, np.maximum(perm, 0)], 0)
-        out[first:last] = np.add.reduceat(coverage, kv_starts, axis=1)
-    return out
-
-
-def _row_classes(base: Mask, rows: np.ndarray, tile: np.ndarray):
-    """(rows, tiles, weights): one representative row per (q tile, ``interval_classes`` class) and
-    how many rows it stands for, or the rows themselves (weights None) where the mask has no classes."""
-    classes = base.interval_classes(rows)
-    if classes is None:
-        return rows, tile, None
-    pair = tile.astype(np.int64) * (int(classes.max()) + 1) + classes
-    _, first, count = np.unique(pair, return_index=True, return_counts=True)
-    return rows[first], tile[first], count
-
-
-def _weighted_bincount(index: np.ndarray, weight: np.ndarray | None, size: int) -> np.ndarray:
-    """int64 [size]: occurrences of each index (each counted ``weight`` times where given)."""
-    if weight is None:
-        return np.bincount(index, minlength=size)
-    out = np.zeros(size, np.int64)
-    np.add.at(out, index, weight)
-    return out
-
-
-def _tile_counts_dense(base: Mask, order: TokenOrder | None, length, block_q, block_kv) -> np.ndarray:
-    if length > DENSE_LIMIT:
-        raise ValueError(
-            f"{type(base).__name__} has no interval form and L={length} > {DENSE_LIMIT}: "
-            "its layout would need the dense L x L mask"
-        )
-    view = base if order is None else PermutedMask(base, order)
-    dense = view.block(0, length, 0, length)
-    nq, nk = cdiv(length, block_q), cdiv(length, block_kv)
-    padded = np.zeros((nq * block_q, nk * block_kv), dtype=np.int64)
-    padded[:length, :length] = dense
-    return padded.reshape(nq, block_q, nk, block_kv).sum(axis=(1, 3))

@@ -32,7 +32,7 @@ from jax.sharding import PartitionSpec as P
 
 from stlib import ring
 from stlib.api import attention, check_mask, video_attention
-from stlib.geometry import VideoGrid
+from stlib.geometry import TokenOrder, VideoGrid
 from stlib.masks import Mask, per_head
 from stlib.registry import DEFAULT_IMPL, choose, get
 
@@ -139,6 +139,7 @@ def parallel_attention(
     plan=None,
     impl: str = DEFAULT_IMPL,
     batch_axis_name: str | None = None,
+    shard_order: TokenOrder | None = None,
     **kwargs,
 ):
     """Attention of global q, k, v [H, L, D] (or [B, H, L, D]) sharded over ``mesh``'s axis
@@ -154,7 +155,10 @@ def parallel_attention(
     mask and grid). ``impl="auto"`` resolves for the mesh's platform (a TPU mesh compiles the TPU
     choice even from a CPU host; Pallas kernels are then compiled, not interpreted). A leading
     batch axis B is split over ``batch_axis_name`` when given (else replicated). ``kwargs``: those of
-    ``stlib.attention`` (``block_q``, ``options``, ...). Raises TypeError / ValueError naming the
+    ``stlib.attention`` (``block_q``, ``options``, ...). ``shard_order`` (rings only): the token
+    order in which the ring splits the sequence (``stlib.ring.balanced_order``, or
+    ``stlib.geometry.shard_order``: a zig-zag evens out a frame-causal mask's work); the inputs,
+    the mask and the output stay in the caller's order. Raises TypeError / ValueError naming the
     value: a mesh without ``axis_name``, H (or for "ulysses" and "ring" L) not divisible by the axis size, a
     mask or plan whose heads differ from q's, an unknown strategy.
 
@@ -169,6 +173,8 @@ def parallel_attention(
     axes = check_strategy(
         mesh, axis_name, strategy, batch_axis_name, reordered=grid is not None or plan is not None
     )
+    if shard_order is not None and strategy not in ("ring", "ulysses-ring"):
+        raise ValueError(f"shard_order is for the ring strategies, not strategy={strategy!r}")
     n = int(np.prod([mesh.shape[name] for name in axes]))
     batch_size = None if batch_axis_name is None else mesh.shape[batch_axis_name]
     _check_shapes(q, k, v, strategy, n, batch_size)
@@ -192,7 +198,13 @@ def parallel_attention(
     if platform == "tpu" and kwargs.get("interpret") is None:
         kwargs["interpret"] = False
     if strategy in ("ring", "ulysses-ring"):
-        return _ring(q, k, v, mask, mesh, axes, batch_axis_name, get(chosen), kwargs)
+        if shard_order is None:
+            return _ring(q, k, v, mask, mesh, axes, batch_axis_name, get(chosen), kwargs)
+        _check_shard_order(shard_order, length)
+        q, k, v = (_gather_tokens(x, shard_order.perm) for x in (q, k, v))
+        mask = ring.dense_mask(mask, length).permute(shard_order)
+        out = _ring(q, k, v, mask, mesh, axes, batch_axis_name, get(chosen), kwargs)
+        return _gather_tokens(out, shard_order.inverse)
     branches = device_branches(mask, plan, heads, n)
     run = partial(_run_branch, grid=grid, with_plan=plan is not None, impl=chosen, kwargs=kwargs)
     fns = [partial(run, branch) for branch in branches.branches]
@@ -241,6 +253,23 @@ def check_strategy(mesh, axis_name, strategy: str, batch_axis_name=None, *, reor
             "k, v and the mask (mask.permute(order)) first; grid and plan are for 'heads' and 'ulysses'"
         )
     return axes
+
+
+def _gather_tokens(x, index):
+    """``x[..., index, :]``, keeping the sharding ``x`` has (an explicit mesh's names it)."""
+    return x.at[..., np.asarray(index), :].get(out_sharding=jax.typeof(x).sharding)
+
+
+def _check_shard_order(order, length: int) -> None:
+    if not isinstance(order, TokenOrder):
+        raise TypeError(
+            f"shard_order must be a stlib TokenOrder (stlib.ring.balanced_order), got {type(order).__name__}"
+        )
+    if order.length != length or order.num_tokens != length:
+        raise ValueError(
+            f"shard_order {order.name!r} orders {order.num_tokens} tokens in {order.length} slots; "
+            f"the ring needs an order of the call's L={length} tokens without padding"
+        )
 
 
 def _check_axes(axis_name, strategy: str) -> tuple:

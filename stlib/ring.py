@@ -27,6 +27,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from stlib.device import LANES
+from stlib.geometry import SHARD_KINDS, shard_order
+from stlib.layout import TileKind, block_layout
 from stlib.masks import DENSE_LIMIT, Mask, full
 from stlib.reference import merge_partials, reference_attention_lse, reference_gradients
 from stlib.registry import Implementation
@@ -57,12 +60,10 @@ def _block_signature(block: Mask) -> tuple[bool, str]:
             empty &= not keep.any()
             for array in (np.where(keep, starts, 0), np.where(keep, ends, 0)):
                 digest.update(np.ascontiguousarray(array).tobytes())
+        elif block.length > DENSE_LIMIT:  # a permuted mask's block: empty from its tile counts
+            empty &= not block_layout(view, LANES, LANES).counts.any()
+            digest.update(repr(hash(view)).encode())  # equal blocks by value share a branch
         else:
-            if block.length > DENSE_LIMIT:
-                raise ValueError(
-                    f"the ring's shards of {block.length} tokens are too long to read {block!r} densely "
-                    f"(no interval form; at most {DENSE_LIMIT}): use more devices or a mask in raster order"
-                )
             dense = view.to_dense()
             empty &= not dense.any()
             digest.update(np.packbits(dense).tobytes())
@@ -101,6 +102,57 @@ def ring_hops(mask, num_devices: int) -> list[RingHop]:
         if list(branches) != [None]:
             hops.append(RingHop(offset, tuple(branches.values()), tuple(of_device)))
     return hops
+
+
+def device_steps(mask, num_devices: int, block_q: int = 512, block_kv: int = 512) -> np.ndarray:
+    """int64 [N]: the kernel steps (non-empty ``block_q`` x ``block_kv`` tiles, summed over the heads
+    of a per-head mask; one head's of a head-uniform one) each device of a ring of ``num_devices``
+    runs over the hops it issues for ``mask`` (``dense_mask`` for dense attention): the ring's load
+    balance, in hardware-independent work.
+
+    >>> import stlib
+    >>> grid = stlib.VideoGrid(4, 8, 16)  # a frame of 128 tokens per device
+    >>> device_steps(stlib.masks.frame_causal(grid), 4, 128, 128).tolist()  # device d sees d + 1 frames
+    [1, 2, 3, 4]
+    """
+    length = mask.length
+    if length % num_devices:
+        raise ValueError(f"L={length} tokens do not divide over the {num_devices} devices of the ring")
+    size = length // num_devices
+    steps = np.zeros(num_devices, np.int64)
+    for device in range(num_devices):
+        for source in range(num_devices):
+            layout = block_layout(mask.block_view(device * size, source * size, size), block_q, block_kv)
+            steps[device] += int((layout.kinds != TileKind.EMPTY).sum())
+    return steps
+
+
+def balanced_order(mask, num_devices: int, *, unit: int = 1, block_q: int = 512, block_kv: int = 512):
+    """(the ``stlib.geometry.shard_order`` of ``SHARD_KINDS`` whose busiest device runs the fewest
+    kernel steps for ``mask``, {kind: ``device_steps``} of each kind that fits): chunks of ``unit``
+    tokens (a frame for frame-causal masks); "contiguous" on a tie (no reordering). A kind whose
+    chunks do not divide over the devices is left out.
+
+    >>> import stlib
+    >>> grid = stlib.VideoGrid(8, 8, 16)
+    >>> order, steps = balanced_order(stlib.masks.frame_causal(grid), 4, unit=128, block_q=128, block_kv=128)
+    >>> order.name, {kind: s.tolist() for kind, s in steps.items()}["zigzag"]
+    ('zigzag over 4 devices (unit 128)', [9, 9, 9, 9])
+    """
+    orders, steps = {}, {}
+    for kind in SHARD_KINDS:
+        try:
+            orders[kind] = shard_order(mask.length, num_devices, kind, unit)
+        except ValueError:
+            continue
+        view = mask if kind == "contiguous" else mask.permute(orders[kind])
+        steps[kind] = device_steps(view, num_devices, block_q, block_kv)
+    if not orders:
+        raise ValueError(
+            f"L={mask.length} does not split into chunks of {unit} tokens over {num_devices} devices"
+        )
+    best = min(steps, key=lambda kind: (int(steps[kind].max()), kind != "contiguous"))
+    return orders[best], steps
 
 
 def ring_blocks(hops: list[RingHop], num_devices: int) -> np.ndarray:
@@ -262,4 +314,14 @@ def dense_mask(mask: Mask | None, length: int) -> Mask:
     return full(length) if mask is None else mask
 
 
-__all__ = ["RingHop", "dense_mask", "hop_functions", "ring_blocks", "ring_call", "ring_hops", "ring_local"]
+__all__ = [
+    "RingHop",
+    "balanced_order",
+    "dense_mask",
+    "device_steps",
+    "hop_functions",
+    "ring_blocks",
+    "ring_call",
+    "ring_hops",
+    "ring_local",
+]

@@ -220,11 +220,11 @@ def test_per_head_masks():
 def test_heads_equal_by_value_are_counted_once(monkeypatch):
     """Heads whose masks (and orders) are equal by value share one count, objects or not; heads that
     differ, also only by head index of one array, do not."""
-    from stlib import layout
+    from stlib import tile_counts
 
     calls = []
-    real = layout._tile_counts
-    monkeypatch.setattr(layout, "_tile_counts", lambda *a: calls.append(a) or real(*a))
+    real = tile_counts.tile_counts
+    monkeypatch.setattr(tile_counts, "tile_counts", lambda *a: calls.append(a) or real(*a))
     g = VideoGrid(3, 4, 5)
     order = tiled_order(g, (1, 2, 5))
     heads = [
@@ -456,3 +456,16 @@ def test_one_gradient_of_attention_builds_its_layout_once():
     built = block_layout(mask, 128, 128)
     with pytest.raises(ValueError, match="read-only"):
         built.counts[0, 0, 0] = 0
+
+
+def test_a_ring_block_of_a_permuted_mask_is_counted_from_intervals():
+    """``block_view`` of a permuted mask (a ring's (q shard, kv shard) pair) is counted from its
+    base's intervals and the permutation's window, equal to its dense form, padding slots included."""
+    g = VideoGrid(3, 12, 32)  # tiled order pads Y=12 to 3 tiles of 4: no padding; (1, 5, 8): padding
+    for tile in ((1, 4, 8), (1, 5, 8)):
+        permuted = masks.sliding_tile(g, tile, (1, 3, 3)).permute(tiled_order(g, tile))
+        size = permuted.length // 4
+        for d, j in ((0, 0), (1, 0), (2, 3), (3, 2)):
+            block = permuted.block_view(d * size, j * size, size)
+            lay = block_layout(block, 32, 32)
+            check_layout(lay, block.to_dense(), np.ones(size, bool), 32, 32)

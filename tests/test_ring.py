@@ -195,3 +195,53 @@ def test_bad_ring_calls_are_refused_by_name():
         parallel_attention(q, k, v, axis_name=("u", "r"), **two)
     with pytest.raises(ValueError, match="axis_name='t' is not an axis of the mesh"):
         parallel_attention(q[:2], k[:2], v[:2], axis_name=("u", "t"), **two)
+
+
+def test_a_zigzag_order_balances_a_frame_causal_ring_and_runs_equal_to_one_device():
+    """A frame-causal mask split contiguously gives device d d + 1 frames of work (4x spread on 4
+    devices); ``balanced_order`` picks the zig-zag (each device 2 frames, equal steps), and the ring in
+    that order equals one device, gradients included; a striped order is also exact."""
+    from stlib.geometry import shard_order
+    from stlib.ring import balanced_order, device_steps
+
+    grid = stlib.VideoGrid(8, 8, 16)  # 8 frames of 128 tokens, 2 per device
+    mask = masks.frame_causal(grid)
+    frame = grid.tokens_per_frame
+    assert device_steps(mask, 4, 128, 128).tolist() == [3, 7, 11, 15]
+    order, steps = balanced_order(mask, 4, unit=frame, block_q=128, block_kv=128)
+    assert order == shard_order(grid.num_tokens, 4, "zigzag", frame)
+    assert steps["zigzag"].tolist() == [9, 9, 9, 9] and steps["contiguous"].max() == 15
+    q, k, v = qkv(7, 2, grid.num_tokens, 32)
+    want = stlib.attention(q, k, v, mask, impl="reference")
+    for chosen in (order, shard_order(grid.num_tokens, 4, "striped", frame)):
+
+        def fn(q, k, v, chosen=chosen):
+            return parallel_attention(
+                q, k, v, mask, mesh=_mesh(), axis_name="x", strategy="ring", impl="xla", shard_order=chosen
+            )
+
+        assert_close(jax.jit(fn)(q, k, v), want, TOL)
+    ct = jax.random.normal(jax.random.key(2), q.shape)
+    got = jax.jit(jax.grad(lambda *a: jnp.sum(fn(*a) * ct), argnums=(0, 1, 2)))(q, k, v)
+    ref = jax.grad(lambda *a: jnp.sum(stlib.attention(*a, mask, impl="reference") * ct), argnums=(0, 1, 2))(
+        q, k, v
+    )
+    for g, w in zip(got, ref):
+        assert float(jnp.max(jnp.abs(g - w))) <= 1e-4 * float(jnp.max(jnp.abs(w)))
+    with pytest.raises(ValueError, match="shard_order is for the ring strategies"):
+        parallel_attention(q, k, v, mask, mesh=_mesh(), axis_name="x", strategy="ulysses", shard_order=order)
+    with pytest.raises(ValueError, match="unit=100 tokens that divide over the 4 devices"):
+        shard_order(grid.num_tokens, 4, "zigzag", 100)
+
+
+def test_the_ring_reads_a_permuted_mask_past_the_dense_limit():
+    """A block of a permuted mask over shards longer than DENSE_LIMIT is told empty or not from its
+    tile counts (no dense read): the hops of a tiled sliding-tile mask at 4 x 20,160 tokens."""
+    from stlib.geometry import tiled_order
+
+    grid = stlib.VideoGrid(21, 45, 80)
+    tile = (3, 8, 16)
+    permuted = masks.sliding_tile(grid, tile, (3, 3, 3)).permute(tiled_order(grid, tile))
+    hops = ring_hops(permuted, 4)
+    assert permuted.length // 4 > masks.DENSE_LIMIT
+    assert [hop.offset for hop in hops] == [0, 1, 3]  # a shard sees its neighbours' boundary frames
