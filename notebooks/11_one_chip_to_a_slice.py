@@ -330,6 +330,33 @@ plotting.save(fig, cfg.figure("11_ring_blocks"))
 # and dk, dv, and dk, dv go back to their owner by the inverse `ppermute`.
 
 # %% [markdown]
+# ### Balancing the ring
+#
+# A skipped hop saves a transfer, but the devices must also do about the same work, or the slowest
+# one sets the pace. With a frame-causal mask and the sequence split in runs, device d's queries see
+# d + 1 shards: the last device works N times as long as the first. Dealing frames to the devices
+# back and forth (a zig-zag: 0, 1, 2, 3, 3, 2, 1, 0) pairs an early frame with a late one on every
+# device. `stlib.ring.device_steps` counts each device's kernel steps (non-empty tiles over the hops
+# it runs) and `stlib.ring.balanced_order` picks the split whose busiest device runs fewest;
+# `parallel_attention(..., shard_order=order)` runs the ring in that order and hands the output back
+# in the caller's.
+
+# %%
+causal_grid = stlib.VideoGrid(2 * N, 8, 16)  # two frames per device
+causal = masks.frame_causal(causal_grid)
+frame = causal_grid.tokens_per_frame
+order, steps = ring.balanced_order(causal, N, unit=frame, block_q=128, block_kv=128)
+for kind, per_device in steps.items():
+    print(f"{kind:10s} kernel steps per device {per_device.tolist()}  (busiest / mean {per_device.max() / per_device.mean():.2f})")
+print(f"balanced_order picks: {order.name}")
+qc, kc, vc = stlib.random_qkv((2, causal_grid.num_tokens, 32), seed=3)
+balanced = stlib.parallel_attention(qc, kc, vc, causal, mesh=mesh, axis_name="x", strategy="ring", impl="xla",
+                                    shard_order=order)
+err = float(jnp.max(jnp.abs(balanced - stlib.attention(qc, kc, vc, causal, impl="reference"))))
+assert err < tolerance(jnp.float32), err
+print(f"PASSED  the ring in {order.name} == one device (max error {err:.1e})")
+
+# %% [markdown]
 # ## Compiling for a real slice without a TPU
 #
 # libtpu describes whole slices (`get_topology_desc(platform="tpu", topology_name="v6e:2x2")`), and
@@ -464,7 +491,7 @@ print(f"PASSED  WanBlock ({params:,} parameters, {H} heads, sliding tile {tile_m
 #   and needs no communication. Ulysses gets there from sequence-sharded inputs with four all-to-alls.
 # * A ring keeps the sequence split and moves kv shards instead. It takes any number of heads, and a
 #   sparse mask lets it skip the hops no device needs: the compiled program then holds fewer
-#   transfers.
+#   transfers. A zig-zag split evens out a frame-causal mask's work over the devices.
 # * Per-head masks must follow their heads. One SPMD program holds one branch per distinct
 #   per-device head slice. Laying heads out so the slices coincide (the exercise) compiles one kernel.
 # * At Wan 14B's shape the all-to-all traffic is a small fraction of the sparse kernel's estimated
