@@ -252,12 +252,12 @@ class _ShardFormula:
     unit: int
 
     def __call__(self, pos):  # pos = device * (L / N) + chunk of the device * unit + offset
+        if self.kind == "contiguous":
+            return pos
         xp = _xp(pos)
         shard = self.length // self.num_devices
         device, within = div(pos, shard), mod(pos, shard)
         step, offset = div(within, self.unit), mod(within, self.unit)
-        if self.kind == "contiguous":
-            return pos
         dealt = (
             device
             if self.kind == "striped"
