@@ -262,21 +262,6 @@ def one_tile_layout(layout):
     return None if tiles.kind_counts()["PARTIAL"] else tiles
 
 
-def _cached_if_hashable(fn):
-    """``fn`` memoised by its arguments' values (``functools.lru_cache``) where they all hash; an
-    argument that does not (interpret parameters, say) calls ``fn`` itself."""
-    cached = functools.lru_cache(maxsize=32)(fn)
-
-    def call(*args):
-        try:
-            hash(args)
-        except TypeError:
-            return fn(*args)
-        return cached(*args)
-
-    return call
-
-
 def tile_training(forward_with_lse, passes_of, *, own_blocks: bool = False) -> Backward:
     """The ``contract.Backward`` of a flash kernel whose ``forward_with_lse(q, k, v, layout, mask, *,
     scale, options, interpret) -> (o, lse)`` runs the call's ``mask`` (None: dense) on the layout of
@@ -316,7 +301,7 @@ def tile_training(forward_with_lse, passes_of, *, own_blocks: bool = False) -> B
         )
         return layout, options, calls, chip
 
-    backward_plan = _cached_if_hashable(backward_plan)
+    backward_plan = functools.lru_cache(maxsize=32)(backward_plan)  # masks, configs hash by value
 
     def forward(q, k, v, mask, *, scale, config: Config, interpret):
         layout = call_layout(mask, q.shape[1], config.block_q, config.block_kv)
