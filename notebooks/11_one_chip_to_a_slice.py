@@ -293,7 +293,8 @@ def ring_attention(q, k, v, mask):
             o, lse = merge_partials(o, lse, o_h, lse_h)
         return o.astype(q.dtype)
 
-    return jax.shard_map(local, mesh=mesh, in_specs=P(None, "x"), out_specs=P(None, "x"))(q, k, v), issued
+    sharded = jax.shard_map(local, mesh=mesh, in_specs=P(None, "x"), out_specs=P(None, "x"))
+    return jax.jit(sharded)(q, k, v), issued  # jit: one program, not every op dispatched on its own
 
 
 want_mix = stlib.video_attention(q, k, v, grid, mix, impl="reference")
