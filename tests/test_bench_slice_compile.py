@@ -21,6 +21,39 @@ def test_all_to_all_bytes_reads_each_all_to_all_of_the_hlo():
     assert slice_compile.all_to_all_bytes("%fusion = bf16[8]{0} fusion(%p)") == []
 
 
+PERMUTES = """
+  %collective-permute-start.2 = (bf16[5,512,128]{2,1,0:T(8,128)(2,1)}, bf16[5,512,128]{2,1,0:T(8,128)(2,1)S(1)}, u32[]{:S(2)}, u32[]{:S(2)}) collective-permute-start(%param.56), channel_id=1, source_target_pairs={{0,2},{1,3},{2,0},{3,1}}
+  %collective-permute-done.2 = bf16[5,512,128]{2,1,0:T(8,128)(2,1)S(1)} collective-permute-done(%collective-permute-start.2)
+  %collective-permute.7 = f32[4,256]{1,0} collective-permute(%x), channel_id=2, source_target_pairs={{0,1},{1,0}}
+"""
+
+
+def test_permute_bytes_reads_each_collective_permute_once():
+    assert slice_compile.permute_bytes(PERMUTES) == [5 * 512 * 128 * 2, 4 * 256 * 4]  # starts, not dones
+    assert slice_compile.permute_bytes(HLO) == []
+
+
+def test_a_ring_costs_the_longer_of_its_traffic_and_its_kernel():
+    ring = {"chip": "v6e", "mesh": {"heads": 4}, "permute_bytes": [50e6] * 6, "all_to_all_bytes": []}
+    assert slice_compile.permute_seconds(ring) == pytest.approx(2 * 6 * 50e6 / 800e9)  # all to a neighbour
+    record = {
+        **ring, "case": "v6e-2x2-ring", "strategy": "ring", "devices": 4, "hops_issued": [0, 1, 2, 3],
+        "argument_bytes_per_device": 1, "global_input_bytes": 4, "compile_s": 1.0,
+    }  # fmt: skip
+    sweep = [
+        {"chip": "v6e", "family": family, "impl": block_sweep.NAME, "total_ms": ms, "shape": [10, 75600, 128]}
+        for family, ms in (("dense", 40.0), (slice_compile.SVG_FAMILY, 12.0))
+    ]
+    (row,) = slice_compile.table([record], sweep)
+    assert row["kernel ms, band 0.25 (est.)"] == pytest.approx(12.0)  # 10 heads' work per device
+    assert row["band 0.25 ms (model)"] == pytest.approx(max(row["traffic ms (model)"], 12.0))
+    assert row["hops issued"] == 4 and row["permutes"] == 6
+    ulysses = {**record, "case": "v6e-2x2-ulysses", "strategy": "ulysses", "permute_bytes": [],
+               "all_to_all_bytes": [100e6] * 4, "hops_issued": None}  # fmt: skip
+    (row,) = slice_compile.table([ulysses], sweep)
+    assert row["band 0.25 ms (model)"] == pytest.approx(row["traffic ms (model)"] + 12.0)  # no overlap
+
+
 def test_the_traffic_model_counts_bytes_leaving_each_chip_both_ways():
     record = {"chip": "v6e", "mesh": {"heads": 4}, "all_to_all_bytes": [100e6] * 4}
     # a chip sends 3/4 of each of 4 x 100 MB and receives as much, at 800 GB/s both ways together
@@ -40,20 +73,24 @@ def test_the_crossing_density_lies_on_the_kernel_line():
 
 def test_cases_are_named_and_unknown_names_refused():
     names = [f"{s.name}-{strategy}" for s, strategy in slice_compile.cases()]
-    assert len(names) == len(slice_compile.SLICES) * 2 and "v6e-4x4-ulysses" in names
+    assert len(names) == len(slice_compile.SLICES) * len(slice_compile.DEFAULT_STRATEGIES)
+    assert "v6e-4x4-ulysses" in names and "v6e-2x2-ring" not in names  # the ring's cases run by name
     assert [s.name for s, _ in slice_compile.cases(["v6e-2x2-heads"])] == ["v6e-2x2"]
+    assert slice_compile.cases(["tpu7x-2x2x1-ring"]) == [(slice_compile.SLICES[1], "ring")]
     with pytest.raises(ValueError, match="unknown cases"):
         slice_compile.cases(["v6e-8-heads"])
 
 
 def test_the_committed_records_give_each_device_its_share_and_a_table_row():
     records = slice_compile.read(paths.REPO / slice_compile.RECORDS)
-    assert {r["case"] for r in records} == {f"{s.name}-{st}" for s, st in slice_compile.cases()}
+    assert {r["case"] for r in records} >= {f"{s.name}-{st}" for s, st in slice_compile.cases()}
     for r in records:
         assert r["argument_bytes_per_device"] * r["devices"] == r["global_input_bytes"], r["case"]
         assert r["kernels_in_program"] == r["branches"] >= 1, r["case"]
         assert len(r["all_to_all_bytes"]) == (4 if r["strategy"] == "ulysses" else 0), r["case"]
+        if r["strategy"] == "ring":  # k and v travel on every issued hop past the first
+            assert len(r["permute_bytes"]) == 2 * (len(r["hops_issued"]) - 1), r["case"]
     rows = slice_compile.table(records, block_sweep.read(paths.REPO / block_sweep.RECORDS))
     ulysses = [row for row in rows if row["case"].endswith("ulysses")]
-    assert all(0 < row["all-to-all ms (model)"] < row["kernel ms, band 0.25 (est.)"] for row in ulysses)
+    assert all(0 < row["traffic ms (model)"] < row["kernel ms, band 0.25 (est.)"] for row in ulysses)
     assert "| case |" in slice_compile.format_table(rows)

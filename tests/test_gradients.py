@@ -220,11 +220,52 @@ def test_backward_methods_are_checked(monkeypatch):
     assert {c.kind for c in bw.kernel_calls(exact_passes(layout), "auto", **args)} == {"dq", "dkv"}
 
 
-def test_rows_of_3d_tiles_train_one_tile_per_backward_block():
-    """The lane-dense forward runs a sliding tile in rows of 3-D tiles (pattern steps); its backward
-    runs one tile per block, where every tile is FULL or EMPTY (``one_tile_layout``), and its
-    gradient is the analytic one."""
+def test_step_coded_backward_equals_the_analytic_gradient():
+    """The fused kernel over a step-coded pass (``backward_steps``): a band at 256 x 256 blocks with
+    patterns at a 128 grain (EMPTY sub-tiles skipped, FULL ones mask-free, the diagonal's PARTIAL
+    ones masked from indices) and FULL tiles, the rest of the tiles in their exact passes."""
+    from stlib.kernels import backward as bw
+    from stlib.kernels.backward_steps import StepPass, coded_passes
+    from stlib.kernels.steps import FIRST_PATTERN, MASK, plan_steps
+    from stlib.passes import exact_passes
+
+    length, heads = 1024, 2
+    mask = masks.band(length, 300)
+    dense = np.broadcast_to(mask.to_dense(), (heads, length, length))
+    q, k, v = stlib.random_qkv((heads, length, DIM), seed=4)
+    do = jax.random.normal(jax.random.key(5), q.shape)
+    scale = DIM**-0.5
+    o, lse = _forward_residuals(q, k, v, dense, scale)
+    layout = stlib.block_layout(mask, 256, 256)
+    plan = plan_steps(layout, length, 128)
+    assert any(MASK in row for p in plan.patterns for row in p.rows)  # PARTIAL sub-tiles on the diagonal
+    passes = coded_passes(plan, exact_passes(layout))
+    coded = passes[0]
+    assert isinstance(coded, StepPass) and set(coded.steps.present(coded.selected)) >= {0, FIRST_PATTERN}
+    calls = bw.kernel_calls(
+        passes, "auto", num_q_tiles=4, block_q=256, block_kv=256, head_dim=DIM, itemsize=4, chip=None
+    )
+    assert calls[0].name.startswith(f"{bw.FUSED_PREFIX}_steps_full_p0")
+    got = bw.tile_backward(
+        q, k, v, jnp.asarray(o, jnp.float32), jnp.asarray(lse, jnp.float32), do, calls,
+        block_q=256, block_kv=256, scale=scale, exp2=True, interpret=True,
+    )  # fmt: skip
+    _assert_gradients(
+        got, analytic_gradients(q, k, v, dense, do, scale), jnp.float32, dense, unseen_keys=False
+    )
+    with pytest.raises(ValueError, match="step-coded pass runs fused only"):
+        bw.kernel_calls(
+            passes, "split", num_q_tiles=4, block_q=256, block_kv=256, head_dim=DIM, itemsize=4, chip=None
+        )
+
+
+def test_rows_of_3d_tiles_train_as_pattern_steps():
+    """The lane-dense forward runs a sliding tile in rows of 3-D tiles (pattern steps); so does its
+    backward (``backward_steps.step_layout``: padding slots masked by key), and its gradient is the
+    analytic one. Where no dq window fits, the backward runs one tile per block, where every tile
+    is FULL or EMPTY (``one_tile_layout``)."""
     from stlib.kernels.backward import one_tile_layout
+    from stlib.kernels.backward_steps import step_layout
 
     grid, tile = stlib.VideoGrid(4, 6, 64), (2, 4, 16)  # tiles of 128 tokens, rows of 4; h padded 6 -> 8
     mask = masks.sliding_tile(grid, tile, (1, 1, 3))
@@ -232,12 +273,16 @@ def test_rows_of_3d_tiles_train_one_tile_per_backward_block():
     permuted = mask.permute(order)
     rows = stlib.block_layout(permuted, 512, 512)
     assert rows.kind_counts()["PARTIAL"] > 0  # a row of tiles against another: the w-window masks
+    steps_layout, plan = step_layout(rows, permuted.length)
+    assert (steps_layout.block_q, steps_layout.block_kv) == (512, 512) and plan.patterns
+    assert any(p.padded for p in plan.patterns)  # h padded: keys masked by the validity column
+    assert step_layout(stlib.block_layout(masks.band(order.length, 300), 512, 512), order.length) is None
     tiles = one_tile_layout(rows)
     assert (tiles.block_q, tiles.block_kv) == (128, 128) and tiles.kind_counts()["PARTIAL"] == 0
     assert (
         one_tile_layout(stlib.block_layout(masks.band(order.length, 300), 512, 512)) is None
     )  # no 3-D tiles
-    assert one_tile_layout(tiles) is None  # already one tile per block
+    assert one_tile_layout(tiles) is None and step_layout(tiles, permuted.length) is None  # one tile a block
     q, k, v = stlib.random_qkv((2, grid.num_tokens, DIM), seed=6)
     do = jax.random.normal(jax.random.key(7), q.shape)
     dense = mask.to_dense()
@@ -249,5 +294,7 @@ def test_rows_of_3d_tiles_train_one_tile_per_backward_block():
         )
         return jnp.sum(out * do)
 
+    lowered = str(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v))
+    assert "stlib_bwd_fused_steps_p" in lowered, "the backward runs the pattern steps"
     got = _grad_fn(loss, True)(q, k, v)
     _assert_gradients(got, want, jnp.float32, np.broadcast_to(dense, (2, *dense.shape)), unseen_keys=False)

@@ -165,19 +165,28 @@ def test_lane_dense_sliding_tile_in_rows_of_tiles_compiles(chip="tpu7x"):
 
 
 # the backward: one case-study compile per chip of the backward kernels every stlib Pallas kernel
-# shares (here through pallas_tile_lane_dense, impl="auto" on a TPU), and Splash's own on v6e; the
-# rest of the matrix: python -m stlib.bench.backward_compile (its records in data/)
+# shares (here through pallas_tile_lane_dense, impl="auto" on a TPU): the band's exact passes on v5e
+# and v6e, the sliding tile's pattern steps on TPU7x; Splash's own on v6e; the rest of the matrix:
+# python -m stlib.bench.backward_compile (its records in data/)
+
+BACKWARD_CASES = [(AUTO_TPU_KERNEL, "v5e", "band"), (AUTO_TPU_KERNEL, "v6e", "band")]
+BACKWARD_CASES += [(AUTO_TPU_KERNEL, "tpu7x", "sliding_tile"), ("splash", "v6e", "band")]
 
 
-@pytest.mark.parametrize(("impl", "chip"), [(AUTO_TPU_KERNEL, chip) for chip in CHIPS] + [("splash", "v6e")])
-def test_the_backward_compiles_at_case_study_shape(impl, chip):
+@pytest.mark.parametrize(("impl", "chip", "mask_name"), BACKWARD_CASES)
+def test_the_backward_compiles_at_case_study_shape(impl, chip, mask_name):
     from stlib.kernels.backward import DKV_PREFIX, DQ_PREFIX, FUSED_PREFIX
 
-    band = case_mask("band")
+    mask = case_mask(mask_name)
+    order = stlib.tiled_order(GRID, CASE_STUDY.sta_tile) if mask_name == "sliding_tile" else None
 
     def grads(q, k, v):
         def loss(q, k, v):
-            return jnp.sum(stlib.attention(q, k, v, band, impl=impl, interpret=False).astype(jnp.float32))
+            if order is None:
+                out = stlib.attention(q, k, v, mask, impl=impl, interpret=False)
+            else:
+                out = stlib.video_attention(q, k, v, GRID, mask, impl=impl, orders=order, interpret=False)
+            return jnp.sum(out.astype(jnp.float32))
 
         return jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
 
@@ -187,9 +196,12 @@ def test_the_backward_compiles_at_case_study_shape(impl, chip):
     assert_pallas_kernel(compiled, impl)  # the forward, at the blocks an inference call gets
     if registry.get(impl).baseline:
         assert "splash" in text
-    else:
-        assert FUSED_PREFIX in text, "the fused dk / dv / dq kernel (its dq window fits VMEM here)"
-        assert DQ_PREFIX not in text and DKV_PREFIX not in text
+        return
+    assert FUSED_PREFIX in text, "the fused dk / dv / dq kernel (its dq window fits VMEM here)"
+    assert DQ_PREFIX not in text and DKV_PREFIX not in text
+    if order is not None:  # rows of 3-D tiles: the forward's pattern steps, and nothing masked
+        names = set(re.findall(rf"{FUSED_PREFIX}_[a-z0-9_]+", text))
+        assert names and all(re.fullmatch(rf"{FUSED_PREFIX}_steps(_p\d)+_w\d+", n) for n in names), names
 
 
 @pytest.mark.parametrize("head_dim", [64, 256])

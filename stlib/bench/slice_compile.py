@@ -1,20 +1,28 @@
 """Wan 14B's attention across a TPU slice, compiled without a TPU, and what its communication costs.
 
 ``run`` compiles ``stlib.parallel_attention`` at the model shape (40 heads x 75,600 tokens x 128,
-bf16; a routed per-head SVG plan of 20 spatial and 20 temporal heads at density 0.25) for each
-slice of ``SLICES`` and strategy, deviceless (libtpu), and records per case: the compile time,
-each device's share of the inputs (``memory_analysis``), the Pallas kernels compiled, and every
-all-to-all of the program with its bytes (read from the compiled HLO). ``table`` puts the
-all-to-all traffic beside the kernel's static estimate (the committed block sweep's best blocks)
-and says at which density the Ulysses traffic takes as long as the sparse kernel.
+bf16; a per-head SVG plan of 20 spatial and 20 temporal heads at density 0.25) for each slice of
+``SLICES`` and strategy, deviceless (libtpu), and records per case: the compile time, each
+device's share of the inputs (``memory_analysis``), the Pallas kernels compiled, and every
+all-to-all and collective-permute of the program with its bytes (read from the compiled HLO).
+"heads" and "ulysses" run the routed plan; "ring" runs the plan's exact mask in raster order with
+the sequence split over the devices (``stlib.ring``: a hop no device needs is not issued). ``table``
+puts the traffic beside the kernel's static estimate (the committed block sweep's best blocks) and
+says at which density the traffic takes as long as the sparse kernel.
 
-The communication model (a model, not a measurement): an all-to-all of an S-byte array per device
-moves, per chip, the bytes its devices send to other chips, (n_chips - 1) / n_chips of the chip's
-devices_per_chip * S, and receives as many; with the chip's ICI bandwidth counting both directions
-together (``Chip.ici_bandwidth``), it takes 2 * those bytes / bandwidth. Nothing overlaps the
-kernel in this model.
+The communication model (a model, not a measurement; a lower bound from each chip's injection
+bandwidth: no link contention, no latency, no routing over several hops): an all-to-all of an
+S-byte array per device moves, per chip, the bytes its devices send to other chips, (n_chips - 1)
+/ n_chips of the chip's devices_per_chip * S, and receives as many; a ring's collective-permute of
+S bytes per device sends all of them to a neighbour and receives as many (every neighbour counted
+on another chip: on TPU7x, two devices a chip, half are not); with the chip's ICI bandwidth
+counting both directions together (``Chip.ici_bandwidth``), either takes 2 * those bytes /
+bandwidth. An all-to-all waits for the kernel and the kernel for it (no overlap); a ring's next
+hop can move while the current one computes, so a ring costs the longer of its traffic and its
+kernel (overlap counted; the kernel estimate assumes its work evenly spread over the devices).
 
     python -m stlib.bench.slice_compile run [--only v6e-2x2-ulysses ...]   # ~10 s a case, 2 min in all
+    python -m stlib.bench.slice_compile run --only v6e-2x2-ring            # tens of minutes on 2 cores
     python -m stlib.bench.slice_compile table
 """
 
@@ -67,31 +75,48 @@ SLICES = (
     # guidance) x 8 for heads or sequence, as maxdiffusion's data x context meshes
     Slice("v6e-4x4", "v6e", "v6e:4x4", (2, 8), ("batch", "heads")),
 )
-STRATEGY_NAMES = ("heads", "ulysses")
+STRATEGY_NAMES = ("heads", "ulysses", "ring")
+#: What ``run`` compiles unless ``--only`` names cases: the ring's model-shape program took longer
+#: than 10 minutes on a 2-core machine for v6e 2x2 (the temporal heads need every hop, every
+#: device's block differs: 16 tile-kernel branches of 40 heads), so its cases are run by name.
+DEFAULT_STRATEGIES = ("heads", "ulysses")
 
 
 def cases(only=None) -> list[tuple[Slice, str]]:
-    """(slice, strategy) pairs, named "<slice>-<strategy>"; ``only``: a subset of those names."""
+    """(slice, strategy) pairs, named "<slice>-<strategy>": those of ``DEFAULT_STRATEGIES``, or
+    ``only`` (any of ``STRATEGY_NAMES``, e.g. "v6e-2x2-ring")."""
     every = [(s, strategy) for s in SLICES for strategy in STRATEGY_NAMES]
-    if only:
-        names = {f"{s.name}-{st}" for s, st in every}
-        unknown = sorted(set(only) - names)
-        if unknown:
-            raise ValueError(f"unknown cases {unknown}; choose among {sorted(names)}")
-        every = [(s, st) for s, st in every if f"{s.name}-{st}" in only]
-    return every
+    if not only:
+        return [(s, st) for s, st in every if st in DEFAULT_STRATEGIES]
+    names = {f"{s.name}-{st}" for s, st in every}
+    unknown = sorted(set(only) - names)
+    if unknown:
+        raise ValueError(f"unknown cases {unknown}; choose among {sorted(names)}")
+    return [(s, st) for s, st in every if f"{s.name}-{st}" in only]
 
 
 _ALL_TO_ALL = re.compile(r"= (\w+)\[([\d,]*)\][^ ]* all-to-all\(")
+#: A collective-permute's result: its array, or the (operand, result, contexts) tuple of the async
+#: "-start" form, whose first array is the one sent.
+_PERMUTE = re.compile(r"= \(?(\w+)\[([\d,]*)\][^=\n]*? collective-permute(?:-start)?\(")
 _ITEMSIZE = {"bf16": 2, "f16": 2, "f32": 4, "s32": 4, "u32": 4, "s8": 1, "u8": 1, "pred": 1}
+
+
+def _collective_bytes(pattern: re.Pattern, hlo_text: str) -> list[int]:
+    return [
+        int(np.prod([int(d) for d in dims.split(",") if d])) * _ITEMSIZE[dtype]
+        for dtype, dims in pattern.findall(hlo_text)
+    ]
 
 
 def all_to_all_bytes(hlo_text: str) -> list[int]:
     """The bytes per device of every all-to-all in a compiled program's HLO text."""
-    out = []
-    for dtype, dims in _ALL_TO_ALL.findall(hlo_text):
-        out.append(int(np.prod([int(d) for d in dims.split(",") if d])) * _ITEMSIZE[dtype])
-    return out
+    return _collective_bytes(_ALL_TO_ALL, hlo_text)
+
+
+def permute_bytes(hlo_text: str) -> list[int]:
+    """The bytes per device each collective-permute of a compiled program's HLO text sends."""
+    return _collective_bytes(_PERMUTE, hlo_text)
 
 
 def compile_case(slice_: Slice, strategy: str, plan=None) -> dict:
@@ -104,6 +129,7 @@ def compile_case(slice_: Slice, strategy: str, plan=None) -> dict:
 
     from stlib import registry
     from stlib.parallel import device_branches, parallel_attention
+    from stlib.ring import ring_hops
 
     plan = plan or model_plan()
     topology = topologies.get_topology_desc(platform="tpu", topology_name=slice_.topology)
@@ -114,10 +140,13 @@ def compile_case(slice_: Slice, strategy: str, plan=None) -> dict:
     shape = ((slice_.batch,) if slice_.batch else ()) + (MODEL_HEADS, plan.grid.num_tokens, HEAD_DIM)
     arg = jax.ShapeDtypeStruct(shape, jnp.bfloat16, sharding=NamedSharding(mesh, spec))
 
+    call = {"mesh": mesh, "axis_name": axis, "strategy": strategy, "batch_axis_name": batch_axis}
+    ring_mask = ring_mask_of(plan) if strategy == "ring" else None
+
     def fn(q, k, v):
-        return parallel_attention(
-            q, k, v, plan=plan, mesh=mesh, axis_name=axis, strategy=strategy, batch_axis_name=batch_axis
-        )
+        if ring_mask is not None:  # the sequence split: the mask in the tokens' own (raster) order
+            return parallel_attention(q, k, v, ring_mask, **call)
+        return parallel_attention(q, k, v, plan=plan, **call)
 
     start = time.perf_counter()
     compiled = jax.jit(fn).lower(arg, arg, arg).compile()
@@ -126,6 +155,13 @@ def compile_case(slice_: Slice, strategy: str, plan=None) -> dict:
     text = compiled.as_text()
     kernel = registry.choose(registry.AUTO, plan.mask, backend="tpu")
     global_bytes = 3 * int(np.prod(shape)) * 2
+    if ring_mask is None:
+        branches = len(device_branches(None, plan, MODEL_HEADS, slice_.axis_size).branches)
+        hops = None
+    else:
+        issued = ring_hops(ring_mask, slice_.axis_size)
+        branches = len({b for hop in issued for b in hop.branches if b is not None})
+        hops = [hop.offset for hop in issued]
     return {
         "case": f"{slice_.name}-{strategy}",
         "slice": slice_.name,
@@ -136,7 +172,8 @@ def compile_case(slice_: Slice, strategy: str, plan=None) -> dict:
         "strategy": strategy,
         "shape": list(shape),
         "impl": kernel.name,
-        "branches": len(device_branches(None, plan, MODEL_HEADS, slice_.axis_size).branches),
+        "branches": branches,
+        "hops_issued": hops,
         "kernels_in_program": len(
             {
                 m
@@ -150,7 +187,17 @@ def compile_case(slice_: Slice, strategy: str, plan=None) -> dict:
         "output_bytes_per_device": int(memory.output_size_in_bytes),
         "temp_bytes_per_device": int(memory.temp_size_in_bytes),
         "all_to_all_bytes": all_to_all_bytes(text),
+        "permute_bytes": permute_bytes(text),
     }
+
+
+def ring_mask_of(plan):
+    """The mask a ring runs for ``plan``: its heads' exact masks in raster order (the ring splits
+    the tokens as they come; the routed plan's per-kind orders and rounded tiles are for "heads"
+    and "ulysses")."""
+    from stlib.masks import per_head
+
+    return per_head(list(plan.exact_masks))
 
 
 def model_plan():
@@ -190,15 +237,26 @@ def read(path=None) -> list[dict]:
     return list(latest_per_key(path or paths.home() / RECORDS, lambda r: r["case"]).values())
 
 
-def all_to_all_seconds(record: dict) -> float:
-    """The communication model's time for one record's all-to-alls (module docstring)."""
+def _bandwidth(record: dict):
     chip = chip_spec(record["chip"])
     if chip.ici_bandwidth is None:
         raise ValueError(f"chip {record['chip']!r} has no ICI bandwidth in the chip table")
+    return chip
+
+
+def all_to_all_seconds(record: dict) -> float:
+    """The communication model's time for one record's all-to-alls (module docstring)."""
+    chip = _bandwidth(record)
     per_chip = chip.devices_per_chip
     n_chips = max(record["mesh"]["heads"] // per_chip, 1)  # chips along the all-to-all's axis
     moved = sum(record["all_to_all_bytes"]) * per_chip * (n_chips - 1) / n_chips
     return 2 * moved / chip.ici_bandwidth
+
+
+def permute_seconds(record: dict) -> float:
+    """The communication model's time for one record's collective-permutes (module docstring)."""
+    chip = _bandwidth(record)
+    return 2 * sum(record.get("permute_bytes", ())) * chip.devices_per_chip / chip.ici_bandwidth
 
 
 def kernel_seconds(sweep_records, chip: str, family: str, heads: int) -> float | None:
@@ -231,10 +289,12 @@ def crossing_density(comm: float, band: float, dense: float) -> float:
 
 
 def table(records=None, sweep_records=None) -> list[dict]:
-    """One row per compiled case: the all-to-all traffic and its modelled time beside the per-device
-    kernel estimate (dense and band 0.25 from the block sweep), and the density at which Ulysses'
-    traffic equals the kernel's time (``crossing_density``; ``NEVER`` where it is below the kernel
-    at every density)."""
+    """One row per compiled case: its collectives and their modelled time beside the per-device
+    kernel estimate (dense and band 0.25 from the block sweep; each device does the work of
+    40 / devices heads at full length, whatever the strategy), the modelled attention time at band
+    0.25 (traffic plus kernel; a ring: the longer of the two), and the density at which the traffic
+    equals the kernel's time (``crossing_density``; ``NEVER`` where it is below the kernel at every
+    density)."""
     from stlib.bench import block_sweep
 
     records = read() if records is None else records
@@ -242,19 +302,28 @@ def table(records=None, sweep_records=None) -> list[dict]:
     rows = []
     for r in records:
         heads = MODEL_HEADS // r["mesh"]["heads"]
-        comm = all_to_all_seconds(r) if r["all_to_all_bytes"] else 0.0
+        permutes = r.get("permute_bytes", [])
+        comm = (all_to_all_seconds(r) if r["all_to_all_bytes"] else 0.0) + (
+            permute_seconds(r) if permutes else 0.0
+        )
         dense = kernel_seconds(sweep_records, r["chip"], "dense", heads)
         band = kernel_seconds(sweep_records, r["chip"], SVG_FAMILY, heads)
+        overlapped = r["strategy"] == "ring"
         row = {
             "case": r["case"],
             "devices": r["devices"],
-            "heads per device": heads,
+            "heads' work per device": heads,
             "input share": r["argument_bytes_per_device"] / r["global_input_bytes"],
             "all-to-alls": len(r["all_to_all_bytes"]),
-            "all-to-all MB per device": sum(r["all_to_all_bytes"]) / 1e6,
-            "all-to-all ms (model)": comm * 1e3,
+            "permutes": len(permutes),
+            "hops issued": "-" if r.get("hops_issued") is None else len(r["hops_issued"]),
+            "traffic MB per device": (sum(r["all_to_all_bytes"]) + sum(permutes)) / 1e6,
+            "traffic ms (model)": comm * 1e3,
             "kernel ms, dense (est.)": None if dense is None else dense * 1e3,
             "kernel ms, band 0.25 (est.)": None if band is None else band * 1e3,
+            "band 0.25 ms (model)": None
+            if band is None
+            else (max(comm, band) if overlapped else comm + band) * 1e3,
             "compile s": r["compile_s"],
         }
         if comm and dense is not None and band is not None:

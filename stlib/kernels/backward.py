@@ -7,6 +7,7 @@ the gradient they compute: ``stlib.kernels.backward_kernels``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import re
@@ -16,8 +17,7 @@ import numpy as np
 
 from stlib.blocks import block_sizes_for
 from stlib.contract import Backward, Config, EstimatorHooks
-from stlib.device import LANES, current_chip, resolve_interpret
-from stlib.geometry import TokenOrder, tile_rows
+from stlib.device import current_chip, resolve_interpret
 from stlib.kernels import mask_info, online_softmax, pallas_call
 from stlib.kernels.backward_kernels import (
     BACKWARD_PREFIXES,
@@ -26,11 +26,19 @@ from stlib.kernels.backward_kernels import (
     FUSED_PREFIX,
     dkv_pass,
     dq_pass,
-    dq_windows,
     fused_pass,
-    fused_vmem_bytes,
     residual_rows,
 )
+from stlib.kernels.backward_steps import (
+    StepCodes,
+    coded_passes,
+    kernel_word,
+    region_counts,
+    step_layout,
+    step_regions,
+    tile_grain,
+)
+from stlib.kernels.backward_vmem import dq_windows, fused_vmem_bytes
 from stlib.layout import block_layout, call_layout
 from stlib.passes import MaskPlan, MaskPlanMode
 
@@ -58,32 +66,39 @@ def _window_selected(selected: np.ndarray, window) -> np.ndarray:
 class KernelCall:
     """One Pallas call of the backward: its kernel ``name``, ``kind`` ("fused", "dq" or "dkv"), the
     tiles it computes (``selected``, [Hl, nq, nk]), the pass's mask plan and, fused, its q-tile
-    ``window``."""
+    ``window`` and, for a step-coded pass (``backward_steps.StepPass``), its ``steps``."""
 
     name: str
     kind: str
     selected: np.ndarray
     plan: MaskPlan
     window: tuple[int, int] | None = None
+    steps: StepCodes | None = None
 
 
 def kernel_calls(passes, method: str, *, num_q_tiles, block_q, block_kv, head_dim, itemsize, chip):
     """The backward's Pallas calls over the forward's ``passes``, in order: per pass, the fused
     kernel once per dq window with tiles in it (``dq_windows``), or the dq then the dk / dv kernel
-    (``method`` "split", or "auto" where no window fits). Raises ValueError for ``method``
-    "fused" where no window fits, and for an unknown method."""
+    (``method`` "split", or "auto" where no window fits). A step-coded pass runs fused only. Raises
+    ValueError for ``method`` "fused" (or a step-coded pass) where no window fits, and for an
+    unknown method."""
     if method not in BACKWARD_METHODS:
         raise ValueError(f"method={method!r} must be one of {BACKWARD_METHODS}")
-    windows = []
-    if method != "split":
-        windows = dq_windows(num_q_tiles, block_q, block_kv, head_dim, itemsize, chip)
-        if not windows and method == "fused":
-            raise ValueError(
-                f"the fused backward's dq scratch of one {block_q}-row q tile does not fit in VMEM "
-                f"beside {block_q}x{block_kv} tiles on {chip or 'the smallest chip'}; use method='split'"
-            )
     calls = []
     for p in passes:
+        steps = getattr(p, "steps", None)
+        if steps is not None and method == "split":
+            raise ValueError("a step-coded pass runs fused only (method='split')")
+        windows = []
+        if method != "split":
+            score_rows = None if steps is None else steps.grain
+            windows = dq_windows(num_q_tiles, block_q, block_kv, head_dim, itemsize, chip, score_rows)
+            if not windows and (method == "fused" or steps is not None):
+                raise ValueError(
+                    f"the fused backward's dq scratch of one {block_q}-row q tile does not fit in VMEM "
+                    f"beside {block_q}x{block_kv} tiles on {chip or 'the smallest chip'}; "
+                    + ("use method='split'" if steps is None else "a step-coded pass runs fused only")
+                )
         if not windows:
             calls += [
                 KernelCall(f"{DQ_PREFIX}_{p.name}", "dq", p.selected, p.plan),
@@ -93,7 +108,10 @@ def kernel_calls(passes, method: str, *, num_q_tiles, block_q, block_kv, head_di
         for i, window in enumerate(windows):
             selected = _window_selected(p.selected, window)
             if selected.any():
-                calls.append(KernelCall(f"{FUSED_PREFIX}_{p.name}_w{i}", "fused", selected, p.plan, window))
+                word = p.name if steps is None else kernel_word(steps, selected)
+                calls.append(
+                    KernelCall(f"{FUSED_PREFIX}_{word}_w{i}", "fused", selected, p.plan, window, steps)
+                )
     return calls
 
 
@@ -149,8 +167,9 @@ def tile_backward(
         if call.kind == "fused":
             limit = pallas_call.vmem_limit(chip)
             dk, dv, dq = fused_pass(
-                *data, dq, dk, dv, call.selected, call.plan, window=call.window, vmem_limit=limit, **named
-            )
+                *data, dq, dk, dv, call.selected, call.plan, window=call.window, vmem_limit=limit,
+                steps=call.steps, **named,
+            )  # fmt: skip
         elif call.kind == "dq":
             dq = dq_pass(*data, dq, call.selected, call.plan, **named)
         else:
@@ -177,6 +196,17 @@ def _call_grid(call: KernelCall, num_heads: int) -> tuple[int, int]:
     return n_rows, extent
 
 
+def _call_pairs(call: KernelCall, block_q: int, block_kv: int) -> int:
+    """Score pairs one call computes per head of its layout (a step-coded call: its codes' pairs)."""
+    if call.steps is None:
+        return int(call.selected.sum()) * block_q * block_kv
+    codes = call.steps.codes[np.broadcast_to(call.selected, call.steps.codes.shape)]
+    return sum(
+        int((codes == c).sum()) * call.steps.pairs(c, block_q, block_kv)
+        for c in call.steps.present(call.selected)
+    )
+
+
 def backward_work(layout, passes, num_heads: int, head_dim: int, calls=None) -> dict:
     """What the backward executes over ``passes`` (``layout``'s, as ``split_passes`` gives them) for
     ``num_heads`` heads: ``calls`` (``kernel_calls``; default: split) with their grid steps by
@@ -187,22 +217,24 @@ def backward_work(layout, passes, num_heads: int, head_dim: int, calls=None) -> 
             passes, "split", num_q_tiles=layout.grid_shape[0], block_q=layout.block_q,
             block_kv=layout.block_kv, head_dim=head_dim, itemsize=2, chip=None,
         )  # fmt: skip
-    out = {"dq_steps": 0, "dkv_steps": 0, "fused_steps": 0, "computed_tiles": 0, "backward_matmuls": 0}
+    out = {"dq_steps": 0, "dkv_steps": 0, "fused_steps": 0, "computed_tiles": 0}
+    pairs = {"computed": 0, "matmul": 0}  # score pairs computed; the same times each kernel's matmuls
     for call in calls:
         mult = num_heads if call.selected.shape[0] == 1 else 1
         rows, extent = _call_grid(call, num_heads)
         out[f"{call.kind}_steps"] += rows * extent
         tiles = mult * int(call.selected.sum())
-        out["backward_matmuls"] += _MATMULS[call.kind] * tiles
+        computed = mult * _call_pairs(call, layout.block_q, layout.block_kv)
+        pairs["matmul"] += _MATMULS[call.kind] * computed
         if call.kind != "dq":  # every tile passes one dk / dv-forming kernel
             out["computed_tiles"] += tiles
+            pairs["computed"] += computed
     seen = np.zeros(layout.counts.shape[::2], bool)  # [Hl, nk]
     for p in passes:
         seen |= p.selected.any(axis=1)
     out["kv_tiles_without_queries"] = (num_heads if seen.shape[0] == 1 else 1) * int((~seen).sum())
-    per_matmul = 2 * layout.block_q * layout.block_kv * head_dim
-    out["forward_flops"] = FORWARD_MATMULS * per_matmul * out["computed_tiles"]
-    out["backward_flops"] = per_matmul * out.pop("backward_matmuls")
+    out["forward_flops"] = FORWARD_MATMULS * 2 * head_dim * pairs["computed"]
+    out["backward_flops"] = 2 * head_dim * pairs["matmul"]
     return out
 
 
@@ -230,8 +262,9 @@ def call_schedule_counts(call: KernelCall, num_heads: int, head_dim: int, itemsi
     if call.kind == "fused":
         heads = len(np.unique(mask_info.worked_rows(call.selected.sum(axis=1), num_heads)[0]))
         waited = heads * 2 * (call.window[1] - call.window[0]) * bq * head_dim * 4
+    compute = {"compute": computed} if call.steps is None else region_counts(call.steps, call.selected, mult)
     return ScheduleCounts(
-        {"init": rows, "compute": computed, "finalise": rows},
+        {"init": rows, **compute, "finalise": rows},
         rows * extent,
         rows,
         computed,
@@ -246,20 +279,21 @@ def call_schedule_counts(call: KernelCall, num_heads: int, head_dim: int, itemsi
 
 
 def one_tile_layout(layout):
-    """The layout at one 3-D tile per block where the forward's blocks are rows of lane-aligned 3-D
-    tiles (a mask in a padded ``tiled_order``) and, at that grain, every tile is FULL or EMPTY; else
-    None. The forward runs such rows as pattern steps (mask-free sub-tiles); the backward has no
-    patterns, and at ``BACKWARD_TILE`` every one of its tiles would evaluate the mask. Static
-    estimate of the fused backward, sliding tile 3x8x16 window 3, 10 x 75,600 x 128, v6e: 271.7 ms
-    at 1,024 x 1,024 (every tile masked) against 57.3 ms at 384 x 384."""
-    order = getattr(layout.mask, "order", None)
-    rows = tile_rows(order) if isinstance(order, TokenOrder) else None
-    if rows is None or rows[0] % LANES or layout.block_q % rows[0] or layout.block_kv % rows[0]:
-        return None
-    if (layout.block_q, layout.block_kv) == (rows[0], rows[0]):
-        return None  # already one tile per block
-    tiles = block_layout(layout.mask, rows[0], rows[0])
-    return None if tiles.kind_counts()["PARTIAL"] else tiles
+    """The layout at one 3-D tile per block where the forward's blocks are rows of 3-D tiles that
+    are each FULL or EMPTY (``backward_steps.tile_grain``); else None. The backward's fallback where
+    its step-coded pass finds no dq window in VMEM: at ``BACKWARD_TILE`` every tile would evaluate
+    the mask. Static estimate of the fused backward, sliding tile 3x8x16 window 3, 10 x 75,600 x
+    128, v6e: 271.7 ms at 1,024 x 1,024 (every tile masked), 57.3 ms at 384 x 384 (one tile a
+    step), 26.3 ms in rows of tiles as pattern steps (1,920 x 1,920)."""
+    rows = tile_grain(layout)
+    if rows is None or (layout.block_q, layout.block_kv) == (rows[0], rows[0]):
+        return None  # no 3-D tiles, or already one tile per block
+    return block_layout(layout.mask, rows[0], rows[0])
+
+
+def _compute_regions(kernel: str, n: int) -> list[str]:
+    """One "compute" region, or one per step code of a step-coded kernel (its name lists them)."""
+    return step_regions(kernel) or ["compute"]
 
 
 def tile_training(forward_with_lse, passes_of, *, own_blocks: bool = False) -> Backward:
@@ -281,24 +315,34 @@ def tile_training(forward_with_lse, passes_of, *, own_blocks: bool = False) -> B
         """(layout, options, calls, chip) of the backward: the forward's layout (or the default
         blocks, ``own_blocks``) and its kernel calls, sized for the chip the forward was."""
         layout, options = call_layout(mask, length, config.block_q, config.block_kv), config.options
+        chip = getattr(options, "chip", None) or current_chip()  # a kernel sized for a chip: its backward too
+
+        def calls_of(layout, passes):
+            return kernel_calls(
+                passes,
+                "auto",
+                num_q_tiles=-(-length // layout.block_q),
+                block_q=layout.block_q,
+                block_kv=layout.block_kv,
+                head_dim=head_dim,
+                itemsize=itemsize,
+                chip=chip,
+            )
+
         if own_blocks:
+            coded = step_layout(layout, length)  # rows of 3-D tiles: the forward's patterns, fused
+            if coded is not None:
+                steps_layout, plan = coded
+                passes = coded_passes(plan, passes_of(steps_layout, options))
+                with contextlib.suppress(ValueError):  # no dq window fits: one tile a block, below
+                    return steps_layout, options, calls_of(steps_layout, passes), chip
             default = block_sizes_for(length, None, None, interpret=interpret)
             cap = (default.block_q, default.block_kv) if resolve_interpret(interpret) else BACKWARD_TILE
             sizes = (min(layout.block_q, cap[0]), min(layout.block_kv, cap[1]))
             layout = one_tile_layout(layout) or (
                 layout if sizes == (layout.block_q, layout.block_kv) else block_layout(layout.mask, *sizes)
             )
-        chip = getattr(options, "chip", None) or current_chip()  # a kernel sized for a chip: its backward too
-        calls = kernel_calls(
-            passes_of(layout, options),
-            "auto",
-            num_q_tiles=-(-length // layout.block_q),
-            block_q=layout.block_q,
-            block_kv=layout.block_kv,
-            head_dim=head_dim,
-            itemsize=itemsize,
-            chip=chip,
-        )
+        calls = calls_of(layout, passes_of(layout, options))
         return layout, options, calls, chip
 
     backward_plan = functools.lru_cache(maxsize=32)(backward_plan)  # masks, configs hash by value
@@ -342,7 +386,7 @@ def tile_training(forward_with_lse, passes_of, *, own_blocks: bool = False) -> B
 
     estimator = EstimatorHooks(
         kernel_names=BACKWARD_PREFIXES,
-        compute_regions=lambda kernel, n: ["compute"],
+        compute_regions=_compute_regions,
         schedule_counts=schedule_counts,
     )
     return Backward(forward, backward, estimator, lse_residuals=True)

@@ -87,14 +87,19 @@ class PassGrid:
     n_rows: int
     plan: MaskPlan
     transposed: bool
+    coded: bool = False  # the last table holds each step's code (``backward_steps.StepCodes``)
 
     @classmethod
-    def of(cls, selected, plan: MaskPlan, num_heads: int, *, transposed: bool, block_q: int, kernel: str):
-        """The grid of ``selected`` tiles; raises ValueError naming ``kernel`` when its tables
-        overflow SMEM."""
+    def of(
+        cls, selected, plan: MaskPlan, num_heads: int, *, transposed: bool, block_q: int, kernel: str, codes=None
+    ):  # fmt: skip
+        """The grid of ``selected`` tiles (with ``codes``, int16 [Hl, nq, nk], each step's code in a
+        last table); raises ValueError naming ``kernel`` when its tables overflow SMEM."""
         tables, extent, n_rows = mask_info.grid_tables(selected, plan, num_heads, transposed=transposed)
+        if codes is not None:
+            tables.append(mask_info.step_codes(selected, codes, transposed=transposed))
         mask_info.check_prefetch(tables, plan, block_q, kernel, "use larger tiles or fewer heads per call")
-        return cls(tuple(tables), extent, n_rows, plan, transposed)
+        return cls(tuple(tables), extent, n_rows, plan, transposed, codes is not None)
 
     @property
     def table_mask(self) -> bool:
@@ -277,23 +282,45 @@ def dq_pass(
     )  # fmt: skip
 
 
-def _kv_tile_step(r, allowed, softmax):
-    """One computed tile of a kv-row grid (the dk / dv and the fused kernel): S^T and P^T with keys
-    on sublanes (the lse row broadcasts over them), dV += P^T dO, dP^T, dS^T = P^T * (dP^T - di),
-    dK += dS^T Q; a pair ``allowed`` excludes contributes nothing. Returns dS^T in q's dtype."""
-    qs = online_softmax.scaled_q(r.q, softmax)
-    s_t = _dot(r.k[...], qs, (1, 1))  # [bkv, bq]: keys on sublanes
-    p_t = softmax.exp(s_t - r.lse[...])  # the lse row [1, bq] broadcasts over the keys
+def _rows(ref, rows):
+    """``ref``'s rows ``rows`` = (first, count), static; all of it for None."""
+    return ref[...] if rows is None else ref[pl.ds(*rows), :]
+
+
+def _lanes(ref, lanes):
+    """The lane-dense row ``ref`` [1, bq] at the lanes ``lanes`` = (first, count); all for None."""
+    return ref[...] if lanes is None else ref[:, pl.ds(*lanes)]
+
+
+def _add_rows(ref, rows, value):
+    if rows is None:
+        ref[...] += value
+    else:
+        ref[pl.ds(*rows), :] += value
+
+
+def _kv_tile_step(r, allowed, softmax, qs=None, keys=None, lanes=None):
+    """One computed tile of a kv-row grid (the dk / dv and the fused kernel), or its update of the
+    keys ``keys`` against the q lanes ``lanes`` (first, count; None: the whole tile): S^T and P^T
+    with keys on sublanes (the lse row broadcasts over them), dV += P^T dO, dP^T, dS^T = P^T *
+    (dP^T - di), dK += dS^T Q; a pair ``allowed`` excludes contributes nothing. ``qs``: the scaled q
+    tile (None: scaled here). Returns dS^T in q's dtype and the keys' k."""
+    qs = online_softmax.scaled_q(r.q, softmax) if qs is None else qs
+    if lanes is not None:
+        qs = qs[lanes[0] : lanes[0] + lanes[1]]
+    k, do = _rows(r.k, keys), _rows(r.do, lanes)
+    s_t = _dot(k, qs, (1, 1))  # [bkv, bq]: keys on sublanes
+    p_t = softmax.exp(s_t - _lanes(r.lse, lanes))  # the lse row [1, bq] broadcasts over the keys
     if allowed is not None:
         p_t = jnp.where(allowed, p_t, 0.0)
-    r.dv_acc[...] += _dot(p_t.astype(r.do.dtype), r.do[...], (1, 0))  # [bkv, D]
-    dp_t = _dot(r.v[...], r.do[...], (1, 1))  # [bkv, bq]
-    ds_t = p_t * (dp_t - r.di[...])
+    _add_rows(r.dv_acc, keys, _dot(p_t.astype(r.do.dtype), do, (1, 0)))  # [bkv, D]
+    dp_t = _dot(_rows(r.v, keys), do, (1, 1))  # [bkv, bq]
+    ds_t = p_t * (dp_t - _lanes(r.di, lanes))
     if allowed is not None:
         ds_t = jnp.where(allowed, ds_t, 0.0)
     ds_t = ds_t.astype(r.q.dtype)
-    r.dk_acc[...] += _dot(ds_t, r.q[...], (1, 0))  # [bkv, D]
-    return ds_t
+    _add_rows(r.dk_acc, keys, _dot(ds_t, _rows(r.q, lanes), (1, 0)))  # [bkv, D]
+    return ds_t, k
 
 
 def _kv_blocks(grid: PassGrid, dk_in, dv_in, bkv: int) -> tuple[dict, dict, dict]:
@@ -350,7 +377,7 @@ def dkv_pass(
 
 def fused_pass(
     q, k, v, do, lse, di, dq_in, dk_in, dv_in, selected, plan, *, name, window, bq, bkv, softmax,
-    interpret, vmem_limit,
+    interpret, vmem_limit, steps=None,
 ):  # fmt: skip
     """(dq_in + dQ / scale, dk_in + dK / scale, dv_in + dV) of one pass restricted to the q tiles
     ``window`` = (first, end): the dk / dv grid (kv rows, head by head) that also forms dQ = dS K
@@ -358,14 +385,34 @@ def fused_pass(
     scratch is read from HBM when a head's first kv row starts and written back after its last, by
     DMAs the kernel waits for (the bytes are small beside the steps'); rows of one head are
     consecutive in the grid, so the scratch is whole when it is written. Heads without a row in
-    the pass are never visited and keep their dq (aliased buffers)."""
+    the pass are never visited and keep their dq (aliased buffers). ``steps``
+    (``backward_steps.StepCodes``): each step runs the updates of its code, one region per code."""
     head_dim = k.shape[-1]
     first_tile, end_tile = window
     rows = (end_tile - first_tile) * bq
     grid = PassGrid.of(
-        selected, plan, k.shape[0], transposed=True, block_q=bq, kernel="the fused backward kernel"
-    )
+        selected, plan, k.shape[0], transposed=True, block_q=bq, kernel="the fused backward kernel",
+        codes=None if steps is None else steps.codes,
+    )  # fmt: skip
     extent, n_rows = grid.extent, grid.n_rows
+    present = () if steps is None else steps.present(selected)
+
+    def coded_step(r, code, h, qi, ki):
+        """The updates of a step of ``code``: each a kv sub-tile against a run of q lanes."""
+        qs = online_softmax.scaled_q(r.q, softmax)
+        for k0, keys, q0, lanes, masked in steps.updates(code, bq, bkv):
+            allowed = None
+            if masked:  # a PARTIAL sub-tile: the mask on it only, keys on sublanes
+                shape = (keys, lanes)
+                queries = qi * bq + q0 + jax.lax.broadcasted_iota(jnp.int32, shape, 1)
+                key_ids = ki * bkv + k0 + jax.lax.broadcasted_iota(jnp.int32, shape, 0)
+                allowed = steps.mask.mask_function(queries, key_ids, h)
+            if steps.padded(code):  # the kv tile's padding slots are no keys
+                valid = r.valid[pl.ds(k0, keys), :] != 0  # [keys, 1]
+                allowed = valid if allowed is None else allowed & valid
+            ds_t, k_rows = _kv_tile_step(r, allowed, softmax, qs, (k0, keys), (q0, lanes))
+            at = pl.ds(pl.multiple_of((qi - first_tile) * bq + q0, LANES), lanes)
+            r.dq_acc[at, :] += _dot(ds_t, k_rows, (0, 0))  # [lanes, D] = dS K
 
     def body(tab, r):
         p, j = pl.program_id(0), pl.program_id(1)
@@ -382,11 +429,19 @@ def fused_pass(
             r.dk_acc[...] = r.dk_in[...]
             r.dv_acc[...] = r.dv_in[...]
 
-        @pl.when(active)
-        def _():
-            ds_t = _kv_tile_step(r, grid.allowed(r, tab, h, qi, ki, bq, bkv), softmax)
-            at = pl.ds(pl.multiple_of((qi - first_tile) * bq, bq), bq)
-            r.dq_acc[at, :] += _dot(ds_t, r.k[...], (0, 0))  # [bq, D] = dS K
+        if steps is None:
+
+            @pl.when(active)
+            def _():
+                ds_t, _ = _kv_tile_step(r, grid.allowed(r, tab, h, qi, ki, bq, bkv), softmax)
+                at = pl.ds(pl.multiple_of((qi - first_tile) * bq, bq), bq)
+                r.dq_acc[at, :] += _dot(ds_t, r.k[...], (0, 0))  # [bq, D] = dS K
+
+        for code in present:  # one region per step code
+
+            @pl.when(active & (tab[-1][grid.where(p, j, *tab)[3]] == code))
+            def _(code=code):
+                coded_step(r, code, h, qi, ki)
 
         @pl.when(j == extent - 1)
         def _():
@@ -399,6 +454,9 @@ def fused_pass(
 
     inputs, outputs, scratch = _kv_blocks(grid, dk_in, dv_in, bkv)
     in_hbm = pl.BlockSpec(memory_space=pl.ANY)
+    if any(steps.padded(code) for code in present):  # the per-key validity column, by kv tile
+        column = pl.BlockSpec((bkv, 1), lambda p, j, *tab: (grid.where(p, j, *tab)[1], 0))
+        inputs["valid"] = (jnp.asarray(steps.key_column), column)
     return grid.run(
         body,
         inputs={**_read_operands(grid, q, k, v, do, lse, di, bq, bkv), **inputs, "dq_in": (dq_in, in_hbm)},
@@ -413,28 +471,6 @@ def fused_pass(
         dimension_semantics=("arbitrary", "arbitrary"),  # a head's kv rows all add into one dq scratch
         vmem_limit=vmem_limit,
     )  # fmt: skip
-
-
-def fused_vmem_bytes(block_q: int, block_kv: int, head_dim: int, itemsize: int) -> int:
-    """VMEM the fused kernel needs besides its dq scratch (upper estimate): double-buffered q, dO, k,
-    v blocks and lse / di rows, double-buffered f32 dk / dv blocks in and out, the dk / dv
-    accumulators, and about five [block_kv, block_q] f32 intermediates (S^T, P^T, dP^T, dS^T, mask)."""
-    blocks = 2 * itemsize * head_dim * (2 * block_q + 2 * block_kv) + 2 * 2 * block_q * 4
-    accumulators = 2 * 2 * 2 * block_kv * head_dim * 4 + 2 * block_kv * head_dim * 4
-    return blocks + accumulators + 5 * block_kv * block_q * 4
-
-
-def dq_windows(num_q_tiles: int, block_q: int, block_kv: int, head_dim: int, itemsize: int, chip=None):
-    """The q-tile windows (first, end) of the fused kernel: as few as let a window's f32 dq scratch
-    ([tiles x block_q, D]) fit beside ``fused_vmem_bytes`` in ``pallas_call.vmem_limit(chip)``; empty
-    when not even one q tile fits (then the backward runs split)."""
-    room = pallas_call.vmem_limit(chip) - fused_vmem_bytes(block_q, block_kv, head_dim, itemsize)
-    per_window = room // (block_q * head_dim * 4)
-    if per_window < 1:
-        return []
-    count = -(-num_q_tiles // per_window)
-    size = -(-num_q_tiles // count)  # windows of near-equal size
-    return [(w, min(w + size, num_q_tiles)) for w in range(0, num_q_tiles, size)]
 
 
 def residual_rows(lse, do, o, length: int, padded: int):

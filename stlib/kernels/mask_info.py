@@ -189,6 +189,16 @@ def grid_tables(selected, plan: MaskPlan, num_heads: int, *, transposed: bool):
     return [*worked, *per_row], extent, worked[0].size
 
 
+def step_codes(selected: np.ndarray, codes: np.ndarray, *, transposed: bool) -> np.ndarray:
+    """int32 table of each step's code (``codes`` int16 [Hl, nq, nk]) in the order of the row
+    tables ``grid_tables`` builds for ``selected`` (per kv row when ``transposed``)."""
+    codes = np.broadcast_to(codes, selected.shape)
+    if transposed:
+        selected, codes = selected.transpose(0, 2, 1), codes.transpose(0, 2, 1)
+    tiles, _ = row_tables(np.ascontiguousarray(selected))
+    return np.take_along_axis(np.maximum(codes, 0), tiles, axis=2).astype(np.int32).reshape(-1)
+
+
 def flat_step_tables(selected: np.ndarray, plan: MaskPlan) -> tuple[list[np.ndarray], int]:
     """Scalar-prefetch tables of a flat grid over the tiles ``selected``: per step its
     ``FLAT_HEAD_Q`` and ``FLAT_KV_FLAGS`` words, then the mask table entry of each step (TABLE) or

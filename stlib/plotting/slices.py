@@ -37,10 +37,15 @@ def device_tables(device_layouts: list, title: str):
 
 
 def communication_vs_kernel(rows: list[dict], title: str):
-    """Per Ulysses case of ``stlib.bench.slice_compile.table``: the kernel's estimated time per
-    device against density (a line through its band 0.25 and dense estimates) and the modelled
-    all-to-all time (horizontal), with the density where they meet marked where they do."""
-    cases = [r for r in rows if r.get("all-to-alls") and r.get("kernel ms, dense (est.)") is not None]
+    """Per case of ``stlib.bench.slice_compile.table`` with traffic (Ulysses' all-to-alls, a ring's
+    permutes): the kernel's estimated time per device against density (a line through its band 0.25
+    and dense estimates) and the modelled traffic time (horizontal), with the density where they
+    meet marked where they do (labels stacked so they do not overlap)."""
+    cases = [
+        r
+        for r in rows
+        if (r.get("all-to-alls") or r.get("permutes")) and r.get("kernel ms, dense (est.)") is not None
+    ]
     fig, ax = plt.subplots(figsize=(7.4, 4.4), constrained_layout=True)
     density = np.linspace(0.0, 1.0, 201)
     for i, r in enumerate(cases):
@@ -49,21 +54,16 @@ def communication_vs_kernel(rows: list[dict], title: str):
         kernel = band + (density - 0.25) * (dense - band) / 0.75
         ax.plot(density, kernel, color=color, lw=1.8, label=f"{r['case']}: kernel per device (est.)")
         ax.plot([0.25, 1.0], [band, dense], "o", color=color, ms=4)
-        ax.axhline(
-            r["all-to-all ms (model)"],
-            color=color,
-            ls="--",
-            lw=1.2,
-            label=f"{r['case']}: all-to-alls (model)",
-        )
+        kind = "all-to-alls (model)" if r.get("all-to-alls") else "ring permutes, overlapped (model)"
+        ax.axhline(r["traffic ms (model)"], color=color, ls="--", lw=1.2, label=f"{r['case']}: {kind}")
         crossing = r.get("density where traffic = kernel")
         if isinstance(crossing, float) and 0 <= crossing <= 1:
-            ax.plot([crossing], [r["all-to-all ms (model)"]], "x", color=color, ms=8, mew=2)
+            ax.plot([crossing], [r["traffic ms (model)"]], "x", color=color, ms=8, mew=2)
             ax.annotate(
                 f"d = {crossing:.3f}",
-                (crossing, r["all-to-all ms (model)"]),
+                (crossing, r["traffic ms (model)"]),
                 textcoords="offset points",
-                xytext=(6, 6),
+                xytext=(6 + 48 * (i % 3), 6 + 11 * i),
                 fontsize=8,
                 color=color,
             )

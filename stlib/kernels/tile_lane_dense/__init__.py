@@ -25,14 +25,7 @@ from stlib.geometry import tile_rows
 from stlib.kernels import flash_options
 from stlib.kernels.backward import tile_training
 from stlib.kernels.pallas_call import VMEM_SHARE, vmem_limit
-from stlib.kernels.tile_lane_dense.kernel import (
-    FOLD_LANES,
-    KERNEL_PREFIX,
-    NAME,
-    LaneDenseOptions,
-    lane_dense_attention,
-)
-from stlib.kernels.tile_lane_dense.steps import (
+from stlib.kernels.steps import (
     CODE_BITS,
     FIRST_PATTERN,
     MAX_PATTERNS,
@@ -45,6 +38,13 @@ from stlib.kernels.tile_lane_dense.steps import (
     plan_steps,
     region_name,
     regions_of,
+)
+from stlib.kernels.tile_lane_dense.kernel import (
+    FOLD_LANES,
+    KERNEL_PREFIX,
+    NAME,
+    LaneDenseOptions,
+    lane_dense_attention,
 )
 from stlib.kernels.tile_lane_dense.vmem import check_blocks, fit_lookahead, vmem_bytes
 from stlib.layout import BlockLayout, call_layout

@@ -26,8 +26,7 @@ from jax.experimental.pallas import tpu as pltpu
 from stlib._intmath import round_up
 from stlib.device import SUBLANES, current_chip, resolve_interpret
 from stlib.kernels import mask_info, online_softmax, pallas_call
-from stlib.kernels.tile_lane_dense.options import FOLD_LANES, LaneDenseOptions
-from stlib.kernels.tile_lane_dense.steps import (
+from stlib.kernels.steps import (
     FIRST_PATTERN,
     STEP,
     StepKind,
@@ -35,6 +34,7 @@ from stlib.kernels.tile_lane_dense.steps import (
     kernel_name,
     plan_steps,
 )
+from stlib.kernels.tile_lane_dense.options import FOLD_LANES, LaneDenseOptions
 from stlib.kernels.tile_lane_dense.vmem import check_blocks, fit_lookahead
 from stlib.layout import BlockLayout
 from stlib.passes import MaskPlan, MaskPlanMode, plan_mask

@@ -1,4 +1,5 @@
-"""Which grid step of ``pallas_tile_lane_dense`` runs which compiled region, and what each costs.
+"""Which grid step of a step-coded kernel runs which compiled region, and what each costs: the
+forward of ``pallas_tile_lane_dense`` and the backward's step-coded pass (``backward_steps``).
 
 Every non-empty (q tile, kv tile) of the layout becomes one step with a code:
 

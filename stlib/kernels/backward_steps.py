@@ -1,0 +1,180 @@
+"""The backward's step codes: the forward's mask-free pattern steps (``stlib.kernels.steps``) on
+the fused dk / dv / dq kernel's transposed grid, so a sparse backward runs at the forward's blocks
+instead of one small tile per grid step.
+
+A kv row of the fused kernel computes S^T = k q^T [block_kv, block_q] (keys on sublanes, queries on
+lanes), the orientation in which the forward's ``Pattern.updates`` are written: each update is a kv
+sub-tile against a run of q lanes. So the backward takes the forward's step plan at its own blocks
+and runs, per step, the updates of that step's code: FULL (the whole tile, no mask) or a pattern
+(EMPTY sub-tiles skipped, FULL ones mask-free, a PARTIAL one with the mask evaluated on it only,
+padding slots of a permuted order masked by key). The tiles no code covers (MASKED and RAGGED
+steps) stay in the exact passes they came from.
+
+The sliding tile in its 3-D tiled order (3 x 8 x 16 = 384-token tiles, 10 x 75,600 x 128 on v6e):
+one 3-D tile per grid step before (``one_tile_layout``), rows of tiles per step here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from stlib.device import LANES
+from stlib.geometry import TokenOrder, tile_rows
+from stlib.kernels.steps import (
+    FIRST_PATTERN,
+    Pattern,
+    StepKind,
+    StepPlan,
+    plan_steps,
+    region_name,
+    regions_of,
+)
+from stlib.layout import BlockLayout, block_layout
+from stlib.masks import Mask
+from stlib.passes import MaskPlan, MaskPlanMode
+
+#: The word that marks a step-coded kernel's name: ``<prefix>_steps_<codes>[_w<window>]``.
+STEPS_WORD = "steps"
+
+
+@dataclass(frozen=True, eq=False)
+class StepCodes:
+    """The step code of every tile a step-coded pass computes: ``codes`` int16 [Hl, nq, nk] (-1:
+    not in the pass; else ``StepKind.FULL`` or a pattern's code), ``patterns`` (``plan.patterns``)
+    and, where a padded pattern is present, the per-key validity column int32 [nk * block_kv, 1]."""
+
+    codes: np.ndarray
+    patterns: tuple[Pattern, ...]
+    key_column: np.ndarray | None
+    mask: Mask  # the layout's: a pattern's PARTIAL sub-tiles evaluate it from indices
+    grain: int  # keys per update of a FULL step (its scores are [grain, block_q], as a pattern's)
+
+    def present(self, selected: np.ndarray) -> tuple[int, ...]:
+        """The codes of the tiles flagged in ``selected`` (bool, broadcastable to ``codes``)."""
+        return tuple(int(c) for c in np.unique(self.codes[np.broadcast_to(selected, self.codes.shape)]))
+
+    def pattern(self, code: int) -> Pattern:
+        return self.patterns[code - FIRST_PATTERN]
+
+    def updates(self, code: int, block_q: int, block_kv: int) -> list[tuple[int, int, int, int, bool]]:
+        """(first key, keys, first query lane, lanes, masked) of each update a step of ``code``
+        runs: the whole tile in ``grain``-key pieces for FULL and for a pattern of RUN sub-tiles only,
+        so no update's scores are larger than [grain, block_q]."""
+        if code == StepKind.FULL:
+            return [(c0, self.grain, 0, block_q, False) for c0 in range(0, block_kv, self.grain)]
+        return self.pattern(code).updates(block_q, block_kv, self.grain)
+
+    def pairs(self, code: int, block_q: int, block_kv: int) -> int:
+        """Score pairs one step of ``code`` computes."""
+        return sum(keys * lanes for _, keys, _, lanes, _ in self.updates(code, block_q, block_kv))
+
+    def padded(self, code: int) -> bool:
+        """Whether a step of ``code`` masks the padding slots of its kv tile by key."""
+        return code >= FIRST_PATTERN and self.pattern(code).padded
+
+
+@dataclass(frozen=True, eq=False)
+class StepPass:
+    """A backward pass whose tiles run by step code (a ``passes.Pass`` with ``steps``); its kernels'
+    names list the codes they compile (``kernel_word``)."""
+
+    selected: np.ndarray  # bool [Hl, nq, nk]
+    plan: MaskPlan  # mode NONE: the codes say what each step masks
+    steps: StepCodes
+
+    name = STEPS_WORD
+
+
+def kernel_word(steps: StepCodes, selected: np.ndarray) -> str:
+    """``steps_<codes>`` of a kernel computing the tiles ``selected``: its regions, in code order."""
+    words = ["full" if c == StepKind.FULL else f"p{c - FIRST_PATTERN}" for c in steps.present(selected)]
+    return "_".join([STEPS_WORD, *words])
+
+
+def step_regions(kernel: str) -> list[str] | None:
+    """The compute regions of a backward kernel named ``<prefix>_steps_<codes>[_w<i>][.N]``, in
+    order; None for a kernel without step codes (one "compute" region)."""
+    match = re.search(rf"_{STEPS_WORD}_((?:full|p\d+)(?:_(?:full|p\d+))*)", kernel.split(".")[0])
+    return None if match is None else regions_of("", "_" + match.group(1))
+
+
+def region_counts(steps: StepCodes, selected: np.ndarray, multiplier: int) -> dict[str, int]:
+    """Executions of each compute region of a kernel computing ``selected`` (tiles per code, times
+    ``multiplier``: the heads a head-uniform layout stands for)."""
+    codes = steps.codes[np.broadcast_to(selected, steps.codes.shape)]
+    return {region_name(c): multiplier * int((codes == c).sum()) for c in steps.present(selected)}
+
+
+def tile_grain(layout: BlockLayout) -> tuple[int, int] | None:
+    """(tokens per 3-D tile, tiles per row along x) where ``layout``'s mask is in a padded
+    ``tiled_order`` whose tiles are lane-aligned, divide the layout's blocks and, at their grain,
+    are each FULL or EMPTY; else None."""
+    order = getattr(layout.mask, "order", None)
+    rows = tile_rows(order) if isinstance(order, TokenOrder) else None
+    if rows is None or rows[0] % LANES or layout.block_q % rows[0] or layout.block_kv % rows[0]:
+        return None
+    return None if block_layout(layout.mask, rows[0], rows[0]).kind_counts()["PARTIAL"] else rows
+
+
+def step_layout(layout: BlockLayout, length: int):
+    """(layout, step plan) of the backward where the forward's layout is a mask in a padded
+    ``tiled_order`` whose 3-D tiles are lane-aligned and, at that grain, FULL or EMPTY: blocks of
+    one row of tiles along x a side (no larger than the forward's), patterns at the tile's grain.
+    The case study's sliding tile at 1,920 x 1,920: two patterns (15 of 25 sub-tiles, one with
+    padding slots) cover every step. None for any other layout.
+
+    >>> import stlib
+    >>> from stlib import masks
+    >>> grid, tile = stlib.VideoGrid(4, 8, 64), (2, 4, 16)  # tiles of 128 tokens, rows of 4
+    >>> mask = masks.sliding_tile(grid, tile, (1, 1, 3)).permute(stlib.tiled_order(grid, tile))
+    >>> layout, plan = step_layout(stlib.block_layout(mask, 512, 512), mask.length)
+    >>> (layout.block_q, layout.block_kv), len(plan.patterns)
+    ((512, 512), 1)
+    >>> from stlib.passes import exact_passes
+    >>> [p.name for p in coded_passes(plan, exact_passes(layout))]  # every step coded: no exact pass
+    ['steps']
+    """
+    rows = tile_grain(layout)
+    if rows is None:
+        return None
+    tile, per_row = rows
+    block_q, block_kv = min(layout.block_q, tile * per_row), min(layout.block_kv, tile * per_row)
+    if (block_q, block_kv) == (tile, tile):
+        return None  # one tile a block: nothing for a pattern to skip
+    blocks = block_layout(layout.mask, block_q, block_kv)
+    return blocks, plan_steps(blocks, length, tile)
+
+
+def coded_passes(plan: StepPlan, passes) -> list:
+    """The backward's passes over ``plan``'s layout: one ``StepPass`` of the FULL and pattern steps,
+    then the forward's exact ``passes`` (``stlib.passes.split_passes``) less those tiles."""
+    codes = plan.codes
+    coded = (codes == StepKind.FULL) | (codes >= FIRST_PATTERN)
+    column = plan.key_valid_column() if plan.key_validity else None
+    grain = plan.patterns[0].grain if plan.patterns else plan.layout.block_kv
+    steps = StepCodes(
+        np.where(coded, codes, -1).astype(np.int16), plan.patterns, column, plan.layout.mask, grain
+    )
+    out = [StepPass(coded, MaskPlan(MaskPlanMode.NONE, None, plan.length), steps)] if coded.any() else []
+    for p in passes:
+        rest = p.selected & ~coded
+        if rest.any():
+            out.append(dataclasses.replace(p, selected=rest))
+    return out
+
+
+__all__ = [
+    "STEPS_WORD",
+    "StepCodes",
+    "StepPass",
+    "coded_passes",
+    "kernel_word",
+    "region_counts",
+    "step_layout",
+    "step_regions",
+    "tile_grain",
+]
