@@ -429,22 +429,27 @@ exercises.verify("11.all_to_all_bytes", check_bytes, all_to_all_bytes)
 #
 # The traffic model: an all-to-all of S bytes per device moves, per chip, (n_chips - 1) / n_chips of
 # its devices' bytes each way. At the chip's ICI bandwidth (both directions together, v6e 800 GB/s,
-# TPU7x 1,200 GB/s) that takes 2 x bytes / bandwidth, with no overlap with the kernel. The kernel
-# times are the block sweep's static estimates (notebook 08), scaled to the heads per device. Every
-# number here is a static estimate or a model. None is a measurement.
+# TPU7x 1,200 GB/s) that takes 2 x bytes / bandwidth, with no overlap with the kernel. It is a lower
+# bound: it counts each chip's injection bandwidth only, and leaves out link contention, latency and
+# routes over several hops. The kernel times are the block sweep's static estimates (notebook 08),
+# scaled to the heads' work per device. Every number here is a static estimate or a model. None is
+# a measurement. (`slice_compile` also compiles and models the ring, whose permutes overlap the
+# kernel, for the cases named with `--only ...-ring`; at this shape such a compile did not finish
+# within ten minutes on this series' 2-core machine, and the table shows the records committed.)
 
 # %%
 rows = slice_compile.table(slice_compile.read(cfg.data / "slice_compiles.jsonl"),
                            block_sweep.read(cfg.data / "tile_block_sweep.jsonl"))
 print(slice_compile.format_table(rows))
 fig = plotting.communication_vs_kernel(
-    rows, "Ulysses all-to-alls (model) vs the sparse kernel per device (static estimates)\n"
+    rows, "Ulysses all-to-alls (model, a lower bound) vs the sparse kernel per device (static estimates)\n"
     "40 heads x 75,600 x 128 bf16; kernel line through the band 0.25 and dense estimates")
 plotting.save(fig, cfg.figure("11_ulysses_traffic"))
 
 # %% [markdown]
 # Read the table this way. Heads sharding moves nothing, and each device holds 1 / N of q, k, v
-# (the input share column). Ulysses moves four arrays of a device's share (the all-to-all columns).
+# (the input share column). Ulysses moves four arrays of a device's share (the all-to-all and
+# traffic columns).
 # Modelled on the ICI, that traffic is a small fraction of even the sparse kernel's estimated time
 # at density 0.25. The last column gives the density at which it would match the kernel's time
 # (the kernel's line through its dense and band 0.25 estimates, solved for the traffic): on every

@@ -76,9 +76,10 @@ SLICES = (
     Slice("v6e-4x4", "v6e", "v6e:4x4", (2, 8), ("batch", "heads")),
 )
 STRATEGY_NAMES = ("heads", "ulysses", "ring")
-#: What ``run`` compiles unless ``--only`` names cases: the ring's model-shape program took longer
-#: than 10 minutes on a 2-core machine for v6e 2x2 (the temporal heads need every hop, every
-#: device's block differs: 16 tile-kernel branches of 40 heads), so its cases are run by name.
+#: What ``run`` compiles unless ``--only`` names cases: the ring's model-shape program for v6e 2x2
+#: did not finish compiling within 10 minutes, twice, on 2 cores shared with another compile (the
+#: temporal heads need every hop and every device's block differs: 16 tile-kernel branches of 40
+#: heads), so its cases are run by name.
 DEFAULT_STRATEGIES = ("heads", "ulysses")
 
 
