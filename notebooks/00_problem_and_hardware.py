@@ -147,8 +147,9 @@ except ImportError:
 # ## The words the series uses
 #
 # **The chip.** A TPU core has three memories: **HBM** (gigabytes, off the core; the bandwidth row
-# above), **VMEM** (tens of MiB of fast vector memory next to the compute units; a kernel's tiles
-# live there) and **SMEM** (a few hundred KiB of scalar memory; step tables live there). A
+# above), **VMEM** (64 to 128 MiB of fast vector memory next to the compute units, the table's
+# "VMEM MiB"; a kernel's tiles live there) and **SMEM** (about a MiB of scalar memory, the table's
+# "SMEM KiB"; step tables live there). A
 # kernel's share of VMEM is **scoped VMEM** (the compiler's default, or the kernel's own
 # `vmem_limit_bytes`). The **MXU** is the matrix unit (the table's count x width); the **VPU** does
 # element-wise vector work, the **EUP** exponentials and the **XLU** moves data across lanes. A

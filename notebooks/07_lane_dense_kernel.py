@@ -522,7 +522,7 @@ print(f"largest gap: {widest}, {gaps[widest]:+.1%} (static schedules, not measur
 # scales q by scale x log2 e in every update, the library scales it once per q tile into a VMEM
 # scratch at the row's first step. All three are static schedules, not measurements.
 #
-# ## The third generation: the next scores while this chunk waits
+# ## The library's default: the next scores while this chunk waits
 #
 # The last column is the library as it runs by default. Its MXU, VALU and EUP op counts are those
 # of the middle column; only the order differs. A chunk's exponentials cannot start before the max
@@ -574,8 +574,11 @@ print(f"largest gap: {widest}, {gaps[widest]:+.1%} (static schedules, not measur
 # Which blocks? Not guessed: `python -m stlib.bench.block_sweep` compiled the kernel for v5e, v6e and
 # TPU7x at every candidate and scored each with the static estimate (notebook 08), dense Splash at
 # its own candidates beside it. The table is read from the sweep's records
-# (`data/tile_block_sweep.jsonl`); each ratio is clock-free: the kernel's cycles over dense Splash's
-# at its best blocks on the same chip. Static estimates, never measurements.
+# (`data/tile_block_sweep.jsonl`). The "ratio" column is clock-free: the kernel's estimated cycles
+# over dense Splash's at its best blocks on the same chip. The "ms" columns add the call's XLA glue
+# at the chip's clock, so their quotient is not exactly the ratio. "target" is the fraction of
+# dense Splash the kernel was tuned to reach on that chip and pattern (`block_sweep.TARGETS`),
+# "met" where the ratio is at or below it. Static estimates, never measurements.
 
 # %%
 sweep_records = cfg.data / Path(block_sweep.RECORDS).name

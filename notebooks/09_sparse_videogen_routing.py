@@ -22,8 +22,8 @@
 # frames). Spatial heads keep raster order (t, y, x); temporal heads are permuted to token-major
 # order (y, x, t). In its own order each head's mask is then a 1-D band |p - p'| <= w plus an
 # anchor, the first H*W keys *of the reordered sequence*. The band half-width comes from the density
-# budget, w = L (1 - sqrt(1 - d)) rounded up to 128. Tiles are FULL or BOUNDARY. Balanced rounding
-# keeps the fullest boundary tiles and drops the rest, so the computed pairs stay within 2% of the
+# budget, w = L (1 - sqrt(1 - d)) rounded up to 128. Tiles are FULL or PARTIAL. Balanced rounding
+# keeps the fullest PARTIAL tiles and drops the rest, so the computed pairs stay within 2% of the
 # exact mask's. Tiles whose keys run into the sequence padding go to a pass of their own.
 #
 # This notebook walks **routing -> reorder -> tile plan -> kernel -> restore** at the small size,
@@ -243,6 +243,11 @@ exercises.verify("09.routing_error", check_error, routing_error)
 # %%
 print({h: plan.orders[h].name for h in range(plan.num_heads)})
 print({key: value for key, value in plan.summary().items() if key not in ("grid", "kinds")})
+exact_density = plan.exact_pairs[0] / grid.num_tokens**2
+print(f"budget {DENSITY}, but at {grid.num_tokens:,} tokens the band's half-width rounds up to "
+      f"{plan.summary()['width']} and the anchor adds {grid.tokens_per_frame} keys: the mask keeps "
+      f"{exact_density:.3f} of the pairs (the figure's density): the budget sizes the band alone, and the "
+      f"rounding and the anchor come on top, most of all at a small size")
 fig = plotting.occupancy_heatmap(plan.layout, f"head 0 ({plan.kinds[0]}), in its own order", head=0)
 plotting.save(fig, cfg.figure("09_plan_layout"))
 plt.show()

@@ -88,13 +88,15 @@ def check_combine(combine):
 def test_verify_passes_prints_not_yet_or_raises(mode, capsys):
     mode("fill")
     assert exercises.verify("04.combine", check_combine, exercises.solution("04.combine"))
-    assert capsys.readouterr().out == "PASSED  04.combine: combined\n"
+    assert capsys.readouterr().out == "PASSED  04.combine (library solution): combined\n"
     wrong = lambda m1, l1, acc1, m2, l2, acc2: (m1, l1 + l2, acc1 + acc2)  # forgets the rescale
     with pytest.raises(
         exercises.ExerciseFailed, match="04.combine: the library's solution fails its check: wrong"
     ):
         exercises.verify("04.combine", check_combine, wrong)
     mode("hide")
+    assert exercises.verify("04.combine", check_combine, exercises.solution("04.combine"))
+    assert capsys.readouterr().out == "PASSED  04.combine: combined\n"  # the reader's own, passing
     assert not exercises.verify("04.combine", check_combine, stub)
     assert capsys.readouterr().out.startswith("NOT YET 04.combine: not written yet")
     assert not exercises.verify("04.combine", check_combine, wrong)

@@ -109,7 +109,7 @@ def verify(name: str, check: Callable, *args, **kwargs) -> bool:
         first = (str(error).splitlines() or [""])[0][:200]
         reason = f"it raises {type(error).__name__}: {first}"
     else:
-        print(f"PASSED  {name}: {detail}")
+        print(f"PASSED  {name}{'' if hidden() else ' (library solution)'}: {detail}")
         return True
     if not hidden():
         raise ExerciseFailed(f"{name}: the library's solution fails its check: {reason}")

@@ -73,7 +73,7 @@ def kv_map(i, j, steps_ref, nk):
 
 @_solution("05.frame_causal")
 def frame_causal_allowed(rows, cols, tokens_per_frame):
-    """A PARTIAL tile's predicate for frame-causal attention in token-major order: a query sees every
+    """A PARTIAL tile's predicate for frame-causal attention in raster (t, y, x) order: a query sees every
     key of its own frame and of earlier frames. rows, cols int32 [bq, bkv] token numbers (iota)."""
     return cols // tokens_per_frame <= rows // tokens_per_frame
 
