@@ -76,13 +76,15 @@ def check_mask(mask, num_heads: int, length: int) -> None:
 INTERPRET_PAIR_LIMIT = 2**32
 
 
-def _check_interpret_size(implementation, shape, interpret, allow_slow: bool) -> None:
+def _check_interpret_size(implementation, shape, interpret, allow_slow: bool, batch: int = 1) -> None:
+    """Refuse a Pallas kernel in interpret mode over more than ``INTERPRET_PAIR_LIMIT`` pairs in all
+    (``batch`` elements of [H, L, D] ``shape``) unless ``allow_slow``."""
     from stlib.device import resolve_interpret
 
     if not isinstance(allow_slow, bool):
         raise TypeError(f"allow_slow_interpret={allow_slow!r} must be True or False")
     heads, length, _ = shape
-    pairs = heads * length * length
+    pairs = batch * heads * length * length
     if (
         implementation.is_pallas
         and resolve_interpret(interpret)
@@ -90,7 +92,8 @@ def _check_interpret_size(implementation, shape, interpret, allow_slow: bool) ->
         and not allow_slow
     ):
         raise ValueError(
-            f"impl={implementation.name!r} would run in Pallas interpret mode (no TPU here) over {heads} heads x "
+            f"impl={implementation.name!r} would run in Pallas interpret mode (no TPU here) over "
+            f"{f'{batch:,} batch elements x ' if batch > 1 else ''}{heads} heads x "
             f"{length:,} tokens = {pairs:.2e} query-key pairs, more than stlib.api.INTERPRET_PAIR_LIMIT = "
             f"{INTERPRET_PAIR_LIMIT:.2e} (minutes to hours on a CPU): run it on a TPU, use fewer tokens "
             "or heads, impl='xla' (compiled for the CPU), or pass allow_slow_interpret=True"
@@ -145,6 +148,7 @@ def attention(
         "options": options,
         "interpret": interpret,
         "allow_slow_interpret": allow_slow_interpret,
+        "batch_elements": math.prod(q.shape[:-3]),  # the interpret-mode limit counts them all
     }
     batch = q.shape[:-3]
     group = q.shape[-3] // max(k.shape[-3], 1)
@@ -196,7 +200,9 @@ def _attention_heads(q, k, v, mask: Mask | None, call: dict):
     implementation = _choose(call["impl"], mask)
     options = implementation.options(call["options"])
     interpret = call["interpret"]
-    _check_interpret_size(implementation, q.shape, interpret, call["allow_slow_interpret"])
+    _check_interpret_size(
+        implementation, q.shape, interpret, call["allow_slow_interpret"], call["batch_elements"]
+    )
     scale = call["scale"]
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[2])

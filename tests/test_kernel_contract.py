@@ -222,6 +222,11 @@ def test_interpret_mode_past_a_few_minutes_is_refused_unless_asked(monkeypatch):
         stlib.attention(q, k, v, impl="pallas_dense")
     out = stlib.attention(q, k, v, impl="pallas_dense", allow_slow_interpret=True)
     assert_close(out, stlib.attention(q, k, v, impl="reference"), tolerance("pallas_dense", jnp.float32))
+    one = jnp.zeros((1, 2, LENGTH, 8), jnp.float32)  # each batch element under the limit, all over it
+    stlib.attention(one[0, :1], one[0, :1], one[0, :1], impl="pallas_dense")
+    pair = jnp.zeros((2, 1, LENGTH, 8), jnp.float32)
+    with pytest.raises(ValueError, match=r"over 2 batch elements x 1 heads x"):
+        stlib.attention(pair, pair, pair, impl="pallas_dense")
 
 
 @pytest.mark.parametrize("impl", IMPLS)
