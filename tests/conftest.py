@@ -203,7 +203,7 @@ def notebook_run(tmp_path_factory, stlib_home):
 KNOWN_LONG = {
     "tests/test_notebooks.py::test_runs_at_small_configuration[08_": 600,
     "tests/test_notebooks.py::test_runs_at_small_configuration[0": 50,
-    "tests/test_notebooks.py::test_runs_at_small_configuration[11_": 180,
+    "tests/test_notebooks.py::test_runs_at_small_configuration[11_": 100,
     "tests/test_notebooks.py::test_runs_at_small_configuration[10_": 30,
     "tests/test_routing.py::test_plan_compiles_for_v6e_at_case_study_shape": 60,
     "tests/test_analysis_estimate.py::test_estimate_is_deterministic_and_cached": 60,
