@@ -66,6 +66,11 @@ class PassKind(enum.StrEnum):
     FULL = "full"  # FULL tiles, mask-free
     RAGGED = "ragged"  # FULL tiles whose kv tile ends in padding: one compare per score
     MASKED = "masked"  # PARTIAL tiles: the mask itself
+    STEPS = "steps"  # the backward's step-coded tiles (``stlib.kernels.backward_steps``): a code per step
+
+
+#: The kinds ``split_passes`` makes (the forward's passes; STEPS is the backward's own).
+SPLIT_KINDS = (PassKind.FULL, PassKind.RAGGED, PassKind.MASKED)
 
 
 def balanced_keep(layout: BlockLayout) -> np.ndarray:
@@ -87,11 +92,13 @@ def balanced_keep(layout: BlockLayout) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Pass:
-    """The tiles one pallas_call computes and how it masks them."""
+    """The tiles one pallas_call computes and how it masks them; ``steps``: each tile's step code
+    (``backward_steps.StepCodes``) for a pass of kind STEPS, else None."""
 
     name: PassKind
     selected: np.ndarray  # bool [Hl, nq, nk]
     plan: MaskPlan
+    steps: object = None
 
 
 def split_passes(layout: BlockLayout, boundary: BoundaryPolicy) -> list[Pass]:
@@ -153,4 +160,12 @@ def exact_passes(layout: BlockLayout, options=None) -> list[Pass]:
     return split_passes(layout, BoundaryPolicy.EXACT)
 
 
-__all__ = ["BoundaryPolicy", "Pass", "PassKind", "balanced_keep", "exact_passes", "split_passes"]
+__all__ = [
+    "SPLIT_KINDS",
+    "BoundaryPolicy",
+    "Pass",
+    "PassKind",
+    "balanced_keep",
+    "exact_passes",
+    "split_passes",
+]

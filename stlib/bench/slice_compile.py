@@ -238,7 +238,7 @@ def read(path=None) -> list[dict]:
     return list(latest_per_key(path or paths.home() / RECORDS, lambda r: r["case"]).values())
 
 
-def _bandwidth(record: dict):
+def _chip_with_ici(record: dict):
     chip = chip_spec(record["chip"])
     if chip.ici_bandwidth is None:
         raise ValueError(f"chip {record['chip']!r} has no ICI bandwidth in the chip table")
@@ -247,7 +247,7 @@ def _bandwidth(record: dict):
 
 def all_to_all_seconds(record: dict) -> float:
     """The communication model's time for one record's all-to-alls (module docstring)."""
-    chip = _bandwidth(record)
+    chip = _chip_with_ici(record)
     per_chip = chip.devices_per_chip
     n_chips = max(record["mesh"]["heads"] // per_chip, 1)  # chips along the all-to-all's axis
     moved = sum(record["all_to_all_bytes"]) * per_chip * (n_chips - 1) / n_chips
@@ -256,7 +256,7 @@ def all_to_all_seconds(record: dict) -> float:
 
 def permute_seconds(record: dict) -> float:
     """The communication model's time for one record's collective-permutes (module docstring)."""
-    chip = _bandwidth(record)
+    chip = _chip_with_ici(record)
     return 2 * sum(record.get("permute_bytes", ())) * chip.devices_per_chip / chip.ici_bandwidth
 
 

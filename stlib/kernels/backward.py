@@ -66,7 +66,7 @@ def _window_selected(selected: np.ndarray, window) -> np.ndarray:
 class KernelCall:
     """One Pallas call of the backward: its kernel ``name``, ``kind`` ("fused", "dq" or "dkv"), the
     tiles it computes (``selected``, [Hl, nq, nk]), the pass's mask plan and, fused, its q-tile
-    ``window`` and, for a step-coded pass (``backward_steps.StepPass``), its ``steps``."""
+    ``window`` and, for a step-coded pass (kind STEPS), its ``steps``."""
 
     name: str
     kind: str
@@ -86,7 +86,7 @@ def kernel_calls(passes, method: str, *, num_q_tiles, block_q, block_kv, head_di
         raise ValueError(f"method={method!r} must be one of {BACKWARD_METHODS}")
     calls = []
     for p in passes:
-        steps = getattr(p, "steps", None)
+        steps = p.steps
         if steps is not None and method == "split":
             raise ValueError("a step-coded pass runs fused only (method='split')")
         windows = []
@@ -200,10 +200,8 @@ def _call_pairs(call: KernelCall, block_q: int, block_kv: int) -> int:
     """Score pairs one call computes per head of its layout (a step-coded call: its codes' pairs)."""
     if call.steps is None:
         return int(call.selected.sum()) * block_q * block_kv
-    codes = call.steps.codes[np.broadcast_to(call.selected, call.steps.codes.shape)]
     return sum(
-        int((codes == c).sum()) * call.steps.pairs(c, block_q, block_kv)
-        for c in call.steps.present(call.selected)
+        n * call.steps.pairs(c, block_q, block_kv) for c, n in call.steps.counts(call.selected).items()
     )
 
 

@@ -29,16 +29,17 @@ from stlib.kernels.steps import (
     Pattern,
     StepKind,
     StepPlan,
+    kernel_name,
     plan_steps,
     region_name,
     regions_of,
 )
 from stlib.layout import BlockLayout, block_layout
 from stlib.masks import Mask
-from stlib.passes import MaskPlan, MaskPlanMode
+from stlib.passes import MaskPlan, MaskPlanMode, Pass, PassKind
 
 #: The word that marks a step-coded kernel's name: ``<prefix>_steps_<codes>[_w<window>]``.
-STEPS_WORD = "steps"
+STEPS_WORD = PassKind.STEPS.value
 
 
 @dataclass(frozen=True, eq=False)
@@ -55,7 +56,12 @@ class StepCodes:
 
     def present(self, selected: np.ndarray) -> tuple[int, ...]:
         """The codes of the tiles flagged in ``selected`` (bool, broadcastable to ``codes``)."""
-        return tuple(int(c) for c in np.unique(self.codes[np.broadcast_to(selected, self.codes.shape)]))
+        return tuple(self.counts(selected))
+
+    def counts(self, selected: np.ndarray) -> dict[int, int]:
+        """Tiles of each code among those flagged in ``selected`` (per head of the layout)."""
+        codes = self.codes[np.broadcast_to(selected, self.codes.shape)]
+        return {int(c): int(n) for c, n in zip(*np.unique(codes, return_counts=True), strict=True)}
 
     def pattern(self, code: int) -> Pattern:
         return self.patterns[code - FIRST_PATTERN]
@@ -77,22 +83,9 @@ class StepCodes:
         return code >= FIRST_PATTERN and self.pattern(code).padded
 
 
-@dataclass(frozen=True, eq=False)
-class StepPass:
-    """A backward pass whose tiles run by step code (a ``passes.Pass`` with ``steps``); its kernels'
-    names list the codes they compile (``kernel_word``)."""
-
-    selected: np.ndarray  # bool [Hl, nq, nk]
-    plan: MaskPlan  # mode NONE: the codes say what each step masks
-    steps: StepCodes
-
-    name = STEPS_WORD
-
-
 def kernel_word(steps: StepCodes, selected: np.ndarray) -> str:
     """``steps_<codes>`` of a kernel computing the tiles ``selected``: its regions, in code order."""
-    words = ["full" if c == StepKind.FULL else f"p{c - FIRST_PATTERN}" for c in steps.present(selected)]
-    return "_".join([STEPS_WORD, *words])
+    return kernel_name(STEPS_WORD, steps.present(selected))
 
 
 def step_regions(kernel: str) -> list[str] | None:
@@ -105,8 +98,7 @@ def step_regions(kernel: str) -> list[str] | None:
 def region_counts(steps: StepCodes, selected: np.ndarray, multiplier: int) -> dict[str, int]:
     """Executions of each compute region of a kernel computing ``selected`` (tiles per code, times
     ``multiplier``: the heads a head-uniform layout stands for)."""
-    codes = steps.codes[np.broadcast_to(selected, steps.codes.shape)]
-    return {region_name(c): multiplier * int((codes == c).sum()) for c in steps.present(selected)}
+    return {region_name(c): multiplier * n for c, n in steps.counts(selected).items()}
 
 
 def tile_grain(layout: BlockLayout) -> tuple[int, int] | None:
@@ -135,7 +127,7 @@ def step_layout(layout: BlockLayout, length: int):
     >>> (layout.block_q, layout.block_kv), len(plan.patterns)
     ((512, 512), 1)
     >>> from stlib.passes import exact_passes
-    >>> [p.name for p in coded_passes(plan, exact_passes(layout))]  # every step coded: no exact pass
+    >>> [str(p.name) for p in coded_passes(plan, exact_passes(layout))]  # every step coded: no exact pass
     ['steps']
     """
     rows = tile_grain(layout)
@@ -150,7 +142,7 @@ def step_layout(layout: BlockLayout, length: int):
 
 
 def coded_passes(plan: StepPlan, passes) -> list:
-    """The backward's passes over ``plan``'s layout: one ``StepPass`` of the FULL and pattern steps,
+    """The backward's passes over ``plan``'s layout: one STEPS pass of the FULL and pattern steps,
     then the forward's exact ``passes`` (``stlib.passes.split_passes``) less those tiles."""
     codes = plan.codes
     coded = (codes == StepKind.FULL) | (codes >= FIRST_PATTERN)
@@ -159,7 +151,8 @@ def coded_passes(plan: StepPlan, passes) -> list:
     steps = StepCodes(
         np.where(coded, codes, -1).astype(np.int16), plan.patterns, column, plan.layout.mask, grain
     )
-    out = [StepPass(coded, MaskPlan(MaskPlanMode.NONE, None, plan.length), steps)] if coded.any() else []
+    none = MaskPlan(MaskPlanMode.NONE, None, plan.length)  # the codes say what each step masks
+    out = [Pass(PassKind.STEPS, coded, none, steps)] if coded.any() else []
     for p in passes:
         rest = p.selected & ~coded
         if rest.any():
@@ -170,7 +163,6 @@ def coded_passes(plan: StepPlan, passes) -> list:
 __all__ = [
     "STEPS_WORD",
     "StepCodes",
-    "StepPass",
     "coded_passes",
     "kernel_word",
     "region_counts",

@@ -36,7 +36,7 @@ from stlib.kernels import flash_options, mask_info, online_softmax, pallas_call
 from stlib.kernels.backward import tile_training
 from stlib.layout import BlockLayout, call_layout, flat_steps, row_tables
 from stlib.masks import Mask
-from stlib.passes import BoundaryPolicy, MaskPlan, MaskPlanMode, PassKind, split_passes
+from stlib.passes import SPLIT_KINDS, BoundaryPolicy, MaskPlan, MaskPlanMode, PassKind, split_passes
 from stlib.reference import merge_partials
 from stlib.registry import Implementation, Role, register
 
@@ -343,7 +343,7 @@ def run_plan(q, k, v, plan, *, scale, options, interpret):
 
 
 def _pass_of(kernel: str) -> PassKind:
-    for kind in PassKind:
+    for kind in SPLIT_KINDS:
         if kernel.startswith(f"stlib_tile_{kind}"):
             return kind
     raise ValueError(f"{kernel!r} is not a pallas_tile kernel")
@@ -405,7 +405,7 @@ IMPLEMENTATION = register(
         ),
     ),
     estimator=EstimatorHooks(
-        kernel_names=tuple(f"stlib_tile_{kind}" for kind in PassKind),
+        kernel_names=tuple(f"stlib_tile_{kind}" for kind in SPLIT_KINDS),
         compute_regions=_compute_regions,
         schedule_counts=tile_schedule_counts,
         tuned_candidates=flash_options.TUNED_CANDIDATES,
