@@ -403,14 +403,58 @@ for label, lay, passes in (("one tile a block", one, exact_passes(one)),
           f"backward {work['backward_flops'] / 1e12:5.1f} TFLOP  kernels {[c.name for c in calls]}")
 
 # %% [markdown]
+# ### Band and dense: the same step codes at the backward's own blocks
+#
+# A layout without 3-D tiles gets the same treatment at blocks of its own
+# (`backward_steps.block_steps`): the forward's step codes (`plan_steps`) at the backward's blocks,
+# one step-coded pass of FULL, RAGGED, MASKED (a traceable mask, evaluated from indices) and the
+# band's edge patterns. Each update is [keys, block_q] scores, so the blocks are no longer bound by
+# whole [block_kv, block_q] intermediates beside the dq window (the fallback, `BACKWARD_TILE`, stops
+# at 1,024 x 1,024). The blocks and keys per update are swept per chip (`python -m
+# stlib.bench.backward_sweep`, static estimates) and read from the package's tuned data
+# (`backward_step_blocks`). Below, the v6e case: the forward's blocks, the backward's, its codes,
+# and the grid steps beside one 1,024 x 1,024 tile a step; then the sweep's records.
+
+# %%
+from stlib.bench import backward_sweep
+from stlib.kernels.backward import BACKWARD_TILE
+from stlib.kernels.backward_steps import block_steps
+from stlib.kernels.steps import region_name
+from stlib.kernels.tile_lane_dense import DEFAULT_BLOCKS, LaneDenseOptions, backward_step_blocks
+
+fwd_blocks = DEFAULT_BLOCKS["v6e"]
+for name in ("full", "band (density 0.25)"):
+    forward = stlib.block_layout(case_study_masks()[name], fwd_blocks.block_q, fwd_blocks.block_kv)
+    bq, bkv, keys = backward_step_blocks(forward, LaneDenseOptions(), "v6e", False)
+    lay, plan = block_steps(forward, forward.mask.length, bq, bkv)
+    passes = coded_passes(plan, exact_passes(lay), keys)
+    calls = kernel_calls(passes, "auto", num_q_tiles=lay.grid_shape[0], block_q=bq, block_kv=bkv,
+                         head_dim=128, itemsize=2, chip="v6e")
+    steps_work = backward_work(lay, passes, 10, 128, calls)
+    tile = stlib.block_layout(forward.mask, *BACKWARD_TILE)
+    tile_passes = exact_passes(tile)
+    tile_calls = kernel_calls(tile_passes, "auto", num_q_tiles=tile.grid_shape[0], block_q=BACKWARD_TILE[0],
+                              block_kv=BACKWARD_TILE[1], head_dim=128, itemsize=2, chip="v6e")
+    tile_work = backward_work(tile, tile_passes, 10, 128, tile_calls)
+    codes = {region_name(int(c)).removeprefix("compute_"): int((plan.codes == c).sum()) for c in plan.present}
+    print(f"{name}: forward {forward.block_q:,} x {forward.block_kv:,}; backward {bq:,} x {bkv:,}, "
+          f"{keys:,} keys an update; steps a head by code {codes}")
+    print(f"    grid steps {steps_work['fused_steps']:,} (one {BACKWARD_TILE[0]:,}-tile a step: "
+          f"{tile_work['fused_steps']:,}); kernels {[c.name for c in calls]}")
+
+print()
+print(backward_sweep.format_table(backward_sweep.read(cfg.data / "backward_block_sweep.jsonl")))
+
+# %% [markdown]
 # ## The backward in the static estimate
 #
 # `stlib.static_estimate(..., backward=True)` compiles a call's backward alone (the gradient from
 # the forward's residuals) and reads its schedule as notebook 08 reads the forward's, with the same
 # calibrated clock: nothing is fitted to backward timings. `python -m stlib.bench.backward_estimate
 # run` estimates the tile kernel forward and backward on three masks and dense Splash (forward at
-# its tuned blocks; backward the better of fused and split, each at its tuned blocks) for v6e and
-# TPU7x; the committed records are printed here. These are static estimates, not measurements.
+# its tuned blocks; backward the better of fused and split, each at its tuned blocks) for v6e,
+# TPU7x and v5e; the committed records are printed here. These are static estimates, not
+# measurements.
 
 # %%
 from stlib.bench import backward_estimate

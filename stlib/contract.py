@@ -89,13 +89,17 @@ class EstimatorHooks:
     kernels: ``kernel_names``, their name prefixes in a compiled program; ``compute_regions`` names a
     step's conditional compute regions; ``schedule_counts`` says how often each path of one kernel
     runs; ``probe_regions``: its two compute regions are told apart by a probe compiled with no
-    masked tile; ``tuned_candidates``: the (block_q, block_kv) a tuned static estimate sweeps."""
+    masked tile; ``tuned_candidates``: the (block_q, block_kv) a tuned static estimate sweeps;
+    ``edge_regions(kernel)``: (names, names) of a step's conditional regions before its compute and
+    after it, by position, where some run less often than once per row (a head's), or None: every
+    region before is the row's "init", after it its "finalise"."""
 
     kernel_names: tuple[str, ...]
     compute_regions: ComputeRegions
     schedule_counts: ScheduleCountsRule
     probe_regions: bool = False
     tuned_candidates: tuple[tuple[int, int], ...] = ()
+    edge_regions: Callable[[str], tuple[tuple[str, ...], tuple[str, ...]] | None] | None = None
 
 
 @dataclass(frozen=True)

@@ -225,6 +225,14 @@ class Implementation:
             return None, None
         return self.estimator.compute_regions, self.estimator.schedule_counts
 
+    def edge_regions(self, kernel: str) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+        """The names of ``kernel``'s step regions before and after its compute, by position, where
+        its rules name them (``EstimatorHooks.edge_regions``); None: "init" before, "finalise" after."""
+        backward = self.backward.estimator if self.backward else None
+        hooks = backward if backward and kernel.startswith(backward.kernel_names) else self.estimator
+        rule = hooks.edge_regions if hooks is not None else None
+        return rule(kernel) if rule is not None else None
+
 
 def _first_order_only(fn: Callable, message: str) -> Callable:
     """``fn`` with a derivative that raises NotImplementedError(``message``): the rules of a

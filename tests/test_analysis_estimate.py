@@ -243,24 +243,29 @@ def test_splash_gqa_causal_unequal_head_dims_on_tpu7x(cache):
 
 @pytest.mark.tpu_compile
 def test_the_backward_estimate_reads_the_fused_and_splash_backward_kernels(cache):
-    """backward=True compiles the call's backward alone: the fused kernel once per pass (one dq
-    window at this size), each computing every tile of its pass once; Splash's dk / dv kernel one
-    step per non-empty tile and head."""
+    """backward=True compiles the call's backward alone: for a band, one step-coded fused kernel at
+    the backward's own blocks (one dq window at this size), each step code a region executed once
+    per step of that code and head; Splash's dk / dv kernel one step per non-empty tile and head."""
+    import numpy as np
+
     from stlib import block_layout, masks
-    from stlib.kernels.backward import BACKWARD_TILE, FUSED_PREFIX
-    from stlib.passes import split_passes
+    from stlib.kernels.backward import FUSED_PREFIX
+    from stlib.kernels.backward_steps import block_steps
+    from stlib.kernels.steps import region_name
+    from stlib.kernels.tile_lane_dense import DEFAULT_BLOCKS, LaneDenseOptions, backward_step_blocks
 
     band = "band (density 0.25)"
     bwd = estimate("pallas_tile_lane_dense", band, "v6e", num_heads=2, backward=True, **SMALL)
     assert bwd.direction == "backward" and bwd.as_record()["estimate_direction"] == "backward"
-    assert all(k.kernel.startswith(FUSED_PREFIX) for k in bwd.kernels)
-    layout = block_layout(masks.band(8192, masks.band_width_for_density(8192, 0.25)), *BACKWARD_TILE)
-    tiles = {p.name: 2 * int(p.selected.sum()) for p in split_passes(layout, "exact")}
-    computed = {
-        k.kernel.split(".")[0].removeprefix(f"{FUSED_PREFIX}_"): k.breakdown["compute"]["count"]
-        for k in bwd.kernels
-    }
-    assert computed == {f"{name}_w0": n for name, n in tiles.items() if n}
+    assert [k.kernel.split(".")[0].startswith(f"{FUSED_PREFIX}_steps_") for k in bwd.kernels] == [True]
+    mask = masks.band(8192, masks.band_width_for_density(8192, 0.25))
+    forward = block_layout(mask, DEFAULT_BLOCKS["v6e"].block_q, DEFAULT_BLOCKS["v6e"].block_kv)
+    block_q, block_kv, _ = backward_step_blocks(forward, LaneDenseOptions(), "v6e", False)
+    _, plan = block_steps(forward, 8192, block_q, block_kv)
+    codes, counts = np.unique(plan.codes[plan.codes >= 0], return_counts=True)
+    want = {region_name(int(c)): 2 * int(n) for c, n in zip(codes, counts, strict=True)}
+    got = {path: v["count"] for path, v in bwd.kernels[0].breakdown.items() if path.startswith("compute_")}
+    assert got == want and len(want) > 2  # FULL, MASKED and the band's edge patterns
     assert bwd.glue_seconds > 0  # di, padding, the final scaling
     splash = estimate(
         "splash", band, "v6e", num_heads=2, backward=True, options={"fused_backward": False}, **SMALL

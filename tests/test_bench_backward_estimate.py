@@ -58,3 +58,40 @@ def test_the_latest_record_of_a_case_wins_and_the_ratios_come_from_it(tmp_path):
     (row,) = be.targets(be.read(path))
     assert row["backward / forward"] == 2.5 and row["splash_backward_kind"] == "split"
     assert row["train / dense Splash train"] == pytest.approx(35.0 / 180.0)
+    assert row["backward / Splash backward"] == pytest.approx(25.0 / 120.0)
+    assert "band: train / dense Splash train <= 0.22" in be.format_table(be.read(path))
+
+
+def test_the_backward_sweep_runs_candidates_within_the_forward_blocks_and_tunes_on_both_masks(tmp_path):
+    """``backward_sweep``: no candidate larger than a chip's forward blocks or without a dq window in
+    its VMEM (TPU7x: 512-key updates at 2,048 x 2,048, not 1,024); the winner is the
+    candidate with the fewest milliseconds on every mask together, and a candidate missing a mask
+    is never a winner."""
+    from stlib.bench import backward_sweep as bs
+    from stlib.kernels.tile_lane_dense import DEFAULT_BLOCKS
+
+    for chip in bs.CHIPS:
+        blocks = {tuple(c["options"]["backward_blocks"]) for c in bs.cases([chip])}
+        forward = DEFAULT_BLOCKS[chip]
+        assert blocks and all(b[0] <= forward.block_q and b[1] <= forward.block_kv for b in blocks)
+        assert {c["mask"] for c in bs.cases([chip])} == set(bs.MASKS)
+    tpu7x = {tuple(c["options"]["backward_blocks"]) for c in bs.cases(["tpu7x"])}
+    assert (2048, 2048, 512) in tpu7x and (2048, 2048, 1024) not in tpu7x
+
+    def record(mask, blocks, ms):
+        return {"chip": "v6e", "mask": mask, "estimated": True, "total_ms": ms,
+                "options": {"backward_blocks": list(blocks)}}  # fmt: skip
+
+    full, band = bs.MASKS
+    lines = [
+        record(full, (1024, 2048, 1024), 130.0),
+        record(band, (1024, 2048, 1024), 38.0),
+        record(full, (2048, 2048, 1024), 126.0),
+        record(band, (2048, 2048, 1024), 36.0),
+        record(full, (2560, 2560, 640), 100.0),  # fastest on dense, but never estimated on the band
+    ]
+    path = tmp_path / "sweep.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    won = bs.winners(bs.read(path))["v6e"]
+    assert won["blocks"] == [2048, 2048, 1024] and won["total_ms"] == pytest.approx(162.0)
+    assert "2048 x 2048 / 1024 (tuned)" in bs.format_table(bs.read(path))

@@ -7,6 +7,8 @@ the backward kernels are refused by name."""
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -298,3 +300,55 @@ def test_rows_of_3d_tiles_train_as_pattern_steps():
     assert "stlib_bwd_fused_steps_p" in lowered, "the backward runs the pattern steps"
     got = _grad_fn(loss, True)(q, k, v)
     _assert_gradients(got, want, jnp.float32, np.broadcast_to(dense, (2, *dense.shape)), unseen_keys=False)
+
+
+def test_band_and_dense_train_as_steps_at_the_backward_blocks():
+    """The lane-dense kernel's backward on a layout without 3-D tiles runs one step-coded pass at its
+    own blocks (``backward_steps.block_steps``), as its only call, which writes dq, dk and dv final
+    (``backward.KernelCall.finishes``): FULL, RAGGED (the piece the array ends in masked
+    past it), MASKED (a traceable mask from indices, rows past the array masked) and the band's edge
+    patterns, every update [grain, block_q]; dense runs FULL and RAGGED. Both equal the analytic
+    gradient; a NaN in one key reaches the dq of every row that sees it and its own dk and dv (within
+    the head it may spread further, through 0 x NaN, as the dense reference does), never the other head."""
+    from stlib.kernels.tile_lane_dense import LaneDenseOptions
+
+    length, heads = 992, 2  # ragged: the last 256-key tile holds 224 keys, its last 128-key piece 96
+    options = LaneDenseOptions(backward_blocks=(256, 256, 128))
+    q, k, v = stlib.random_qkv((heads, length, DIM), seed=8)
+    do = jax.random.normal(jax.random.key(9), q.shape)
+    for mask, words in (
+        (masks.band(length, 300), ("full", "ragged", "masked", "p0")),
+        (None, ("full", "ragged")),
+    ):
+        dense = np.ones((length, length), bool) if mask is None else mask.to_dense()
+        dense = np.broadcast_to(dense, (heads, length, length))
+
+        def loss(q, k, v, mask=mask):
+            out = stlib.attention(
+                q, k, v, mask, impl="pallas_tile_lane_dense", block_q=256, block_kv=256, options=options
+            )
+            return jnp.sum(out * do)
+
+        lowered = str(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v))
+        kernels = {name for name in lowered.split() if "stlib_bwd" in name}
+        assert all(f"_{w}" in " ".join(kernels) for w in words), kernels  # one step-coded pass of these codes
+        assert "stlib_bwd_fused_steps" in lowered and "stlib_bwd_dq" not in lowered, kernels
+        finished = re.search(rf"(\w+:f32\[{heads},{length},{DIM}\] ){{3}}= pallas_call", lowered)
+        assert finished, "the lone call writes dq, dk, dv final: unpadded, no scale-and-cast after it"
+        got = _grad_fn(loss, True)(q, k, v)
+        _assert_gradients(got, analytic_gradients(q, k, v, dense, do, DIM**-0.5), jnp.float32, dense, False)
+    k_nan = k.at[1, 600].set(jnp.nan)  # a key of head 1 inside the band's reach of rows 301..899
+
+    def band_loss(q, k, v):
+        out = stlib.attention(
+            q, k, v, masks.band(length, 300), impl="pallas_tile_lane_dense", block_q=256, block_kv=256,
+            options=options,
+        )  # fmt: skip
+        return jnp.sum(out * do)
+
+    dq, dk, dv = (np.asarray(g) for g in _grad_fn(band_loss, True)(q, k_nan, v))
+    sees = masks.band(length, 300).to_dense()[:, 600]
+    assert (
+        np.isnan(dq[1][sees]).any(axis=-1).all() and np.isnan(dk[1, 600]).all() and np.isnan(dv[1, 600]).all()
+    )
+    assert all(np.isfinite(g[0]).all() for g in (dq, dk, dv))

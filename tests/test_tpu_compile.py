@@ -199,9 +199,12 @@ def test_the_backward_compiles_at_case_study_shape(impl, chip, mask_name):
         return
     assert FUSED_PREFIX in text, "the fused dk / dv / dq kernel (its dq window fits VMEM here)"
     assert DQ_PREFIX not in text and DKV_PREFIX not in text
+    names = set(re.findall(rf"{FUSED_PREFIX}_[a-z0-9_]+", text))
     if order is not None:  # rows of 3-D tiles: the forward's pattern steps, and nothing masked
-        names = set(re.findall(rf"{FUSED_PREFIX}_[a-z0-9_]+", text))
         assert names and all(re.fullmatch(rf"{FUSED_PREFIX}_steps(_p\d)+_w\d+", n) for n in names), names
+    else:  # a band at the backward's own blocks: one step-coded pass, its edges as patterns
+        codes = r"(_(full|ragged|masked|p\d))+"
+        assert names and all(re.fullmatch(rf"{FUSED_PREFIX}_steps{codes}_w\d+", n) for n in names), names
 
 
 @pytest.mark.parametrize("head_dim", [64, 256])

@@ -111,8 +111,10 @@ def attribute(
     else:
         names = compute_names if compute_names is not None else _compute_names(impl, kernel, len(compute))
     # several regions before / after the compute (a row's copy of a block that ends past the array next to
-    # its init / output write) run once per row each: their bundles add up to one init / finalise path
-    labelled = [("init", c) for c in before] + list(zip(names, compute)) + [("finalise", c) for c in after]
+    # its init / output write) run once per row each: their bundles add up to one init / finalise path,
+    # except those the kernel's rules name (a head's dq window in and out: ``_edge_names``)
+    first, last = _edge_names(impl, kernel, len(before), len(after))
+    labelled = list(zip(first, before)) + list(zip(names, compute)) + list(zip(last, after))
 
     step = stage.size - sum(c.size for c in stage.children)
     step += sum(c.trip * flat_cost(c, "step") for c in stage.children if c.kind == "loop")
@@ -150,6 +152,19 @@ def attribute(
         [operands[i] for i in range(len(operands))],
         {path: n for path, n in mxu_cycles.items() if n},
     )
+
+
+def _edge_names(impl: str | None, kernel: str, n_before: int, n_after: int) -> tuple[list[str], list[str]]:
+    """The path of each conditional region before and after a step's compute: the names ``impl``'s
+    rules give (``registry.Implementation.edge_regions``), by position, the regions after the named
+    ones "finalise" (a row's copy of a block past the array); else "init" and "finalise" throughout,
+    as also where the regions before are not the ones named."""
+    from stlib import registry
+
+    named = registry.get(impl).edge_regions(kernel) if impl is not None else None
+    if named is None or len(named[0]) != n_before or len(named[1]) > n_after:
+        return ["init"] * n_before, ["finalise"] * n_after
+    return list(named[0]), [*named[1], *["finalise"] * (n_after - len(named[1]))]
 
 
 def _compute_names(impl: str, kernel: str, n: int) -> list[str]:

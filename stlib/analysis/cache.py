@@ -146,9 +146,10 @@ def source_hash(impl: str) -> str:
     return digest.hexdigest()[:16]
 
 
-def rules_hash(impl: str) -> str:
+def rules_hash(impl: str, backward: bool = False) -> str:
     """Hash of the source of the rules that name ``impl``'s compute regions (its and its backward's
-    ``compute_regions``): they shape a cached attribution without changing the program."""
+    ``compute_regions``, and, for a ``backward`` call, its backward's ``edge_regions`` where it has
+    them): they shape a cached attribution without changing the program."""
     import inspect
 
     from stlib.registry import get
@@ -158,6 +159,8 @@ def rules_hash(impl: str) -> str:
     if implementation.backward is not None:
         hooks.append(implementation.backward.estimator)
     rules = [None if h is None else h.compute_regions for h in hooks]
+    if backward and hooks[-1] is not None and hooks[-1].edge_regions is not None:
+        rules.append(hooks[-1].edge_regions)
     digest = hashlib.sha256()
     for rule in rules:
         digest.update(b"-" if rule is None else inspect.getsource(rule).encode())
@@ -223,7 +226,7 @@ def compiled_attributions(
         key_data = {
             **tool_key(),
             "program": program_hash(config),
-            "rules": rules_hash(impl),
+            "rules": rules_hash(impl, config.backward),
             "config": dataclasses.asdict(dataclasses.replace(config, mask_file=None)),
             "mask": hashlib.sha256(mask_bytes).hexdigest() if mask_bytes else None,
         }

@@ -24,6 +24,7 @@ from stlib.kernels.backward_kernels import (
     DKV_PREFIX,
     DQ_PREFIX,
     FUSED_PREFIX,
+    Finish,
     dkv_pass,
     dq_pass,
     fused_pass,
@@ -31,6 +32,7 @@ from stlib.kernels.backward_kernels import (
 )
 from stlib.kernels.backward_steps import (
     StepCodes,
+    block_steps,
     coded_passes,
     kernel_word,
     region_counts,
@@ -43,7 +45,10 @@ from stlib.layout import block_layout, call_layout
 from stlib.passes import MaskPlan, MaskPlanMode
 
 #: The backward's own tiles, compiled for a TPU, where the forward's are larger (``tile_training``'s
-#: ``own_blocks``): 1,024 x 1,024. Static estimate of the fused backward at 10 x 75,600 x 128, band
+#: ``own_blocks``) and no step-coded layout is taken (a mask that only its int8 table evaluates, with
+#: MASKED steps; or no dq window beside the step-coded blocks): 1,024 x 1,024, whole [block_kv,
+#: block_q] scores a step. Elsewhere the backward runs step-coded (``backward_steps.block_steps``):
+#: dense, v6e, 126.5 ms at 2,048 x 2,048 with 1,024-key updates against 136.3 ms here. Static estimate of the fused backward at 10 x 75,600 x 128, band
 #: 0.25, v6e: 37.3 ms at 1,024 x 1,024 against 43.0 ms at 512 x 1,024 (a grid step's ~590 bundles of
 #: fixed cost beside a 2,717-bundle tile); 1,024 x 2,048 leaves no VMEM for a dq window (split: 48.8).
 BACKWARD_TILE = (1024, 1024)
@@ -74,14 +79,35 @@ class KernelCall:
     plan: MaskPlan
     window: tuple[int, int] | None = None
     steps: StepCodes | None = None
+    finishes: bool = False  # the backward's only call: it writes dq, dk, dv scaled, in the inputs' dtype
 
 
-def kernel_calls(passes, method: str, *, num_q_tiles, block_q, block_kv, head_dim, itemsize, chip):
+#: Rows a finishing call's last dq copy may end on: whole packed sublane tiles of a bf16 array.
+FINISH_ROWS = 16
+
+
+def _finishing(calls: list[KernelCall], num_q_tiles: int, length: int | None) -> list[KernelCall]:
+    """``calls``, the only one marked ``finishes`` where it is the whole backward: one fused call over
+    every q tile (one dq window) that visits every kv tile of every head, for arrays of ``length``
+    rows, a multiple of ``FINISH_ROWS`` (None: unknown, nothing marked). Each of dq, dk and dv is
+    then written once, by it, and needs no f32 buffer in HBM, no zeros and no scale-and-cast pass."""
+    if length is None or length % FINISH_ROWS or len(calls) != 1:
+        return calls
+    if calls[0].kind != "fused" or calls[0].window != (0, num_q_tiles):
+        return calls
+    if not calls[0].selected.any(axis=1).all():  # a kv tile no query sees: its zeros come from HBM
+        return calls
+    return [dataclasses.replace(calls[0], finishes=True)]
+
+
+def kernel_calls(
+    passes, method: str, *, num_q_tiles, block_q, block_kv, head_dim, itemsize, chip, length=None
+):
     """The backward's Pallas calls over the forward's ``passes``, in order: per pass, the fused
     kernel once per dq window with tiles in it (``dq_windows``), or the dq then the dk / dv kernel
     (``method`` "split", or "auto" where no window fits). A step-coded pass runs fused only. Raises
     ValueError for ``method`` "fused" (or a step-coded pass) where no window fits, and for an
-    unknown method."""
+    unknown method. ``length``: the arrays' rows, where a lone call may finish (``_finishing``)."""
     if method not in BACKWARD_METHODS:
         raise ValueError(f"method={method!r} must be one of {BACKWARD_METHODS}")
     calls = []
@@ -91,7 +117,7 @@ def kernel_calls(passes, method: str, *, num_q_tiles, block_q, block_kv, head_di
             raise ValueError("a step-coded pass runs fused only (method='split')")
         windows = []
         if method != "split":
-            score_rows = None if steps is None else steps.grain
+            score_rows = None if steps is None else steps.score_rows
             windows = dq_windows(num_q_tiles, block_q, block_kv, head_dim, itemsize, chip, score_rows)
             if not windows and (method == "fused" or steps is not None):
                 raise ValueError(
@@ -112,7 +138,7 @@ def kernel_calls(passes, method: str, *, num_q_tiles, block_q, block_kv, head_di
                 calls.append(
                     KernelCall(f"{FUSED_PREFIX}_{word}_w{i}", "fused", selected, p.plan, window, steps)
                 )
-    return calls
+    return _finishing(calls, num_q_tiles, length)
 
 
 def tile_backward(
@@ -152,16 +178,25 @@ def tile_backward(
             head_dim=q.shape[2],
             itemsize=q.dtype.itemsize,
             chip=chip,
+            length=length,
         )
     lse_row, di_row = residual_rows(lse, do, o, length, qp.shape[1])
     softmax = online_softmax.SoftmaxOptions(scale, exp2)  # the forward's scaling and exponential
     if exp2:
         lse_row = lse_row * online_softmax.LOG2_E
     args = {"bq": block_q, "bkv": block_kv, "softmax": softmax, "interpret": interpret}
+    data = (qp, kp, vp, dop, lse_row, di_row)
+    if calls[0].finishes:  # the whole backward in one call: dq, dk, dv written final by the kernel
+        (call,) = calls
+        dk, dv, dq = fused_pass(
+            *data, None, None, None, call.selected, call.plan, window=call.window, name=call.name,
+            vmem_limit=pallas_call.vmem_limit(chip), steps=call.steps,
+            finish=Finish(scale, length, (q.dtype, k.dtype, v.dtype)), **args,
+        )  # fmt: skip
+        return dq, dk, dv
     dq = jnp.zeros(qp.shape, jnp.float32)
     dk = jnp.zeros(kp.shape, jnp.float32)
     dv = jnp.zeros(vp.shape, jnp.float32)
-    data = (qp, kp, vp, dop, lse_row, di_row)
     for call in calls:  # each call adds into the accumulators in place (aliased buffers)
         named = {"name": call.name, **args}
         if call.kind == "fused":
@@ -240,9 +275,9 @@ def call_schedule_counts(call: KernelCall, num_heads: int, head_dim: int, itemsi
     """``contract.ScheduleCounts`` of one backward call: its grid, each worked row's init and
     finalise, one compute per tile it computes, and the HBM bytes its blocks move (the kernel
     states them: its lse / di rows are lane-dense, its [block, D] blocks lane-exact at D = 128).
-    Per row start: the row's own blocks in (and their f32 accumulators in and out); per computed
-    step: the other side's blocks; fused, the dq window of each head it visits, in and out, while
-    the kernel waits."""
+    Per row start: the row's own blocks in (and their f32 accumulators in and out; a call that
+    ``finishes`` writes dk, dv once, final); per computed step: the other side's blocks; fused, the
+    dq window of each head it visits, in and out while the kernel waits (finishing: out only)."""
     from stlib.contract import ScheduleCounts
 
     rows, extent = _call_grid(call, num_heads)
@@ -253,16 +288,22 @@ def call_schedule_counts(call: KernelCall, num_heads: int, head_dim: int, itemsi
     if call.kind == "dq":
         row_bytes = bq * head_dim * (2 * itemsize + 2 * 4) + rows_f32  # q, dO; dq in and out (f32)
         fetch_bytes = 2 * bkv * head_dim * itemsize + table  # k, v
+    elif call.finishes:
+        row_bytes = bkv * head_dim * 4 * itemsize  # k, v in; dk, dv out, final
+        fetch_bytes = 2 * bq * head_dim * itemsize + rows_f32 + table  # q, dO, lse, di
     else:
         row_bytes = bkv * head_dim * (2 * itemsize + 4 * 4)  # k, v; dk, dv in and out (f32)
         fetch_bytes = 2 * bq * head_dim * itemsize + rows_f32 + table  # q, dO, lse, di
-    waited = 0
+    waited = heads = 0
     if call.kind == "fused":
         heads = len(np.unique(mask_info.worked_rows(call.selected.sum(axis=1), num_heads)[0]))
-        waited = heads * 2 * (call.window[1] - call.window[0]) * bq * head_dim * 4
+        window_rows = (call.window[1] - call.window[0]) * bq
+        # the head's dq window in and out, f32; final: out only, in the inputs' dtype
+        waited = heads * window_rows * head_dim * (itemsize if call.finishes else 2 * 4)
     compute = {"compute": computed} if call.steps is None else region_counts(call.steps, call.selected, mult)
+    edges = {"head_init": heads, "head_finalise": heads} if call.kind == "fused" else {}  # dq window in, out
     return ScheduleCounts(
-        {"init": rows, **compute, "finalise": rows},
+        {"init": rows, **compute, "finalise": rows, **edges},
         rows * extent,
         rows,
         computed,
@@ -289,12 +330,39 @@ def one_tile_layout(layout):
     return block_layout(layout.mask, rows[0], rows[0])
 
 
+#: Fewest keys an update of a step-coded pass is cut to where the tuned ones leave no dq window.
+MIN_UPDATE_KEYS = 256
+
+
+def update_keys(grain: int) -> list[int]:
+    """Keys per update to try, in turn, from ``grain`` down: halved while at least
+    ``MIN_UPDATE_KEYS`` and a multiple of 128 (a chip with less VMEM than the tuned one's: TPU7x's
+    48 MiB limit leaves no dq window beside 1,024-key updates of 2,048-lane scores; v6e's 96 MiB does).
+
+    >>> update_keys(1024), update_keys(1280), update_keys(128)
+    ([1024, 512, 256], [1280, 640], [128])
+    """
+    out = [grain]
+    while out[-1] // 2 >= MIN_UPDATE_KEYS and (out[-1] // 2) % 128 == 0:
+        out.append(out[-1] // 2)
+    return out
+
+
+def _edge_regions(kernel: str):
+    """The fused kernel's regions around its compute: the head's dq window in (its first kv row),
+    the row's init, then the row's finalise and the head's dq window out (its last kv row); the
+    split kernels': None (init and finalise, once per row)."""
+    if kernel.startswith(FUSED_PREFIX):
+        return ("head_init", "init"), ("finalise", "head_finalise")
+    return None
+
+
 def _compute_regions(kernel: str, n: int) -> list[str]:
     """One "compute" region, or one per step code of a step-coded kernel (its name lists them)."""
     return step_regions(kernel) or ["compute"]
 
 
-def tile_training(forward_with_lse, passes_of, *, own_blocks: bool = False) -> Backward:
+def tile_training(forward_with_lse, passes_of, *, own_blocks: bool = False, step_blocks=None) -> Backward:
     """The ``contract.Backward`` of a flash kernel whose ``forward_with_lse(q, k, v, layout, mask, *,
     scale, options, interpret) -> (o, lse)`` runs the call's ``mask`` (None: dense) on the layout of
     the call's resolved ``Config``: the forward keeps (q, k, v, o, lse); the backward runs
@@ -306,8 +374,11 @@ def tile_training(forward_with_lse, passes_of, *, own_blocks: bool = False) -> B
     where the forward's are larger (a forward tuned to big tiles, whose [block_q, block_kv] f32
     scores the backward's several intermediates would not fit beside in VMEM); only for a forward
     whose passes are exact, since
-    the backward's tiles then differ. The entry also names, attributes and counts the backward's
-    kernels for the static estimate."""
+    the backward's tiles then differ. With ``own_blocks``, the backward runs step-coded where it can:
+    rows of 3-D tiles (``step_layout``), else ``step_blocks(layout, options, chip, interpret) ->
+    (block_q, block_kv, grain)`` (``block_steps``: its own blocks, ``grain``-key updates); where no
+    dq window fits beside them, ``BACKWARD_TILE``. The entry also names, attributes and counts the
+    backward's kernels for the static estimate."""
 
     def backward_plan(mask, length, head_dim, itemsize, config: Config, interpret):
         """(layout, options, calls, chip) of the backward: the forward's layout (or the default
@@ -325,14 +396,18 @@ def tile_training(forward_with_lse, passes_of, *, own_blocks: bool = False) -> B
                 head_dim=head_dim,
                 itemsize=itemsize,
                 chip=chip,
+                length=length,
             )
 
         if own_blocks:
-            coded = step_layout(layout, length)  # rows of 3-D tiles: the forward's patterns, fused
-            if coded is not None:
+            coded, grains = step_layout(layout, length), [None]  # rows of 3-D tiles: the forward's patterns
+            if coded is None and step_blocks is not None:  # any other layout, at the backward's blocks
+                block_q, block_kv, grain = step_blocks(layout, options, chip, interpret)
+                coded, grains = block_steps(layout, length, block_q, block_kv), update_keys(grain)
+            for grain in grains if coded is not None else ():  # fewer keys an update where VMEM is short
                 steps_layout, plan = coded
-                passes = coded_passes(plan, passes_of(steps_layout, options))
-                with contextlib.suppress(ValueError):  # no dq window fits: one tile a block, below
+                passes = coded_passes(plan, passes_of(steps_layout, options), grain)
+                with contextlib.suppress(ValueError):  # no dq window fits: smaller tiles, below
                     return steps_layout, options, calls_of(steps_layout, passes), chip
             default = block_sizes_for(length, None, None, interpret=interpret)
             cap = (default.block_q, default.block_kv) if resolve_interpret(interpret) else BACKWARD_TILE
@@ -386,6 +461,7 @@ def tile_training(forward_with_lse, passes_of, *, own_blocks: bool = False) -> B
         kernel_names=BACKWARD_PREFIXES,
         compute_regions=_compute_regions,
         schedule_counts=schedule_counts,
+        edge_regions=_edge_regions,
     )
     return Backward(forward, backward, estimator, lse_residuals=True)
 
@@ -411,4 +487,5 @@ __all__ = [
     "residual_rows",
     "tile_backward",
     "tile_training",
+    "update_keys",
 ]

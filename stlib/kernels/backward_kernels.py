@@ -44,6 +44,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from stlib.device import LANES
 from stlib.kernels import mask_info, online_softmax, pallas_call
+from stlib.kernels.steps import StepKind
 from stlib.passes import MaskPlan, MaskPlanMode
 
 #: Name prefixes of the backward's Pallas kernels in a compiled program.
@@ -340,6 +341,24 @@ def _kv_blocks(grid: PassGrid, dk_in, dv_in, bkv: int) -> tuple[dict, dict, dict
     return inputs, outputs, scratch
 
 
+def _final_kv_blocks(grid: PassGrid, finish: Finish, shape, bkv: int) -> tuple[dict, dict, dict]:
+    """The outputs of a finishing call (``Finish``): dk and dv of ``finish.length`` rows in k's and v's
+    dtypes (the last kv block partly past the array: its rows there are dropped), and their f32
+    accumulators; no inputs."""
+    _, kv_map, _ = grid.block_maps()
+    head_dim = shape[-1]
+    block = pl.BlockSpec((None, bkv, head_dim), kv_map)
+    outputs = {
+        "dk": (jax.ShapeDtypeStruct((shape[0], finish.length, head_dim), finish.dtypes[1]), block),
+        "dv": (jax.ShapeDtypeStruct((shape[0], finish.length, head_dim), finish.dtypes[2]), block),
+    }
+    scratch = {
+        "dk_acc": pltpu.VMEM((bkv, head_dim), jnp.float32),
+        "dv_acc": pltpu.VMEM((bkv, head_dim), jnp.float32),
+    }
+    return {}, outputs, scratch
+
+
 def dkv_pass(
     q, k, v, do, lse, di, dk_in, dv_in, selected, plan, *, name, bq, bkv,
     softmax: online_softmax.SoftmaxOptions, interpret,
@@ -375,9 +394,20 @@ def dkv_pass(
     )  # fmt: skip
 
 
+@dataclass(frozen=True)
+class Finish:
+    """How the backward's only call (``backward.KernelCall.finishes``) writes its outputs final:
+    dq and dk times ``scale``, dv as it is, cast to ``dtypes`` (q's, k's, v's), ``length`` rows each
+    (the arrays' own, no padding)."""
+
+    scale: float
+    length: int
+    dtypes: tuple
+
+
 def fused_pass(
     q, k, v, do, lse, di, dq_in, dk_in, dv_in, selected, plan, *, name, window, bq, bkv, softmax,
-    interpret, vmem_limit, steps=None,
+    interpret, vmem_limit, steps=None, finish: Finish | None = None,
 ):  # fmt: skip
     """(dq_in + dQ / scale, dk_in + dK / scale, dv_in + dV) of one pass restricted to the q tiles
     ``window`` = (first, end): the dk / dv grid (kv rows, head by head) that also forms dQ = dS K
@@ -386,7 +416,11 @@ def fused_pass(
     DMAs the kernel waits for (the bytes are small beside the steps'); rows of one head are
     consecutive in the grid, so the scratch is whole when it is written. Heads without a row in
     the pass are never visited and keep their dq (aliased buffers). ``steps``
-    (``backward_steps.StepCodes``): each step runs the updates of its code, one region per code."""
+    (``backward_steps.StepCodes``): each step runs the updates of its code, one region per code.
+    ``finish``: the call is the whole backward (one window over every q tile, every kv tile
+    visited), so it reads no dq_in, dk_in, dv_in: its accumulators start at zero, dk and dv leave
+    VMEM final when their kv row is done and each head's dq when its last kv row is, tile by tile
+    through a staging block, all scaled and cast (returns dk, dv, dq of ``finish.length`` rows)."""
     head_dim = k.shape[-1]
     first_tile, end_tile = window
     rows = (end_tile - first_tile) * bq
@@ -400,13 +434,18 @@ def fused_pass(
     def coded_step(r, code, h, qi, ki):
         """The updates of a step of ``code``: each a kv sub-tile against a run of q lanes."""
         qs = online_softmax.scaled_q(r.q, softmax)
+        tail = steps.length % bkv  # keys of the last kv tile that lie in the array (0: all)
         for k0, keys, q0, lanes, masked in steps.updates(code, bq, bkv):
             allowed = None
-            if masked:  # a PARTIAL sub-tile: the mask on it only, keys on sublanes
+            if masked:  # a MASKED piece or PARTIAL sub-tile: the mask on it only, keys on sublanes
                 shape = (keys, lanes)
                 queries = qi * bq + q0 + jax.lax.broadcasted_iota(jnp.int32, shape, 1)
                 key_ids = ki * bkv + k0 + jax.lax.broadcasted_iota(jnp.int32, shape, 0)
                 allowed = steps.mask.mask_function(queries, key_ids, h)
+                if code == StepKind.MASKED and tail:  # its kv tile may be the last: rows past the array
+                    allowed &= key_ids < steps.length
+            if code == StepKind.RAGGED and k0 + keys > tail:  # the piece the array ends in
+                allowed = jax.lax.broadcasted_iota(jnp.int32, (keys, 1), 0) < tail - k0
             if steps.padded(code):  # the kv tile's padding slots are no keys
                 valid = r.valid[pl.ds(k0, keys), :] != 0  # [keys, 1]
                 allowed = valid if allowed is None else allowed & valid
@@ -414,20 +453,40 @@ def fused_pass(
             at = pl.ds(pl.multiple_of((qi - first_tile) * bq + q0, LANES), lanes)
             r.dq_acc[at, :] += _dot(ds_t, k_rows, (0, 0))  # [lanes, D] = dS K
 
+    def write_dq(r, h):
+        """The head's dq, final: each q tile of the scratch scaled, cast and copied out in turn."""
+        tiles, last = divmod(finish.length, bq)
+
+        def tile(t, stage, size):
+            start = t * bq if isinstance(t, int) else pl.multiple_of(t * bq, bq)
+            stage[...] = (r.dq_acc[pl.ds(start, size), :] * finish.scale).astype(stage.dtype)
+            pltpu.async_copy(stage, r.dq.at[h, pl.ds(start, size)], r.sem).wait()
+
+        jax.lax.fori_loop(0, tiles, lambda t, c: (tile(t, r.dq_stage, bq), c)[1], 0)
+        if last:
+            tile(tiles, r.dq_last, last)
+
     def body(tab, r):
         p, j = pl.program_id(0), pl.program_id(1)
         h, ki, qi, _, active = grid.where(p, j, *tab)
         heads = tab[0]
-        head_rows = r.dq.at[h, pl.ds(first_tile * bq, rows)]  # this window of the head's dq in HBM
+        first_row = (p == 0) | (heads[jnp.maximum(p - 1, 0)] != h)
 
-        @pl.when((j == 0) & ((p == 0) | (heads[jnp.maximum(p - 1, 0)] != h)))
-        def _():  # the head's first kv row: its dq so far into VMEM
-            pltpu.async_copy(r.dq_in.at[h, pl.ds(first_tile * bq, rows)], r.dq_acc, r.sem).wait()
+        @pl.when((j == 0) & first_row)
+        def _():  # the head's first kv row: its dq so far into VMEM (final: zeros)
+            if finish is not None:
+                r.dq_acc[...] = jnp.zeros(r.dq_acc.shape, jnp.float32)
+            else:
+                pltpu.async_copy(r.dq_in.at[h, pl.ds(first_tile * bq, rows)], r.dq_acc, r.sem).wait()
 
         @pl.when(j == 0)
         def _():
-            r.dk_acc[...] = r.dk_in[...]
-            r.dv_acc[...] = r.dv_in[...]
+            if finish is not None:
+                r.dk_acc[...] = jnp.zeros(r.dk_acc.shape, jnp.float32)
+                r.dv_acc[...] = jnp.zeros(r.dv_acc.shape, jnp.float32)
+            else:
+                r.dk_acc[...] = r.dk_in[...]
+                r.dv_acc[...] = r.dv_in[...]
 
         if steps is None:
 
@@ -445,28 +504,46 @@ def fused_pass(
 
         @pl.when(j == extent - 1)
         def _():
-            r.dk[...] = r.dk_acc[...]
-            r.dv[...] = r.dv_acc[...]
+            if finish is not None:
+                r.dk[...] = (r.dk_acc[...] * finish.scale).astype(r.dk.dtype)
+                r.dv[...] = r.dv_acc[...].astype(r.dv.dtype)
+            else:
+                r.dk[...] = r.dk_acc[...]
+                r.dv[...] = r.dv_acc[...]
 
         @pl.when((j == extent - 1) & ((p == n_rows - 1) | (heads[jnp.minimum(p + 1, n_rows - 1)] != h)))
         def _():  # the head's last kv row: its dq back to HBM
-            pltpu.async_copy(r.dq_acc, head_rows, r.sem).wait()
+            if finish is not None:
+                write_dq(r, h)
+            else:
+                pltpu.async_copy(r.dq_acc, r.dq.at[h, pl.ds(first_tile * bq, rows)], r.sem).wait()
 
-    inputs, outputs, scratch = _kv_blocks(grid, dk_in, dv_in, bkv)
     in_hbm = pl.BlockSpec(memory_space=pl.ANY)
+    dq_scratch = {"dq_acc": pltpu.VMEM((rows, head_dim), jnp.float32), "sem": pltpu.SemaphoreType.DMA}
+    if finish is None:
+        inputs, outputs, scratch = _kv_blocks(grid, dk_in, dv_in, bkv)
+        inputs["dq_in"] = (dq_in, in_hbm)
+        outputs["dq"] = (jax.ShapeDtypeStruct(dq_in.shape, jnp.float32), in_hbm)
+        aliases = {"dk_in": "dk", "dv_in": "dv", "dq_in": "dq"}
+    else:
+        inputs, outputs, scratch = _final_kv_blocks(grid, finish, k.shape, bkv)
+        outputs["dq"] = (
+            jax.ShapeDtypeStruct((k.shape[0], finish.length, head_dim), finish.dtypes[0]),
+            in_hbm,
+        )
+        dq_scratch["dq_stage"] = pltpu.VMEM((bq, head_dim), finish.dtypes[0])
+        if finish.length % bq:
+            dq_scratch["dq_last"] = pltpu.VMEM((finish.length % bq, head_dim), finish.dtypes[0])
+        aliases = {}
     if any(steps.padded(code) for code in present):  # the per-key validity column, by kv tile
         column = pl.BlockSpec((bkv, 1), lambda p, j, *tab: (grid.where(p, j, *tab)[1], 0))
         inputs["valid"] = (jnp.asarray(steps.key_column), column)
     return grid.run(
         body,
-        inputs={**_read_operands(grid, q, k, v, do, lse, di, bq, bkv), **inputs, "dq_in": (dq_in, in_hbm)},
-        outputs={**outputs, "dq": (jax.ShapeDtypeStruct(dq_in.shape, jnp.float32), in_hbm)},
-        scratch={
-            **scratch,
-            "dq_acc": pltpu.VMEM((rows, head_dim), jnp.float32),
-            "sem": pltpu.SemaphoreType.DMA,
-        },
-        aliases={"dk_in": "dk", "dv_in": "dv", "dq_in": "dq"},
+        inputs={**_read_operands(grid, q, k, v, do, lse, di, bq, bkv), **inputs},
+        outputs=outputs,
+        scratch={**scratch, **dq_scratch},
+        aliases=aliases,
         bq=bq, bkv=bkv, name=name, interpret=interpret,
         dimension_semantics=("arbitrary", "arbitrary"),  # a head's kv rows all add into one dq scratch
         vmem_limit=vmem_limit,

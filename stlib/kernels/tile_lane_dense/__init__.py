@@ -15,6 +15,7 @@ RAGGED tile, the FULL sub-tiles of a pattern) and moves one k and one v block
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from stlib import accounting, tuned
 from stlib._intmath import round_up
@@ -103,6 +104,34 @@ TILED_ROWS: dict[str, tuple[int, int]] = {
     chip: tuple(won["tiled_rows"]) for chip, won in _TUNED.items() if "tiled_rows" in won
 }
 ROWS_FROM = "v6e"
+
+
+#: The backward's step-coded blocks per chip (block_q, block_kv, keys per update) on layouts without
+#: rows of 3-D tiles: the backward sweep's winners (``python -m stlib.bench.backward_sweep``),
+#: read from ``stlib/tuned/NAME_backward.json``; a chip without them takes ``BACKWARD_STEP_BLOCKS``.
+BACKWARD_TUNED = f"{NAME}_backward"
+_TUNED_BACKWARD = tuned.load(BACKWARD_TUNED).get("chips", {})
+BACKWARD_STEP_BLOCKS = (2048, 2048, 1024)
+
+
+def backward_step_blocks(layout: BlockLayout, options: LaneDenseOptions, chip: str | None, interpret):
+    """(block_q, block_kv, keys per update) of the backward's step-coded pass on ``layout``
+    (``backward.tile_training``'s ``step_blocks``): ``options.backward_blocks``, else the forward's
+    blocks and chunk in interpret mode, else the chip's tuned ones; keys per update shrunk to divide
+    the kv block where the forward's is the smaller.
+
+    >>> from stlib import block_layout, masks
+    >>> forward = block_layout(masks.band(9000, 900), 2560, 1280)
+    >>> backward_step_blocks(forward, LaneDenseOptions(backward_blocks=(2048, 2048, 1024)), "v6e", False)
+    (2048, 1280, 256)
+    """
+    if resolve_interpret(interpret) and options.backward_blocks is None:
+        return layout.block_q, layout.block_kv, options.block_kv_compute or layout.block_kv
+    block_q, block_kv, grain = options.backward_blocks or tuple(
+        _TUNED_BACKWARD.get(chip or COMPILE_CHIP, {}).get("blocks", BACKWARD_STEP_BLOCKS)
+    )
+    block_kv = min(block_kv, layout.block_kv)
+    return min(block_q, layout.block_q), block_kv, math.gcd(grain, block_kv)
 
 
 #: Tokens in one row of the case study's 3x8x16 tiles (five tiles along x): the sliding tile's unit.
@@ -301,6 +330,7 @@ IMPLEMENTATION = register(
             lambda q, k, v, layout, mask, **kw: lane_dense_attention(q, k, v, layout, **kw, return_lse=True),
             lambda layout, options: split_passes(layout, BoundaryPolicy.EXACT),
             own_blocks=True,
+            step_blocks=backward_step_blocks,
         ),
     ),
     estimator=EstimatorHooks(

@@ -33,7 +33,9 @@ class LaneDenseOptions:
     its chunks in turn, so a fold holds [chunk, 256] scores, not [chunk, block_q] (None: the chip's
     ``FOLD_LANES``, else the whole q tile); MASKED steps and patterns fold whole lane runs;
     ``chip``: the chip whose VMEM the blocks must fit and whose limit the call asks for (None: the
-    chip at hand, else the smallest VMEM in the chip table)."""
+    chip at hand, else the smallest VMEM in the chip table); ``backward_blocks``: (block_q, block_kv,
+    keys per update) of the backward's step-coded pass on a layout without rows of 3-D tiles, each
+    block no larger than the forward's (None: the chip's tuned backward blocks)."""
 
     exp2: bool = True
     block_kv_compute: int | None = None
@@ -43,6 +45,7 @@ class LaneDenseOptions:
     lookahead: int | None = None
     block_q_compute: int | None = None
     chip: str | None = None
+    backward_blocks: tuple[int, int, int] | None = None
 
     def __post_init__(self):
         for name in ("exp2", "bf16_probs"):
@@ -75,3 +78,13 @@ class LaneDenseOptions:
             )
         if self.chip is not None:
             chip_spec(self.chip)  # raises, naming the chips of the table
+        if self.backward_blocks is not None:
+            blocks = tuple(self.backward_blocks)  # a record's JSON list too: options hash by value
+            if len(blocks) != 3 or any(not isinstance(b, int) or b <= 0 or b % LANES for b in blocks):
+                raise ValueError(
+                    f"backward_blocks={self.backward_blocks!r} must be (block_q, block_kv, keys per update), "
+                    f"positive multiples of {LANES}"
+                )
+            if blocks[1] % blocks[2]:
+                raise ValueError(f"backward_blocks={blocks}: keys per update must divide block_kv")
+            object.__setattr__(self, "backward_blocks", blocks)
