@@ -454,17 +454,14 @@ def fused_pass(
             r.dq_acc[at, :] += _dot(ds_t, k_rows, (0, 0))  # [lanes, D] = dS K
 
     def write_dq(r, h):
-        """The head's dq, final: each q tile of the scratch scaled, cast and copied out in turn."""
+        """The head's dq, final: each q tile of the scratch scaled, cast and copied out in turn,
+        unrolled (a loop as the region's only content is compiled as a loop around a predicated
+        body at the top of the step, which the static estimate would charge every grid step)."""
         tiles, last = divmod(finish.length, bq)
-
-        def tile(t, stage, size):
-            start = t * bq if isinstance(t, int) else pl.multiple_of(t * bq, bq)
-            stage[...] = (r.dq_acc[pl.ds(start, size), :] * finish.scale).astype(stage.dtype)
-            pltpu.async_copy(stage, r.dq.at[h, pl.ds(start, size)], r.sem).wait()
-
-        jax.lax.fori_loop(0, tiles, lambda t, c: (tile(t, r.dq_stage, bq), c)[1], 0)
-        if last:
-            tile(tiles, r.dq_last, last)
+        for t in range(tiles + (last > 0)):
+            stage, size = (r.dq_stage, bq) if t < tiles else (r.dq_last, last)
+            stage[...] = (r.dq_acc[pl.ds(t * bq, size), :] * finish.scale).astype(stage.dtype)
+            pltpu.async_copy(stage, r.dq.at[h, pl.ds(t * bq, size)], r.sem).wait()
 
     def body(tab, r):
         p, j = pl.program_id(0), pl.program_id(1)
