@@ -490,16 +490,24 @@ for direction in (False, True):
     print(stlib.static_estimate("splash", "causal", "tpu7x", backward=direction, **small_call), "\n")
 
 # %% [markdown]
-# Read the table against its targets: a backward within 2.5x its forward (the fused kernel's flops
-# are exactly 2.5x the forward's) and forward + backward within a quarter of dense Splash's. Where a
-# row misses, the per-kernel breakdown in the records (`bundles` per path) says why: a grid step's
-# fixed cost beside its tile. The sliding tile shows how much the blocks matter. Its forward runs
-# rows of 3-D tiles as pattern steps, and so does its backward (`stlib.kernels.backward_steps`): a
-# block is one row of 3-D tiles along x, and each step runs the forward's mask-free sub-tile
-# updates on the fused kernel's transposed grid (keys on sublanes, as the forward's scores are).
-# With the same blocks and no patterns every tile would evaluate the mask; with one 3-D tile a
-# block every small step pays the fixed cost (the estimates of both are in the docstring of
-# `stlib.kernels.backward.one_tile_layout`, the fallback where no dq window fits in VMEM).
+# Read the table against the targets on its first line: dense, the tile kernel's backward over
+# Splash's best backward (both at tuned blocks); the band, a training step (forward + backward) over
+# dense Splash's; the sliding tile, its backward over its own forward (the fused kernel's flops are
+# exactly 2.5x the forward's, so 2.5 is the floor of that ratio) and its training step. Where a row
+# misses, the records' per-kernel breakdown (`bundles` per path, the MXU feed above) says why.
+#
+# Every row's backward is step-coded now. The sliding tile runs rows of 3-D tiles as pattern steps
+# at the forward's blocks; dense and the band run the forward's step codes at the backward's own
+# tuned blocks, whose [keys, block_q] updates fit VMEM beside the dq window where whole
+# [block_kv, block_q] tiles did not. Where that one call is the whole backward (one dq window:
+# v5e and v6e), it also writes dq, dk and dv final, so the glue is only the inputs' padding and di.
+# TPU7x has half their VMEM: its dq window splits, and its backward keeps the f32 accumulators
+# and the separate scale-and-cast pass. With one 3-D tile a block every small step would pay the
+# fixed cost, and at 1,024 x 1,024 every sliding-tile step would evaluate the mask (the estimates
+# of both are in the docstring of `stlib.kernels.backward.one_tile_layout`, the fallback where no
+# dq window fits in VMEM). Whatever the backward gains, a training step also pays its forward: the
+# sliding tile's backward is within its target ratio of its forward, so its training step can only
+# reach its target through a faster forward.
 
 # %% [markdown]
 # The backward also compiles for real chips without one. `python -m stlib.bench.backward_compile
@@ -522,5 +530,8 @@ print(backward_compile.format_table(backward_compile.read(cfg.data / "backward_c
 # * Fused, the dk / dv walk also forms dQ from the dS^T it has (5 matmuls), adding into a window of
 #   the head's dq held in VMEM: still no partials in HBM, still deterministic.
 # * Lane-dense residuals: lse and di as [1, L] rows broadcast over the keys of the transposed scores.
+# * Step codes carry over: the transposed grid runs the forward's FULL, RAGGED, MASKED and pattern
+#   steps in [keys, block_q] updates, so the backward's blocks are as large as VMEM beside the dq
+#   window allows, swept per chip like the forward's.
 # * Every stlib Pallas kernel now trains, and so does everything built on them (`video_attention`,
 #   routed plans, `stlib.attention_fn`, `parallel_attention`).
