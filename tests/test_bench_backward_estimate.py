@@ -89,9 +89,18 @@ def test_the_backward_sweep_runs_candidates_within_the_forward_blocks_and_tunes_
         record(full, (2048, 2048, 1024), 126.0),
         record(band, (2048, 2048, 1024), 36.0),
         record(full, (2560, 2560, 640), 100.0),  # fastest on dense, but never estimated on the band
+        {
+            **record(band, (2560, 2560, 640), 0.0),
+            "estimated": False,
+            "error": "compiling failed:\nstderr\nkilled",
+        },
     ]
     path = tmp_path / "sweep.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in lines))
     won = bs.winners(bs.read(path))["v6e"]
     assert won["blocks"] == [2048, 2048, 1024] and won["total_ms"] == pytest.approx(162.0)
-    assert "2048 x 2048 / 1024 (tuned)" in bs.format_table(bs.read(path))
+    table = bs.format_table(bs.read(path))
+    assert "2048 x 2048 / 1024 (tuned)" in table
+    assert (
+        "not estimated: v6e band (density 0.25) (2560, 2560, 640): killed" in table.splitlines()
+    )  # one line

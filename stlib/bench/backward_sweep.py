@@ -187,7 +187,8 @@ def format_table(records: dict[tuple, dict]) -> str:
         )
     for (chip, mask, blocks), record in sorted(records.items()):
         if not record.get("estimated"):
-            lines.append(f"not estimated: {chip} {mask} {blocks}: {record.get('error', '')[-200:]}")
+            reason = [line.strip() for line in record.get("error", "").splitlines() if line.strip()]
+            lines.append(f"not estimated: {chip} {mask} {blocks}: {(reason or ['?'])[-1][-160:]}")
     return "\n".join(lines)
 
 
