@@ -106,13 +106,17 @@ class EstimatorHooks:
 class Presentation:
     """How benchmarks, sweeps and plots show an implementation: ``title`` (its name when empty),
     ``variants`` (label -> options the comparisons run), ``sweep_candidates`` ({mask family:
-    (block_q, block_kv, block_kv_compute)} of its block sweep) and ``sweep_facts`` (what the sweep
-    records beside each candidate)."""
+    (block_q, block_kv, block_kv_compute)} of its block sweep), ``sweep_facts`` (what the sweep
+    records beside each candidate), and for a backward with blocks of its own, ``backward_runs(chip,
+    (block_q, block_kv, keys per update), length, head_dim, itemsize) -> bool`` (whether it runs those
+    blocks there) and ``backward_tuned`` (the name of the tuned data its sweep writes)."""
 
     title: str = ""
     variants: Mapping[str, Mapping] = field(default_factory=dict)
     sweep_candidates: Mapping[str, tuple] = field(default_factory=dict)
     sweep_facts: SweepFacts | None = None
+    backward_runs: Callable[..., bool] | None = None
+    backward_tuned: str = ""
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,12 @@ import argparse
 import json
 from concurrent.futures import ThreadPoolExecutor
 
-from stlib import paths, tuned
+from stlib import paths, registry, tuned
 from stlib.bench.backward_estimate import TILE_KERNEL, estimate_case
+from stlib.configs import CASE_STUDY
+
+#: The kernel whose backward is swept (the best tile kernel, the targets table's).
+KERNEL = registry.get(TILE_KERNEL)
 
 RECORDS = "data/backward_block_sweep.jsonl"
 CHIPS = ("v6e", "tpu7x", "v5e")
@@ -42,27 +46,14 @@ CANDIDATES = (
 )
 
 
-def _forward_blocks(chip: str) -> tuple[int, int]:
-    from stlib.kernels.tile_lane_dense import DEFAULT_BLOCKS
-
-    blocks = DEFAULT_BLOCKS[chip]
-    return blocks.block_q, blocks.block_kv
-
-
 def runs_on(chip: str, blocks) -> bool:
-    """Whether the backward runs ``blocks`` on ``chip`` at the case-study shape: no larger than the
-    forward's blocks, and a dq window fits beside their updates in the chip's VMEM.
+    """Whether the kernel's backward runs ``blocks`` on ``chip`` at the case-study shape (its
+    ``Presentation.backward_runs``: no larger than the forward's blocks, a dq window in VMEM).
 
     >>> runs_on("v6e", (2048, 2048, 1024)), runs_on("tpu7x", (2048, 2048, 1024)), runs_on("tpu7x", (2048, 2048, 512))
     (True, False, True)
     """
-    from stlib.configs import CASE_STUDY
-    from stlib.kernels.backward_vmem import dq_windows
-
-    fq, fkv = _forward_blocks(chip)
-    bq, bkv, keys = blocks
-    tiles = -(-CASE_STUDY.num_tokens // bq)
-    return bq <= fq and bkv <= fkv and bool(dq_windows(tiles, bq, bkv, CASE_STUDY.head_dim, 2, chip, keys))
+    return KERNEL.presentation.backward_runs(chip, blocks, CASE_STUDY.num_tokens, CASE_STUDY.head_dim, 2)
 
 
 def cases(chips=CHIPS) -> list[dict]:
@@ -153,11 +144,11 @@ def winners(records: dict[tuple, dict]) -> dict[str, dict]:
 
 def write_tuned(records) -> str:
     """The winners as the kernel's tuned backward blocks (package data); returns the path."""
-    from stlib.kernels.tile_lane_dense import BACKWARD_TUNED
     from stlib.provenance import provenance
 
     chips = {chip: {"blocks": won["blocks"]} for chip, won in winners(records).items()}
-    return str(tuned.write(BACKWARD_TUNED, {"chips": chips, "implementation": TILE_KERNEL, **provenance()}))
+    name = KERNEL.presentation.backward_tuned
+    return str(tuned.write(name, {"chips": chips, "implementation": TILE_KERNEL, **provenance()}))
 
 
 def format_table(records: dict[tuple, dict]) -> str:

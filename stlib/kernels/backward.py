@@ -2,7 +2,7 @@
 kernel per pass and dq window, or the split dq and dk / dv kernels), running them (``tile_backward``),
 what they execute (``backward_work``, ``call_schedule_counts`` for the static estimate) and the
 ``contract.Backward`` a flash kernel trains with (``tile_training``). The kernels themselves, and
-the gradient they compute: ``stlib.kernels.backward_kernels``.
+the gradient they compute: ``stlib.kernels.backward_kernels`` and ``stlib.kernels.backward_fused``.
 """
 
 from __future__ import annotations
@@ -19,15 +19,14 @@ from stlib.blocks import block_sizes_for
 from stlib.contract import Backward, Config, EstimatorHooks
 from stlib.device import current_chip, resolve_interpret
 from stlib.kernels import mask_info, online_softmax, pallas_call
+from stlib.kernels.backward_fused import Finish, fused_pass
 from stlib.kernels.backward_kernels import (
     BACKWARD_PREFIXES,
     DKV_PREFIX,
     DQ_PREFIX,
     FUSED_PREFIX,
-    Finish,
     dkv_pass,
     dq_pass,
-    fused_pass,
     residual_rows,
 )
 from stlib.kernels.backward_steps import (

@@ -1,5 +1,5 @@
 """The backward's Pallas kernels (``stlib.kernels.backward`` runs them): a dq kernel over the forward's
-per-q-row tile tables, a dk / dv kernel over the transposed, per-kv-row tables, and the fused dk / dv /
+per-q-row tile tables, a dk / dv kernel over the transposed, per-kv-row tables, and (``stlib.kernels.backward_fused``) the fused dk / dv /
 dq kernel over the transposed tables, one pass at a time.
 
 With P = softmax(S) (the forward's own probabilities, rebuilt from its log-sum-exp), the
@@ -44,7 +44,6 @@ from jax.experimental.pallas import tpu as pltpu
 
 from stlib.device import LANES
 from stlib.kernels import mask_info, online_softmax, pallas_call
-from stlib.kernels.steps import StepKind
 from stlib.passes import MaskPlan, MaskPlanMode
 
 #: Name prefixes of the backward's Pallas kernels in a compiled program.
@@ -70,7 +69,7 @@ def _mask_fn(plan: MaskPlan, tab, head, qi, ki, bq, bkv, *, transposed: bool):
     return None  # TABLE: read from the table operand by the kernel
 
 
-def _dot(a, b, contract):
+def dot_f32(a, b, contract):
     """a . b contracting ``contract`` = (axis of a, axis of b), f32 accumulation."""
     return jax.lax.dot_general(
         a, b, ((contract[:1], contract[1:]), ((), ())), preferred_element_type=jnp.float32
@@ -203,7 +202,7 @@ class PassGrid:
         )
 
 
-def _read_operands(grid: PassGrid, q, k, v, do, lse, di, bq: int, bkv: int) -> dict:
+def read_operands(grid: PassGrid, q, k, v, do, lse, di, bq: int, bkv: int) -> dict:
     """q, k, v, dO, lse, di (what every backward kernel reads, in that order) with their BlockSpecs."""
     q_map, kv_map, row_map = grid.block_maps()
     head_dim = q.shape[-1]
@@ -254,14 +253,14 @@ def dq_pass(
         @pl.when(active)
         def _():
             qs = online_softmax.scaled_q(r.q, softmax)
-            s = _dot(qs, r.k[...], (1, 1))  # [bq, bkv]
+            s = dot_f32(qs, r.k[...], (1, 1))  # [bq, bkv]
             p_ = softmax.exp(s - online_softmax.lanes(r.lse_col[...], bkv))
-            dp = _dot(r.do[...], r.v[...], (1, 1))  # [bq, bkv]
+            dp = dot_f32(r.do[...], r.v[...], (1, 1))  # [bq, bkv]
             ds = p_ * (dp - online_softmax.lanes(r.di_col[...], bkv))
             allowed = grid.allowed(r, tab, h, qi, ki, bq, bkv)
             if allowed is not None:
                 ds = jnp.where(allowed, ds, 0.0)
-            r.acc[...] += _dot(ds.astype(r.k.dtype), r.k[...], (1, 0))  # [bq, D]
+            r.acc[...] += dot_f32(ds.astype(r.k.dtype), r.k[...], (1, 0))  # [bq, D]
 
         @pl.when(j == extent - 1)
         def _():
@@ -271,7 +270,7 @@ def dq_pass(
     q_block = pl.BlockSpec((None, bq, head_dim), q_map)
     return grid.run(
         body,
-        inputs={**_read_operands(grid, q, k, v, do, lse, di, bq, bkv), "dq_in": (dq_in, q_block)},
+        inputs={**read_operands(grid, q, k, v, do, lse, di, bq, bkv), "dq_in": (dq_in, q_block)},
         outputs={"dq": (jax.ShapeDtypeStruct(dq_in.shape, jnp.float32), q_block)},
         scratch={
             "lse_col": pltpu.VMEM((bq, LANES), jnp.float32),
@@ -300,7 +299,7 @@ def _add_rows(ref, rows, value):
         ref[pl.ds(*rows), :] += value
 
 
-def _kv_tile_step(r, allowed, softmax, qs=None, keys=None, lanes=None):
+def kv_tile_step(r, allowed, softmax, qs=None, keys=None, lanes=None):
     """One computed tile of a kv-row grid (the dk / dv and the fused kernel), or its update of the
     keys ``keys`` against the q lanes ``lanes`` (first, count; None: the whole tile): S^T and P^T
     with keys on sublanes (the lse row broadcasts over them), dV += P^T dO, dP^T, dS^T = P^T *
@@ -310,21 +309,21 @@ def _kv_tile_step(r, allowed, softmax, qs=None, keys=None, lanes=None):
     if lanes is not None:
         qs = qs[lanes[0] : lanes[0] + lanes[1]]
     k, do = _rows(r.k, keys), _rows(r.do, lanes)
-    s_t = _dot(k, qs, (1, 1))  # [bkv, bq]: keys on sublanes
+    s_t = dot_f32(k, qs, (1, 1))  # [bkv, bq]: keys on sublanes
     p_t = softmax.exp(s_t - _lanes(r.lse, lanes))  # the lse row [1, bq] broadcasts over the keys
     if allowed is not None:
         p_t = jnp.where(allowed, p_t, 0.0)
-    _add_rows(r.dv_acc, keys, _dot(p_t.astype(r.do.dtype), do, (1, 0)))  # [bkv, D]
-    dp_t = _dot(_rows(r.v, keys), do, (1, 1))  # [bkv, bq]
+    _add_rows(r.dv_acc, keys, dot_f32(p_t.astype(r.do.dtype), do, (1, 0)))  # [bkv, D]
+    dp_t = dot_f32(_rows(r.v, keys), do, (1, 1))  # [bkv, bq]
     ds_t = p_t * (dp_t - _lanes(r.di, lanes))
     if allowed is not None:
         ds_t = jnp.where(allowed, ds_t, 0.0)
     ds_t = ds_t.astype(r.q.dtype)
-    _add_rows(r.dk_acc, keys, _dot(ds_t, _rows(r.q, lanes), (1, 0)))  # [bkv, D]
+    _add_rows(r.dk_acc, keys, dot_f32(ds_t, _rows(r.q, lanes), (1, 0)))  # [bkv, D]
     return ds_t, k
 
 
-def _kv_blocks(grid: PassGrid, dk_in, dv_in, bkv: int) -> tuple[dict, dict, dict]:
+def kv_blocks(grid: PassGrid, dk_in, dv_in, bkv: int) -> tuple[dict, dict, dict]:
     """The dk / dv operands so far (aliased to the outputs), the outputs and their f32
     accumulators, of a kv-row grid."""
     _, kv_map, _ = grid.block_maps()
@@ -339,24 +338,6 @@ def _kv_blocks(grid: PassGrid, dk_in, dv_in, bkv: int) -> tuple[dict, dict, dict
         "dv_acc": pltpu.VMEM((bkv, dk_in.shape[-1]), jnp.float32),
     }
     return inputs, outputs, scratch
-
-
-def _final_kv_blocks(grid: PassGrid, finish: Finish, shape, bkv: int) -> tuple[dict, dict, dict]:
-    """The outputs of a finishing call (``Finish``): dk and dv of ``finish.length`` rows in k's and v's
-    dtypes (the last kv block partly past the array: its rows there are dropped), and their f32
-    accumulators; no inputs."""
-    _, kv_map, _ = grid.block_maps()
-    head_dim = shape[-1]
-    block = pl.BlockSpec((None, bkv, head_dim), kv_map)
-    outputs = {
-        "dk": (jax.ShapeDtypeStruct((shape[0], finish.length, head_dim), finish.dtypes[1]), block),
-        "dv": (jax.ShapeDtypeStruct((shape[0], finish.length, head_dim), finish.dtypes[2]), block),
-    }
-    scratch = {
-        "dk_acc": pltpu.VMEM((bkv, head_dim), jnp.float32),
-        "dv_acc": pltpu.VMEM((bkv, head_dim), jnp.float32),
-    }
-    return {}, outputs, scratch
 
 
 def dkv_pass(
@@ -378,172 +359,19 @@ def dkv_pass(
 
         @pl.when(active)
         def _():
-            _kv_tile_step(r, grid.allowed(r, tab, h, qi, ki, bq, bkv), softmax)
+            kv_tile_step(r, grid.allowed(r, tab, h, qi, ki, bq, bkv), softmax)
 
         @pl.when(j == extent - 1)
         def _():
             r.dk[...] = r.dk_acc[...]
             r.dv[...] = r.dv_acc[...]
 
-    inputs, outputs, scratch = _kv_blocks(grid, dk_in, dv_in, bkv)
+    inputs, outputs, scratch = kv_blocks(grid, dk_in, dv_in, bkv)
     return grid.run(
         body,
-        inputs={**_read_operands(grid, q, k, v, do, lse, di, bq, bkv), **inputs},
+        inputs={**read_operands(grid, q, k, v, do, lse, di, bq, bkv), **inputs},
         outputs=outputs, scratch=scratch, aliases={"dk_in": "dk", "dv_in": "dv"},
         bq=bq, bkv=bkv, name=name, interpret=interpret,
-    )  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Finish:
-    """How the backward's only call (``backward.KernelCall.finishes``) writes its outputs final:
-    dq and dk times ``scale``, dv as it is, cast to ``dtypes`` (q's, k's, v's), ``length`` rows each
-    (the arrays' own, no padding)."""
-
-    scale: float
-    length: int
-    dtypes: tuple
-
-
-def fused_pass(
-    q, k, v, do, lse, di, dq_in, dk_in, dv_in, selected, plan, *, name, window, bq, bkv, softmax,
-    interpret, vmem_limit, steps=None, finish: Finish | None = None,
-):  # fmt: skip
-    """(dq_in + dQ / scale, dk_in + dK / scale, dv_in + dV) of one pass restricted to the q tiles
-    ``window`` = (first, end): the dk / dv grid (kv rows, head by head) that also forms dQ = dS K
-    from the dS^T it has, accumulating the window's dq of the current head in a VMEM scratch. That
-    scratch is read from HBM when a head's first kv row starts and written back after its last, by
-    DMAs the kernel waits for (the bytes are small beside the steps'); rows of one head are
-    consecutive in the grid, so the scratch is whole when it is written. Heads without a row in
-    the pass are never visited and keep their dq (aliased buffers). ``steps``
-    (``backward_steps.StepCodes``): each step runs the updates of its code, one region per code.
-    ``finish``: the call is the whole backward (one window over every q tile, every kv tile
-    visited), so it reads no dq_in, dk_in, dv_in: its accumulators start at zero, dk and dv leave
-    VMEM final when their kv row is done and each head's dq when its last kv row is, tile by tile
-    through a staging block, all scaled and cast (returns dk, dv, dq of ``finish.length`` rows)."""
-    head_dim = k.shape[-1]
-    first_tile, end_tile = window
-    rows = (end_tile - first_tile) * bq
-    grid = PassGrid.of(
-        selected, plan, k.shape[0], transposed=True, block_q=bq, kernel="the fused backward kernel",
-        codes=None if steps is None else steps.codes,
-    )  # fmt: skip
-    extent, n_rows = grid.extent, grid.n_rows
-    present = () if steps is None else steps.present(selected)
-
-    def coded_step(r, code, h, qi, ki):
-        """The updates of a step of ``code``: each a kv sub-tile against a run of q lanes."""
-        qs = online_softmax.scaled_q(r.q, softmax)
-        tail = steps.length % bkv  # keys of the last kv tile that lie in the array (0: all)
-        for k0, keys, q0, lanes, masked in steps.updates(code, bq, bkv):
-            allowed = None
-            if masked:  # a MASKED piece or PARTIAL sub-tile: the mask on it only, keys on sublanes
-                shape = (keys, lanes)
-                queries = qi * bq + q0 + jax.lax.broadcasted_iota(jnp.int32, shape, 1)
-                key_ids = ki * bkv + k0 + jax.lax.broadcasted_iota(jnp.int32, shape, 0)
-                allowed = steps.mask.mask_function(queries, key_ids, h)
-                if code == StepKind.MASKED and tail:  # its kv tile may be the last: rows past the array
-                    allowed &= key_ids < steps.length
-            if code == StepKind.RAGGED and k0 + keys > tail:  # the piece the array ends in
-                allowed = jax.lax.broadcasted_iota(jnp.int32, (keys, 1), 0) < tail - k0
-            if steps.padded(code):  # the kv tile's padding slots are no keys
-                valid = r.valid[pl.ds(k0, keys), :] != 0  # [keys, 1]
-                allowed = valid if allowed is None else allowed & valid
-            ds_t, k_rows = _kv_tile_step(r, allowed, softmax, qs, (k0, keys), (q0, lanes))
-            at = pl.ds(pl.multiple_of((qi - first_tile) * bq + q0, LANES), lanes)
-            r.dq_acc[at, :] += _dot(ds_t, k_rows, (0, 0))  # [lanes, D] = dS K
-
-    def write_dq(r, h):
-        """The head's dq, final: each q tile of the scratch scaled, cast and copied out in turn,
-        unrolled (a loop as the region's only content is compiled as a loop around a predicated
-        body at the top of the step, which the static estimate would charge every grid step)."""
-        tiles, last = divmod(finish.length, bq)
-        for t in range(tiles + (last > 0)):
-            stage, size = (r.dq_stage, bq) if t < tiles else (r.dq_last, last)
-            stage[...] = (r.dq_acc[pl.ds(t * bq, size), :] * finish.scale).astype(stage.dtype)
-            pltpu.async_copy(stage, r.dq.at[h, pl.ds(t * bq, size)], r.sem).wait()
-
-    def body(tab, r):
-        p, j = pl.program_id(0), pl.program_id(1)
-        h, ki, qi, _, active = grid.where(p, j, *tab)
-        heads = tab[0]
-        first_row = (p == 0) | (heads[jnp.maximum(p - 1, 0)] != h)
-
-        @pl.when((j == 0) & first_row)
-        def _():  # the head's first kv row: its dq so far into VMEM (final: zeros)
-            if finish is not None:
-                r.dq_acc[...] = jnp.zeros(r.dq_acc.shape, jnp.float32)
-            else:
-                pltpu.async_copy(r.dq_in.at[h, pl.ds(first_tile * bq, rows)], r.dq_acc, r.sem).wait()
-
-        @pl.when(j == 0)
-        def _():
-            if finish is not None:
-                r.dk_acc[...] = jnp.zeros(r.dk_acc.shape, jnp.float32)
-                r.dv_acc[...] = jnp.zeros(r.dv_acc.shape, jnp.float32)
-            else:
-                r.dk_acc[...] = r.dk_in[...]
-                r.dv_acc[...] = r.dv_in[...]
-
-        if steps is None:
-
-            @pl.when(active)
-            def _():
-                ds_t, _ = _kv_tile_step(r, grid.allowed(r, tab, h, qi, ki, bq, bkv), softmax)
-                at = pl.ds(pl.multiple_of((qi - first_tile) * bq, bq), bq)
-                r.dq_acc[at, :] += _dot(ds_t, r.k[...], (0, 0))  # [bq, D] = dS K
-
-        for code in present:  # one region per step code
-
-            @pl.when(active & (tab[-1][grid.where(p, j, *tab)[3]] == code))
-            def _(code=code):
-                coded_step(r, code, h, qi, ki)
-
-        @pl.when(j == extent - 1)
-        def _():
-            if finish is not None:
-                r.dk[...] = (r.dk_acc[...] * finish.scale).astype(r.dk.dtype)
-                r.dv[...] = r.dv_acc[...].astype(r.dv.dtype)
-            else:
-                r.dk[...] = r.dk_acc[...]
-                r.dv[...] = r.dv_acc[...]
-
-        @pl.when((j == extent - 1) & ((p == n_rows - 1) | (heads[jnp.minimum(p + 1, n_rows - 1)] != h)))
-        def _():  # the head's last kv row: its dq back to HBM
-            if finish is not None:
-                write_dq(r, h)
-            else:
-                pltpu.async_copy(r.dq_acc, r.dq.at[h, pl.ds(first_tile * bq, rows)], r.sem).wait()
-
-    in_hbm = pl.BlockSpec(memory_space=pl.ANY)
-    dq_scratch = {"dq_acc": pltpu.VMEM((rows, head_dim), jnp.float32), "sem": pltpu.SemaphoreType.DMA}
-    if finish is None:
-        inputs, outputs, scratch = _kv_blocks(grid, dk_in, dv_in, bkv)
-        inputs["dq_in"] = (dq_in, in_hbm)
-        outputs["dq"] = (jax.ShapeDtypeStruct(dq_in.shape, jnp.float32), in_hbm)
-        aliases = {"dk_in": "dk", "dv_in": "dv", "dq_in": "dq"}
-    else:
-        inputs, outputs, scratch = _final_kv_blocks(grid, finish, k.shape, bkv)
-        outputs["dq"] = (
-            jax.ShapeDtypeStruct((k.shape[0], finish.length, head_dim), finish.dtypes[0]),
-            in_hbm,
-        )
-        dq_scratch["dq_stage"] = pltpu.VMEM((bq, head_dim), finish.dtypes[0])
-        if finish.length % bq:
-            dq_scratch["dq_last"] = pltpu.VMEM((finish.length % bq, head_dim), finish.dtypes[0])
-        aliases = {}
-    if any(steps.padded(code) for code in present):  # the per-key validity column, by kv tile
-        column = pl.BlockSpec((bkv, 1), lambda p, j, *tab: (grid.where(p, j, *tab)[1], 0))
-        inputs["valid"] = (jnp.asarray(steps.key_column), column)
-    return grid.run(
-        body,
-        inputs={**_read_operands(grid, q, k, v, do, lse, di, bq, bkv), **inputs},
-        outputs=outputs,
-        scratch={**scratch, **dq_scratch},
-        aliases=aliases,
-        bq=bq, bkv=bkv, name=name, interpret=interpret,
-        dimension_semantics=("arbitrary", "arbitrary"),  # a head's kv rows all add into one dq scratch
-        vmem_limit=vmem_limit,
     )  # fmt: skip
 
 

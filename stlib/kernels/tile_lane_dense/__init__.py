@@ -25,6 +25,7 @@ from stlib.device import CHIPS, LANES, current_chip, resolve_interpret
 from stlib.geometry import tile_rows
 from stlib.kernels import flash_options
 from stlib.kernels.backward import tile_training
+from stlib.kernels.backward_vmem import dq_windows
 from stlib.kernels.pallas_call import VMEM_SHARE, vmem_limit
 from stlib.kernels.steps import (
     CODE_BITS,
@@ -132,6 +133,21 @@ def backward_step_blocks(layout: BlockLayout, options: LaneDenseOptions, chip: s
     )
     block_kv = min(block_kv, layout.block_kv)
     return min(block_q, layout.block_q), block_kv, math.gcd(grain, block_kv)
+
+
+def backward_runs(chip: str, blocks, length: int, head_dim: int, itemsize: int) -> bool:
+    """Whether the backward runs its step-coded pass at ``blocks`` = (block_q, block_kv, keys per
+    update) on ``chip`` for [H, ``length``, ``head_dim``] inputs: no larger than the chip's forward
+    blocks, and a dq window fits beside their updates in its VMEM (the backward sweep's candidates).
+
+    >>> backward_runs("v6e", (2048, 2048, 1024), 75_600, 128, 2), backward_runs("tpu7x", (2048, 2048, 1024), 75_600, 128, 2)
+    (True, False)
+    """
+    forward = DEFAULT_BLOCKS[chip]
+    block_q, block_kv, keys = blocks
+    if block_q > forward.block_q or block_kv > forward.block_kv:
+        return False
+    return bool(dq_windows(-(-length // block_q), block_q, block_kv, head_dim, itemsize, chip, keys))
 
 
 #: Tokens in one row of the case study's 3x8x16 tiles (five tiles along x): the sliding tile's unit.
@@ -342,5 +358,7 @@ IMPLEMENTATION = register(
     presentation=Presentation(
         sweep_candidates=SWEEP_CANDIDATES,
         sweep_facts=sweep_facts,
+        backward_runs=backward_runs,
+        backward_tuned=BACKWARD_TUNED,
     ),
 )
