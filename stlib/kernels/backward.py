@@ -403,11 +403,13 @@ def tile_training(forward_with_lse, passes_of, *, own_blocks: bool = False, step
             if coded is None and step_blocks is not None:  # any other layout, at the backward's blocks
                 block_q, block_kv, grain = step_blocks(layout, options, chip, interpret)
                 coded, grains = block_steps(layout, length, block_q, block_kv), update_keys(grain)
-            for grain in grains if coded is not None else ():  # fewer keys an update where VMEM is short
+            if coded is not None:
                 steps_layout, plan = coded
-                passes = coded_passes(plan, passes_of(steps_layout, options), grain)
-                with contextlib.suppress(ValueError):  # no dq window fits: smaller tiles, below
-                    return steps_layout, options, calls_of(steps_layout, passes), chip
+                exact = passes_of(steps_layout, options)  # the layout's exact passes, once
+                for grain in grains:  # fewer keys an update where VMEM is short
+                    passes = coded_passes(plan, exact, grain)
+                    with contextlib.suppress(ValueError):  # no dq window fits: smaller tiles, below
+                        return steps_layout, options, calls_of(steps_layout, passes), chip
             default = block_sizes_for(length, None, None, interpret=interpret)
             cap = (default.block_q, default.block_kv) if resolve_interpret(interpret) else BACKWARD_TILE
             sizes = (min(layout.block_q, cap[0]), min(layout.block_kv, cap[1]))
