@@ -115,13 +115,16 @@ plotting.save(fig, cfg.figure("00_cost_share"))
 #
 # Every hardware number in these notebooks comes from one table, `stlib.device.CHIP_TABLE`,
 # which reads JAX's own per-chip figures (`pltpu.get_tpu_info_for_chip`) and adds the compiler's
-# default scoped-VMEM limit. Numbers are per device (a TPU7x chip shows its two TensorCores as two
-# devices). Later notebooks refer back to this table instead of repeating its numbers.
+# default scoped-VMEM limit. Numbers are per device, except the last three rows: a TPU7x chip shows
+# its two TensorCores as two devices, each with half the chip's HBM and bandwidth and its own VMEM
+# and SMEM, so its per-chip rows are twice its per-device ones (on v5e and v6e a chip is one
+# device). Later notebooks refer back to this table instead of repeating its numbers.
 
 # %%
 MIB = 1 << 20
 hardware = {
     "peak bf16 TFLOP/s": lambda c: f"{c.bf16_flops / 1e12:,.0f}",
+    "HBM GB": lambda c: f"{c.hbm_capacity / 1e9:,.1f}",
     "HBM bandwidth TB/s": lambda c: f"{c.hbm_bandwidth / 1e12:.2f}",
     "ridge (flop / byte)": lambda c: f"{c.bf16_flops / c.hbm_bandwidth:,.0f}",
     "VMEM MiB": lambda c: f"{c.vmem_bytes / MIB:,.0f}",
@@ -129,6 +132,9 @@ hardware = {
     "SMEM KiB": lambda c: f"{c.smem_bytes / 1024:,.0f}",
     "MXUs (count x width)": lambda c: f"{c.num_mxus} x {c.mxu_width}x{c.mxu_width}",
     "devices per chip": lambda c: f"{c.devices_per_chip}",
+    "per chip: peak bf16 TFLOP/s": lambda c: f"{c.devices_per_chip * c.bf16_flops / 1e12:,.0f}",
+    "per chip: HBM GB": lambda c: f"{c.devices_per_chip * c.hbm_capacity / 1e9:,.1f}",
+    "per chip: HBM bandwidth TB/s": lambda c: f"{c.devices_per_chip * c.hbm_bandwidth / 1e12:.2f}",
 }
 header = ["per device", *CHIPS]
 rows = [[name] + [fmt(CHIP_TABLE[chip]) for chip in CHIPS] for name, fmt in hardware.items()]
@@ -146,8 +152,8 @@ except ImportError:
 # %% [markdown]
 # ## The words the series uses
 #
-# **The chip.** A TPU core has three memories: **HBM** (gigabytes, off the core; the bandwidth row
-# above), **VMEM** (64 to 128 MiB of fast vector memory next to the compute units, the table's
+# **The chip.** A TPU core has three memories: **HBM** (17 to 103 GB per device, off the core; the
+# table's "HBM GB" and bandwidth rows), **VMEM** (64 to 128 MiB of fast vector memory next to the compute units, the table's
 # "VMEM MiB"; a kernel's tiles live there) and **SMEM** (about a MiB of scalar memory, the table's
 # "SMEM KiB"; step tables live there). A
 # kernel's share of VMEM is **scoped VMEM** (the compiler's default, or the kernel's own

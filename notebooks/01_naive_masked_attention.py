@@ -102,6 +102,9 @@ lib = stlib.attention(q, k, v, band, impl="reference")
 err = float(jnp.abs(mine - lib).max())
 assert err < 1e-5, err
 print(f"PASSED  naive masked attention == stlib reference (max error {err:.1e})")
+case_tokens = stlib.configs.CASE_STUDY.num_tokens
+print(f"the mask as an L x L matrix: {length**2:,} entries at L = {length}, {case_tokens**2 / 1e9:.1f} billion per head "
+      f"at the case study's {case_tokens:,} tokens")
 
 # %% [markdown]
 # The mask itself is an L x L boolean matrix. At 256 tokens that is 65,536 entries; at the

@@ -138,6 +138,8 @@ densities = {}
 for name, mask in catalog.items():
     densities[name] = stlib.block_layout(mask, 512, 1024).density
     print(f"{name:<40} density {densities[name]:.3f}")
+case_tokens = next(iter(catalog.values())).length
+print(f"pairs per head at {case_tokens:,} tokens: {case_tokens**2 / 1e9:.1f} billion")
 fig = plotting.named_bars(densities, "Density of each pattern at 21 x 45 x 80 (75,600 tokens; computed, "
                           "hardware-independent)", "density (allowed pairs / L²)")
 plotting.save(fig, cfg.figure("02_case_study_density"))

@@ -182,8 +182,9 @@ show_memory("tiled_add", tiled_add, x, y);
 #    condition holds: initialise at j == 0, accumulate at every step, finalise (write the output)
 #    at the last j. The output block index (i, 0) does not change with j, so the output stays in
 #    VMEM across the row and is written back to HBM once, when i changes. Because j carries state,
-#    it is declared `"arbitrary"` (run in order on one core); i may be `"parallel"` (a chip with two
-#    TensorCores may split it). The accumulator is [BM, 128], one vector register width: each
+#    it is declared `"arbitrary"` (run in order on one core); i may be `"parallel"` (where one
+#    device has two TensorCores, as a megacore chip does, the compiler may split it between them;
+#    TPU7x instead shows its two TensorCores as two devices, each running its own grid). The accumulator is [BM, 128], one vector register width: each
 #    step adds 128-lane slices element-wise, and only the finalise step reduces across lanes. The
 #    attention kernels keep their running max and sum exactly like this.
 
@@ -492,54 +493,71 @@ print(f"VMEM by count (both): q, o tiles x2 {4 * 512 * 128 * 2:,} B + k, v tiles
 # * block sizes per chip from the chip table (`stlib.blocks.block_sizes_for`), validated against the
 #   (8, 128) rule (`stlib.blocks.BlockSizes`), and the interpret switch (`pallas_call.run_pallas`).
 #
-# ### Exercise 2: write the accumulate step
+# ### Exercise 2: the accumulate step under a mask
 #
-# The kernel below has its init and finalise; its accumulate step is yours. Fill in
-# `accumulate` (scores, new max, rescale, probabilities, l, m, acc: the eight lines of
-# `flash_kernel`, without looking). The check runs it through `flash_attention` on sharp scores
-# (the running max changes often) and prints PASSED or what is wrong.
+# `flash_kernel` attends to every key. The next notebooks skip and mask tiles, and a masked tile
+# runs the same update with some scores refused. Write `accumulate(..., allowed, *, scale)`, the
+# accumulate step for a tile whose bool `allowed` [bq, bkv] says which scores count (the kernel
+# below builds it from iota for a band |q - k| <= 100 and calls your step on every tile). The
+# check runs it through `flash_attention` on sharp scores and compares with the reference under the
+# same band; the update of `flash_kernel` as it stands, mask ignored, gets NOT YET.
 #
-# *Hint:* everything you need is in `m_ref`, `l_ref`, `acc_ref` and the three input tiles; keep
-# m and l lane-replicated ([bq, 128]) and widen them with `lanes(...)` where they meet a
-# [bq, bkv] or [bq, D] array. `exercises.show("04.accumulate")` prints a solution.
+# *Hint 1:* a refused score must lose the max, so give it `NEG` before the max.
+# *Hint 2:* it must add nothing to l and acc either: exp(NEG - m) is 0 once m is a real score's,
+# but a row whose every key so far was refused still has m = NEG there, and exp(0) = 1. Zero p
+# where `allowed` is False. `exercises.show("04.accumulate")` prints a solution.
 
 # %%
 @exercises.fill_in("04.accumulate")
-def accumulate(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, scale):
-    # --- your code here: update m_ref, l_ref and acc_ref with this step's k and v tiles ---
+def accumulate(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, allowed, *, scale):
+    # --- your code here: update m_ref, l_ref and acc_ref with this step's k and v tiles,
+    #     counting only the scores where allowed [bq, bkv] is True ---
     raise NotImplementedError
 
 
-def my_flash_kernel(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref, *, scale):
-    j, nk = pl.program_id(1), pl.num_programs(1)
-
-    @pl.when(j == 0)
-    def _init():
-        m_ref[...] = jnp.full(m_ref.shape, NEG, F32)
-        l_ref[...] = jnp.zeros(l_ref.shape, F32)
-        acc_ref[...] = jnp.zeros(acc_ref.shape, F32)
-
-    accumulate(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, scale=scale)
-
-    @pl.when(j == nk - 1)
-    def _finish():
-        o_ref[...] = (acc_ref[...] / lanes(l_ref[...], acc_ref.shape[1])).astype(o_ref.dtype)
+BAND = 100  # the exercise's mask: |q - k| <= 100, so most tiles are partly refused and some wholly
 
 
-def check_kernel(kernel):
-    """Run ``kernel`` in flash_attention on sharp scores: a line for PASSED, or NotYet with what is wrong."""
+def band_flash_kernel(accumulate):
+    """The flash kernel with ``accumulate`` as its step, under the band |q - k| <= BAND from iota."""
+
+    def kernel(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref, *, scale):
+        i, j, nk = pl.program_id(0), pl.program_id(1), pl.num_programs(1)
+        bq, bkv = q_ref.shape[0], k_ref.shape[0]
+
+        @pl.when(j == 0)
+        def _init():
+            m_ref[...] = jnp.full(m_ref.shape, NEG, F32)
+            l_ref[...] = jnp.zeros(l_ref.shape, F32)
+            acc_ref[...] = jnp.zeros(acc_ref.shape, F32)
+
+        rows = i * bq + jax.lax.broadcasted_iota(jnp.int32, (bq, bkv), 0)  # query token numbers
+        cols = j * bkv + jax.lax.broadcasted_iota(jnp.int32, (bq, bkv), 1)  # key token numbers
+        accumulate(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, jnp.abs(rows - cols) <= BAND, scale=scale)
+
+        @pl.when(j == nk - 1)
+        def _finish():  # every row of a band sees its own key: l > 0
+            o_ref[...] = (acc_ref[...] / lanes(l_ref[...], acc_ref.shape[1])).astype(o_ref.dtype)
+
+    return kernel
+
+
+def check_kernel(accumulate):
+    """Run ``accumulate`` in flash_attention under the band on sharp scores: a line for PASSED, or
+    NotYet with what is wrong."""
     qx, kx, vx = stlib.random_qkv((1, 512, 128), jnp.float32, seed=7)
     qx = 4.0 * qx  # sharp softmax: the running max moves often, so a missing rescale shows
-    ref = stlib.attention(qx, kx, vx, impl="reference")[0]
-    err = float(jnp.max(jnp.abs(flash_attention(qx[0], kx[0], vx[0], kernel=kernel) - ref)))
+    ref = stlib.attention(qx, kx, vx, masks.band(512, BAND), impl="reference")[0]
+    err = float(jnp.max(jnp.abs(flash_attention(qx[0], kx[0], vx[0], kernel=band_flash_kernel(accumulate)) - ref)))
     if not np.isfinite(err):
         raise exercises.NotYet("the output has NaN or inf (did l stay 0, or did m start at -inf?)")
     if err >= 1e-4:
-        raise exercises.NotYet(f"max error {err:.2e} against the reference (is acc rescaled by alpha, l summed over keys?)")
-    return f"your flash kernel == reference (max error {err:.1e})"
+        raise exercises.NotYet(f"max error {err:.2e} against the reference under the band (are refused scores "
+                               "kept out of the max, of l and of acc?)")
+    return f"your masked flash kernel == reference under the band |q - k| <= {BAND} (max error {err:.1e})"
 
 
-exercises.verify("04.accumulate", check_kernel, my_flash_kernel)
+exercises.verify("04.accumulate", check_kernel, accumulate)
 
 # %% [markdown]
 # ## The production kernel at the notebook's shape
@@ -720,7 +738,7 @@ plotting.save(fig, cfg.figure("04_vmem"))
 #    temporary, not a scoped allocation of the kernel.
 # 2. The kv steps of one q tile share the scratch m, l, acc: step j + 1 needs the state step j
 #    left, and the output is written at the last kv step. Different heads and q tiles share nothing,
-#    so a chip with two TensorCores (or megacore) may split those axes between cores.
+#    so a device with two TensorCores (a megacore) may split those axes between its cores.
 # 3. A row with every score in the block masked to -inf keeps m_new = -inf, and exp(s - m_new)
 #    computes exp(-inf - (-inf)) = exp(nan): the row's l and acc become NaN for good. With a finite
 #    MASK_VALUE the difference is 0 or a huge negative number, whose exponential is 1 (then zeroed

@@ -260,13 +260,9 @@ def block_sparse_kernel(steps_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc
         o_ref[...] = jnp.where(l > 0, acc_ref[...] / jnp.where(l > 0, l, 1.0), 0.0).astype(o_ref.dtype)
 
 
-def kv_index_map(i, j, steps_ref, nk):  # the crux: an EMPTY step names the block a neighbour needs anyway
-    return (steps_ref[i * nk + j] >> 2, 0)  # block (kv tile, 0): rows kv_tile * bkv ... + bkv of k and v
-
-
-def block_sparse_attention(steps, q, k, v, *, width, block_q=128, block_kv=128, interpret=True,
-                           kv_map=kv_index_map):
-    """steps: build_steps(...) of the band's layout; q, k, v [L, D] one head (L a multiple of both blocks)."""
+def block_sparse_attention(steps, q, k, v, *, width, kv_map, block_q=128, block_kv=128, interpret=True):
+    """steps: build_steps(...) of the band's layout; q, k, v [L, D] one head (L a multiple of both blocks);
+    kv_map(i, j, steps_ref, nk): the kv index map (the first exercise below)."""
     (length, head_dim), scale = q.shape, q.shape[1] ** -0.5
     nk = length // block_kv
     kv_spec = pl.BlockSpec((block_kv, head_dim), lambda i, j, steps_ref: kv_map(i, j, steps_ref, nk))
@@ -285,6 +281,60 @@ def block_sparse_attention(steps, q, k, v, *, width, block_q=128, block_kv=128, 
         interpret=interpret)(steps, q, k, v)
 
 
+# %% [markdown]
+# ### Exercise 1: the kv index map
+#
+# The kernel takes its kv index map as an argument: write it before reading on. `kv_map(i, j,
+# steps_ref, nk)` returns the block (kv tile, 0) of k and v that grid step (i, j) reads, from the
+# flat step table in SMEM. The check builds the small band's table, runs the kernel with your map,
+# checks the result against the reference, and counts the kv copies the pipeline would issue (a
+# copy wherever the block index differs from the previous step's) against the copies of the
+# table's own `fetch` column.
+#
+# Run the notebook with `SOLUTIONS = "hide"` (first cell) to write it yourself: the stub raises, and
+# the check prints NOT YET and what is wrong. `exercises.show("05.kv_map")` prints a solution.
+#
+# *Hint 1:* a map that returns `(j, 0)` is correct, as in the dense kernel, but copies every tile.
+# *Hint 2:* the flat table is indexed `i * nk + j`; the tile number sits above the two kind bits.
+
+# %%
+steps = build_steps(np.asarray(small_layout.kinds[0]))
+assert np.array_equal(steps, step_table(small_layout).reshape(-1))
+print(f"PASSED  build_steps == stlib step_table on the small band ({steps.size} entries, max error 0)")
+qt, kt, vt = stlib.random_qkv((1, small_length, 128), jnp.float32, seed=3)
+
+
+@exercises.fill_in("05.kv_map")
+def kv_map(i, j, steps_ref, nk):
+    # --- your code here: return the (kv block, 0) that step (i, j) computes or prefetches ---
+    raise NotImplementedError
+
+
+def check_kv_map(kv_map):
+    """Run the block-sparse kernel with ``kv_map``: a line for PASSED, or NotYet with what is wrong."""
+    nq, nk = small_layout.grid_shape
+    out = block_sparse_attention(jnp.asarray(steps), qt[0], kt[0], vt[0], width=small_band.width, kv_map=kv_map)
+    blocks = np.array([[int(kv_map(i, j, steps, nk)[0]) for j in range(nk)] for i in range(nq)])  # the map on the host
+    err = float(jnp.max(jnp.abs(out - stlib.attention(qt, kt, vt, small_band, impl="reference")[0])))
+    copies, best = kv_copies(blocks[None], 1), kv_copies((steps.reshape(1, nq, nk) >> 2), 1)
+    if not err < tolerance(jnp.float32):
+        raise exercises.NotYet(f"max error {err:.2e}: a computed step reads the wrong kv tile")
+    if copies > best:
+        raise exercises.NotYet(f"correct, but {copies} kv copies instead of {best}: skipped steps still fetch")
+    return f"max error {err:.1e}, {copies} kv copies (dense kernel: {nq * nk})"
+
+
+exercises.verify("05.kv_map", check_kv_map, kv_map)
+
+# %% [markdown]
+# The map the kernel runs with, and the whole kernel against the reference and against
+# `pallas_block_sparse` on the same inputs:
+
+# %%
+def kv_index_map(i, j, steps_ref, nk):  # the crux: an EMPTY step names the block a neighbour needs anyway
+    return (steps_ref[i * nk + j] >> 2, 0)  # block (kv tile, 0): rows kv_tile * bkv ... + bkv of k and v
+
+
 def check_against_both(name, out, q, k, v, mask, impl, **kwargs):
     """out [L, D] of a one-head teaching kernel vs the float32 reference and the stlib kernel ``impl``."""
     ref = stlib.attention(q, k, v, mask, impl="reference")[0]
@@ -294,12 +344,9 @@ def check_against_both(name, out, q, k, v, mask, impl, **kwargs):
     print(f"PASSED  {name}: max error {err_ref:.1e} vs the reference, {err_lib:.1e} vs stlib {impl}")
 
 
-steps = build_steps(np.asarray(small_layout.kinds[0]))
-assert np.array_equal(steps, step_table(small_layout).reshape(-1))
-print(f"PASSED  build_steps == stlib step_table on the small band ({steps.size} entries, max error 0)")
-qt, kt, vt = stlib.random_qkv((1, small_length, 128), jnp.float32, seed=3)
 check_against_both(f"block_sparse_kernel, band w = {small_band.width}, 1 x {small_length:,} x 128, 128 x 128 tiles",
-                   block_sparse_attention(jnp.asarray(steps), qt[0], kt[0], vt[0], width=small_band.width),
+                   block_sparse_attention(jnp.asarray(steps), qt[0], kt[0], vt[0], width=small_band.width,
+                                          kv_map=kv_index_map),
                    qt, kt, vt, small_band, "pallas_block_sparse", block_q=128, block_kv=128)
 
 # %% [markdown]
@@ -313,7 +360,8 @@ mod_layout = stlib.block_layout(mod_band, 512, 1024)
 mod_steps = build_steps(np.asarray(mod_layout.kinds[0]))
 one, many = jax.ShapeDtypeStruct((mod_len, 128), jnp.bfloat16), jax.ShapeDtypeStruct((1, mod_len, 128), jnp.bfloat16)
 for name, fn, shapes in [
-    ("teaching block_sparse_kernel", functools.partial(block_sparse_attention, width=mod_band.width, block_q=512,
+    ("teaching block_sparse_kernel", functools.partial(block_sparse_attention, width=mod_band.width,
+                                                       kv_map=kv_index_map, block_q=512,
                                                        block_kv=1024, interpret=False),
      [jax.ShapeDtypeStruct(mod_steps.shape, jnp.int32), one, one, one]),
     ("stlib pallas_block_sparse", functools.partial(stlib.attention, mask=mod_band, impl="pallas_block_sparse",
@@ -341,43 +389,6 @@ print(f"step table: {mod_steps.size} int32 entries, {smem_bytes(mod_steps.shape)
 # * the shared update (`online_softmax.update_tile`): q pre-scaled, kv chunks, optional exp2;
 # * its work model and schedule counts for the estimator (`block_sparse_work`,
 #   `block_sparse_schedule_counts`).
-#
-# ### Exercise 1: the kv index map
-#
-# Write `kv_map(i, j, steps_ref, nk)`, the kv index map, without looking at `kv_index_map` above.
-# The check runs the kernel with it on the small band, checks the result against the reference, and
-# counts the kv copies the pipeline would issue (a copy wherever the block index differs from the
-# previous step's) against the copies of the table's own `fetch` column.
-#
-# Run the notebook with `SOLUTIONS = "hide"` (first cell) to write it yourself: the stub raises, and
-# the check prints NOT YET and what is wrong. `exercises.show("05.kv_map")` prints a solution.
-#
-# *Hint:* the map returns *block* indices (kv tile, 0); the flat table is indexed
-# `i * nk + j`; the tile number sits above the two kind bits. A map
-# that returns `(j, 0)` is correct but copies every tile.
-
-# %%
-@exercises.fill_in("05.kv_map")
-def kv_map(i, j, steps_ref, nk):
-    # --- your code here: return the (kv block, 0) that step (i, j) computes or prefetches ---
-    raise NotImplementedError
-
-
-def check_kv_map(kv_map):
-    """Run the block-sparse kernel with ``kv_map``: a line for PASSED, or NotYet with what is wrong."""
-    nq, nk = small_layout.grid_shape
-    out = block_sparse_attention(jnp.asarray(steps), qt[0], kt[0], vt[0], width=small_band.width, kv_map=kv_map)
-    blocks = np.array([[int(kv_map(i, j, steps, nk)[0]) for j in range(nk)] for i in range(nq)])  # the map on the host
-    err = float(jnp.max(jnp.abs(out - stlib.attention(qt, kt, vt, small_band, impl="reference")[0])))
-    copies, best = kv_copies(blocks[None], 1), kv_copies((steps.reshape(1, nq, nk) >> 2), 1)
-    if not err < tolerance(jnp.float32):
-        raise exercises.NotYet(f"max error {err:.2e}: a computed step reads the wrong kv tile")
-    if copies > best:
-        raise exercises.NotYet(f"correct, but {copies} kv copies instead of {best}: skipped steps still fetch")
-    return f"max error {err:.1e}, {copies} kv copies (dense kernel: {nq * nk})"
-
-
-exercises.verify("05.kv_map", check_kv_map, kv_map)
 
 # %% [markdown]
 # ### Exercise 2: a PARTIAL tile's predicate for another mask

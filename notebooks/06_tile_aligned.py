@@ -369,6 +369,9 @@ print(f"PASSED  pallas_tile on the whole sequence == the hand merge (max error {
 #    predicate from iota instead, or reads a deduplicated tile table). Each pass writes its partial
 #    output and, per query, its log-sum-exp (lse = -inf for a row that saw no key in that pass);
 # 4. **the merge**: the section above's log-sum-exp merge, then restore raster order.
+#
+# One piece is left for you: the pass's finalise step, `finish`, which the kernel takes as an
+# argument (the first exercise, right after the kernel).
 
 # %%
 import functools
@@ -399,14 +402,6 @@ def compact_rows(selected):
         if listed.size:
             tiles[i] = np.concatenate([listed, np.full(tiles.shape[1] - listed.size, listed[-1])])
     return tiles.reshape(-1), counts
-
-
-def finish_pass(o_ref, lse_ref, m_ref, l_ref, acc_ref):
-    """o = acc / l and lse = m + log l per query; o = 0 and lse = -inf where the pass saw no key."""
-    l = l_ref[...][:, :1]  # [bq, 1]
-    seen = l > 0
-    o_ref[...] = jnp.where(seen, acc_ref[...] / jnp.where(seen, l, 1.0), 0.0)  # [bq, D] float32
-    lse_ref[...] = jnp.where(seen, m_ref[...][:, :1] + jnp.log(jnp.where(seen, l, 1.0)), -jnp.inf)  # [bq, 1]
 
 
 def tile_pass_kernel(tiles_ref, counts_ref, q_ref, k_ref, v_ref, *refs, scale, masked, finish):
@@ -442,9 +437,9 @@ def tile_pass_kernel(tiles_ref, counts_ref, q_ref, k_ref, v_ref, *refs, scale, m
         finish(o_ref, lse_ref, m_ref, l_ref, acc_ref)
 
 
-def tile_pass(tiles, counts, q, k, v, mask=None, *, block_q=128, block_kv=128, interpret=True, finish=finish_pass):
-    """One pass over the tiles listed in (tiles, counts); q, k, v [L, D]; mask int8 [L, L] or None (mask-free).
-    Returns o [L, D] float32 and lse [L, 1] float32."""
+def tile_pass(tiles, counts, q, k, v, mask=None, *, finish, block_q=128, block_kv=128, interpret=True):
+    """One pass over the tiles listed in (tiles, counts); q, k, v [L, D]; mask int8 [L, L] or None (mask-free);
+    finish(o_ref, lse_ref, m_ref, l_ref, acc_ref): the finalise step. Returns o [L, D] and lse [L, 1], float32."""
     (length, head_dim), scale = q.shape, q.shape[1] ** -0.5
     nq = length // block_q
     width = tiles.shape[0] // nq
@@ -468,7 +463,7 @@ def tile_pass(tiles, counts, q, k, v, mask=None, *, block_q=128, block_kv=128, i
     )(*(jnp.asarray(t) for t in (tiles, counts)), q, k, v, *([] if mask is None else [mask]))
 
 
-def tile_aligned_attention(q, k, v, mask, *, kinds, block_q=128, block_kv=128, interpret=True, finish=finish_pass):
+def tile_aligned_attention(q, k, v, mask, *, kinds, finish, block_q=128, block_kv=128, interpret=True):
     """q, k, v [L, D] and mask int8 [L, L], all in the reordered token order; kinds [nq, nk] of its layout."""
     passes = [(kinds == int(stlib.TileKind.FULL), None), (kinds == int(stlib.TileKind.PARTIAL), mask)]
     (o1, lse1), (o2, lse2) = (tile_pass(*compact_rows(sel), q, k, v, m, block_q=block_q, block_kv=block_kv,
@@ -476,6 +471,70 @@ def tile_aligned_attention(q, k, v, mask, *, kinds, block_q=128, block_kv=128, i
     lse = jnp.logaddexp(lse1, lse2)  # [L, 1]; -inf only for a row no pass saw
     safe = jnp.where(jnp.isfinite(lse), lse, 0.0)
     return (jnp.exp(lse1 - safe) * o1 + jnp.exp(lse2 - safe) * o2).astype(q.dtype)
+
+
+# %% [markdown]
+# ### Exercise 1: finish a pass
+#
+# The merge needs from every pass its output *and* its log-sum-exp per query. Write
+# `finish(o_ref, lse_ref, m_ref, l_ref, acc_ref)`, the finalise step of a pass, before reading on.
+# The check runs both passes of the kernel above with it on a temporal band in token-major order,
+# merges, and compares with the reference.
+#
+# Run the notebook with `SOLUTIONS = "hide"` (first cell) to write it yourself: the stub raises, and
+# the check prints NOT YET and what is wrong. `exercises.show("06.finish")` prints a solution.
+#
+# *Hint 1:* m and l are lane-replicated [bq, 128]; lse is [bq, 1] (take lane 0).
+# *Hint 2:* in a pass, a row may see no key at all (l = 0): its o must be 0 and its lse -inf, or
+# the merge breaks.
+
+# %%
+band_t = masks.temporal_band(grid, 0.25)  # raster order: every occupied tile PARTIAL
+order_t = stlib.token_major_order(grid)
+permuted_t = band_t.permute(order_t)
+layout_t = stlib.block_layout(permuted_t, 128, 128)
+dense_t = jnp.asarray(np.asarray(permuted_t.to_dense()).reshape(L, L).astype(np.int8))  # [L, L] int8 (small L only)
+qt, kt, vt = stlib.random_qkv((1, L, D), jnp.float32, seed=3)
+qo, ko, vo = (order_t.apply(x) for x in (qt, kt, vt))  # 1. reorder
+
+
+@exercises.fill_in("06.finish")
+def finish(o_ref, lse_ref, m_ref, l_ref, acc_ref):
+    # --- your code here: write o_ref [bq, D] and lse_ref [bq, 1] ---
+    raise NotImplementedError
+
+
+def check_finish(finish):
+    """Run both passes with ``finish`` on the temporal band, and one pass whose first q tile lists no
+    kv tile at all: a line for PASSED, or NotYet."""
+    kinds = np.asarray(layout_t.kinds[0])
+    out = order_t.restore(tile_aligned_attention(qo[0], ko[0], vo[0], dense_t, kinds=kinds, finish=finish)[None])
+    err = float(jnp.max(jnp.abs(out - stlib.attention(qt, kt, vt, band_t, impl="reference"))))
+    if not np.isfinite(err):
+        raise exercises.NotYet("NaN or inf in the merged output: what do o and lse hold for a row a pass never saw?")
+    if err >= tolerance(jnp.float32):
+        raise exercises.NotYet(f"max error {err:.2e}: is lse = m + log(l), in the natural log?")
+    unseen = kinds == int(stlib.TileKind.FULL)
+    unseen[0] = False  # q tile 0: this pass lists none of its kv tiles, so its 128 rows see no key
+    o, lse = tile_pass(*compact_rows(unseen), qo[0], ko[0], vo[0], finish=finish)
+    if not (bool(jnp.all(o[:128] == 0)) and bool(jnp.all(jnp.isneginf(lse[:128])))):
+        raise exercises.NotYet("a row the pass never saw must get o = 0 and lse = -inf (l is 0 there)")
+    return f"both passes merged == reference (max error {err:.1e}); rows a pass never saw: o = 0, lse = -inf"
+
+
+exercises.verify("06.finish", check_finish, finish)
+
+# %% [markdown]
+# The finalise step the kernel runs with, and the whole kernel against the reference and against
+# `pallas_tile` on the same inputs:
+
+# %%
+def finish_pass(o_ref, lse_ref, m_ref, l_ref, acc_ref):
+    """o = acc / l and lse = m + log l per query; o = 0 and lse = -inf where the pass saw no key."""
+    l = l_ref[...][:, :1]  # [bq, 1]
+    seen = l > 0
+    o_ref[...] = jnp.where(seen, acc_ref[...] / jnp.where(seen, l, 1.0), 0.0)  # [bq, D] float32
+    lse_ref[...] = jnp.where(seen, m_ref[...][:, :1] + jnp.log(jnp.where(seen, l, 1.0)), -jnp.inf)  # [bq, 1]
 
 
 def check_against_both(name, out, q, k, v, mask, impl, **kwargs):
@@ -487,14 +546,8 @@ def check_against_both(name, out, q, k, v, mask, impl, **kwargs):
     print(f"PASSED  {name}: max error {err_ref:.1e} vs the reference, {err_lib:.1e} vs stlib {impl}")
 
 
-band_t = masks.temporal_band(grid, 0.25)  # raster order: every occupied tile PARTIAL
-order_t = stlib.token_major_order(grid)
-permuted_t = band_t.permute(order_t)
-layout_t = stlib.block_layout(permuted_t, 128, 128)
-dense_t = jnp.asarray(np.asarray(permuted_t.to_dense()).reshape(L, L).astype(np.int8))  # [L, L] int8 (small L only)
-qt, kt, vt = stlib.random_qkv((1, L, D), jnp.float32, seed=3)
-qo, ko, vo = (order_t.apply(x) for x in (qt, kt, vt))  # 1. reorder
-out_t = order_t.restore(tile_aligned_attention(qo[0], ko[0], vo[0], dense_t, kinds=np.asarray(layout_t.kinds[0]))[None])
+out_t = order_t.restore(tile_aligned_attention(qo[0], ko[0], vo[0], dense_t, kinds=np.asarray(layout_t.kinds[0]),
+                                               finish=finish_pass)[None])
 production_t = order_t.restore(stlib.attention(qo, ko, vo, permuted_t, impl="pallas_tile", block_q=128, block_kv=128,
                                                options=TileOptions(exp2=False), interpret=cfg.interpret))
 print(f"temporal band 0.25, 128 x 128 tiles: raster {stlib.block_layout(band_t, 128, 128).kind_counts()} -> "
@@ -516,8 +569,8 @@ mask_m = masks.temporal_band(grid_m, 0.25).permute(stlib.token_major_order(grid_
 kinds_m = np.asarray(stlib.block_layout(mask_m, 512, 1024).kinds[0])
 one = jax.ShapeDtypeStruct((grid_m.num_tokens, D), jnp.bfloat16)
 for name, fn, shapes in [
-    ("teaching tile kernel (2 passes)", functools.partial(tile_aligned_attention, kinds=kinds_m, block_q=512,
-                                                          block_kv=1024, interpret=False),
+    ("teaching tile kernel (2 passes)", functools.partial(tile_aligned_attention, kinds=kinds_m, finish=finish_pass,
+                                                          block_q=512, block_kv=1024, interpret=False),
      [one] * 3 + [jax.ShapeDtypeStruct((grid_m.num_tokens,) * 2, jnp.int8)]),
     ("stlib pallas_tile", functools.partial(stlib.attention, mask=mask_m, impl="pallas_tile", block_q=512,
                                             block_kv=1024, options=TileOptions(exp2=False), interpret=False),
@@ -545,78 +598,50 @@ print("(the teaching kernel's arguments include the 64 MiB int8 [L, L] mask; the
 # * balanced rounding of boundary tiles (`balanced_keep`, `BoundaryPolicy.BALANCED`);
 # * exp2 on by default (`TileOptions`), padding, the merge with `reference.merge_partials`, and the
 #   SMEM check (`mask_info.check_prefetch`).
-#
-# ### Exercise 1: finish a pass
-#
-# The merge needs from every pass its output *and* its log-sum-exp per query. Write
-# `finish(o_ref, lse_ref, m_ref, l_ref, acc_ref)`, the finalise step of a pass (it replaces
-# `finish_pass` in the kernel). The check runs both passes with it, merges, and compares with the
-# reference.
-#
-# Run the notebook with `SOLUTIONS = "hide"` (first cell) to write it yourself: the stub raises, and
-# the check prints NOT YET and what is wrong. `exercises.show("06.finish")` prints a solution.
-#
-# *Hint:* m and l are lane-replicated [bq, 128]; lse is [bq, 1] (take lane 0). In a pass, a row
-# may see no key at all (l = 0): its o must be 0 and its lse -inf, or the merge breaks.
-
-# %%
-@exercises.fill_in("06.finish")
-def finish(o_ref, lse_ref, m_ref, l_ref, acc_ref):
-    # --- your code here: write o_ref [bq, D] and lse_ref [bq, 1] ---
-    raise NotImplementedError
-
-
-def check_finish(finish):
-    """Run both passes with ``finish`` on the temporal band: a line for PASSED, or NotYet."""
-    out = order_t.restore(tile_aligned_attention(qo[0], ko[0], vo[0], dense_t, kinds=np.asarray(layout_t.kinds[0]),
-                                                 finish=finish)[None])
-    err = float(jnp.max(jnp.abs(out - stlib.attention(qt, kt, vt, band_t, impl="reference"))))
-    if not np.isfinite(err):
-        raise exercises.NotYet("NaN or inf in the merged output: what do o and lse hold for a row a pass never saw?")
-    if err >= tolerance(jnp.float32):
-        raise exercises.NotYet(f"max error {err:.2e}: is lse = m + log(l), in the natural log?")
-    return f"both passes merged == reference (max error {err:.1e})"
-
-
-exercises.verify("06.finish", check_finish, finish)
 
 # %% [markdown]
-# ### Exercise 2: merge two passes
+# ### Exercise 2: merge any number of passes
 #
-# `tile_aligned_attention` ends with the merge of its two passes. Write it yourself, without
-# looking: `merge(o1, lse1, o2, lse2)` takes each pass's output [L, D] (already divided by its own l)
-# and log-sum-exp [L, 1], and returns attention over both passes' keys. A row that one pass never
-# saw has lse -inf there; a row that neither saw (an empty row of the mask) must come out 0, not NaN.
-# The check runs the two passes with the library's finish, merges with yours, and compares.
+# The production kernel runs up to three passes (FULL, ragged, masked), and a split-kv kernel as
+# many as it has splits. Write `merge(outputs, lses)` for any number of passes: the lists hold each
+# pass's output [L, D] (already divided by its own l) and log-sum-exp [L, 1]; return attention over
+# every pass's keys [L, D]. A row that a pass never saw has lse -inf there; a row that no pass saw
+# (an empty row of the mask) must come out 0, not NaN. The check splits the temporal band's FULL
+# tiles into two passes (even and odd kv tiles) beside its PARTIAL pass, hides row 0 from all three,
+# merges with yours, and compares with the two-pass kernel.
 #
-# *Hint:* the weight of pass 1 in the final softmax is exp(lse1 - lse), with lse the log of the sum
-# of both passes' exponentials. `exercises.show("06.merge")` prints a solution.
+# *Hint 1:* exp(lse_i) can overflow, and for the hidden row every one of them is 0.
+# *Hint 2:* weigh pass i by exp(lse_i - lse), with lse the log of the sum of every pass's
+# exp(lse_i) (`jax.nn.logsumexp` over the stacked lses), and guard the rows where lse is -inf.
+# `exercises.show("06.merge")` prints a solution.
 
 # %%
 @exercises.fill_in("06.merge")
-def merge(o1, lse1, o2, lse2):
+def merge(outputs, lses):
     # --- your code here: return the merged output [L, D] ---
     raise NotImplementedError
 
 
 def check_merge(merge):
-    """Both passes of the temporal band plus a row no key is allowed for, merged with ``merge``."""
+    """Three passes of the temporal band and a row no key is allowed for, merged with ``merge``."""
     kinds = np.asarray(layout_t.kinds[0])
-    passes = [(kinds == int(stlib.TileKind.FULL), None), (kinds == int(stlib.TileKind.PARTIAL), dense_t)]
-    (o1, lse1), (o2, lse2) = (tile_pass(*compact_rows(sel), qo[0], ko[0], vo[0], m) for sel, m in passes)
-    lse1, lse2 = lse1.at[0].set(-jnp.inf), lse2.at[0].set(-jnp.inf)  # row 0 as if the mask hid every key from it
-    out = merge(o1, lse1, o2, lse2)
-    want = tile_aligned_attention(qo[0], ko[0], vo[0], dense_t, kinds=kinds)  # the library's merge, token-major
-    if out.shape != o1.shape:
-        raise exercises.NotYet(f"the merge has shape {out.shape}, expected {o1.shape}")
+    full, even = kinds == int(stlib.TileKind.FULL), (np.arange(kinds.shape[1]) % 2 == 0)[None, :]
+    passes = [(full & even, None), (full & ~even, None), (kinds == int(stlib.TileKind.PARTIAL), dense_t)]
+    results = [tile_pass(*compact_rows(sel), qo[0], ko[0], vo[0], m, finish=finish_pass) for sel, m in passes]
+    outputs = [o for o, _ in results]
+    lses = [lse.at[0].set(-jnp.inf) for _, lse in results]  # row 0 as if the mask hid every key from it
+    out = merge(outputs, lses)
+    want = tile_aligned_attention(qo[0], ko[0], vo[0], dense_t, kinds=kinds, finish=finish_pass)  # token-major
+    if out.shape != outputs[0].shape:
+        raise exercises.NotYet(f"the merge has shape {out.shape}, expected {outputs[0].shape}")
     if not bool(jnp.all(jnp.isfinite(out))):
-        raise exercises.NotYet("NaN or inf in the merge: a row that no pass saw has lse -inf in both")
+        raise exercises.NotYet("NaN or inf in the merge: a row that no pass saw has lse -inf in all of them")
     if float(jnp.max(jnp.abs(out[0]))) != 0.0:
         raise exercises.NotYet("a row that no pass saw must be 0")
     err = float(jnp.max(jnp.abs(out[1:] - want[1:])))  # every row but the hidden one
     if not err < tolerance(jnp.float32):
-        raise exercises.NotYet(f"max error {err:.2e} against the library's merge: are the weights exp(lse_i - lse)?")
-    return f"two passes merged == tile_aligned_attention (max error {err:.1e}), a row no pass saw is 0"
+        raise exercises.NotYet(f"max error {err:.2e} against the two-pass kernel: are the weights exp(lse_i - lse)?")
+    return f"three passes merged == the two-pass kernel (max error {err:.1e}), a row no pass saw is 0"
 
 
 exercises.verify("06.merge", check_merge, merge)

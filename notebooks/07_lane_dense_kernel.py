@@ -330,8 +330,8 @@ for name, (mask, grain) in cases.items():
 # (the 45 rows make a last tile row of 5 real rows out of 8) mask their padding keys, by a per-key
 # validity column, never by evaluating the mask. The same idea serves a band: a tile on the band's
 # edge skips its sub-tiles outside the band, runs those inside mask-free and evaluates the mask only
-# on the sub-tiles the edge crosses (a *mixed* pattern; on v6e the 0.25 band's static cycles drop
-# from 42.3 M to 35.8 M).
+# on the sub-tiles the edge crosses (a *mixed* pattern: the 0.25 band's edge tiles then evaluate the
+# mask on a fraction of their sub-tiles instead of all of them).
 #
 #
 # The figure draws the step codes of the case-study sliding tile in the kernel's own blocks for a
@@ -545,10 +545,11 @@ print(f"largest gap: {widest}, {gaps[widest]:+.1%} (static schedules, not measur
 # scores `[chunk, 256]` (32 vregs at chunks of 128), and the statistics of one slice (`m`, `l`, a
 # `[D, 256]` slice of o^T) used chunk after chunk. Nothing
 # about the softmax changes: each query's lane sees the same keys in the same order. Whether it pays
-# depends on the chip and the chunk: at the case-study shape it took v5e's FULL step from 17,426 to
-# 16,330 bundles (2,048 x 2,048, chunks of 128) and v6e's from 12,838 to 12,647 (2,560 x 2,560,
-# chunks of 256), and cost TPU7x 4.6% (2,048 x 2,048, chunks of 512), where the whole tile stays the
-# default. The table above shows the other side on v6e: at 1,024 x 1,024 with chunks of 512 the folds
+# depends on the chip and the chunk: the block sweep (`python -m stlib.bench.block_sweep`, its
+# records in `data/`) compiled each chip's FULL step at the case-study shape with and without folds,
+# and the folds won on v5e (2,048 x 2,048, chunks of 128) and v6e (2,560 x 2,560, chunks of 256) but
+# cost TPU7x a few percent (2,048 x 2,048, chunks of 512), where the whole tile stays the default
+# (`FOLD_LANES`). The table above shows the other side on v6e: at 1,024 x 1,024 with chunks of 512 the folds
 # cost more than they save (the last column against the one before it), so read the column before
 # you pick the option for other blocks.
 #

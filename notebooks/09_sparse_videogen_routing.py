@@ -162,36 +162,50 @@ assert [str(x) for x in plan.kinds] == PLANTED
 print("PASSED  routing recovers every planted head kind")
 
 # %% [markdown]
-# ### Exercise 1: the band's width from its density
+# ### Exercise 1: the pairs a band keeps
 #
-# Both candidates are bands of half-width w in their own order, and the budget is a density. Write
-# `band_width(length, density)`: the w whose band |q - k| <= w keeps `density` of the L x L pairs,
-# rounded up to a multiple of 128 (whole kv tiles) and at most L. The check compares it with the
-# library's `masks.band_width_for_density` over many lengths and densities.
+# Both candidates are bands of half-width w in their own order, and the budget is a density.
+# `masks.band_width_for_density` turns a density into w with the formula in the introduction, which
+# neglects the band's ends, and rounds w up to whole kv tiles. How many pairs does a band really
+# keep? Write `band_pairs(length, width)`: the exact number of (query, key) pairs with |q - k| <= w
+# in an L x L grid, in closed form (no loop over rows). The check compares it with a count row by
+# row, at lengths up to the case study's and widths from 0 to past L, and then reads this
+# notebook's band with it.
 #
 # Run the notebook with `SOLUTIONS = "hide"` (first cell) to write it yourself: the stub raises, and
-# the check prints NOT YET and what is wrong. `exercises.show("09.band_width")` prints a solution.
+# the check prints NOT YET and what is wrong. `exercises.show("09.band_pairs")` prints a solution.
 #
-# *Hint:* the pairs a band leaves out are two triangles; neglect the band's ends.
+# *Hint 1:* away from the ends a row keeps 2w + 1 keys.
+# *Hint 2:* near the ends the band hangs past the grid: two triangles of w(w + 1) / 2 pairs each,
+# while w < L.
 
 # %%
-@exercises.fill_in("09.band_width")
-def band_width(length, density):
-    # --- your code here: return an int, a multiple of 128 (or L) ---
+@exercises.fill_in("09.band_pairs")
+def band_pairs(length, width):
+    # --- your code here: return an int, the pairs |q - k| <= width of an L x L grid ---
     raise NotImplementedError
 
 
-def check_width(band_width):
-    cases = [(length, density) for length in (1_152, 4_096, 23_400, 75_600) for density in (0.05, 0.15, 0.25, 0.5, 0.9)]
-    wrong = [(length, density, band_width(length, density), stlib.masks.band_width_for_density(length, density))
-             for length, density in cases if band_width(length, density) != stlib.masks.band_width_for_density(length, density)]
+def counted_pairs(length, width):
+    """The band's pairs counted row by row: row q keeps the keys max(q - w, 0) ... min(q + w, L - 1)."""
+    rows = np.arange(length, dtype=np.int64)
+    return int(np.sum(np.minimum(rows + width, length - 1) - np.maximum(rows - width, 0) + 1))
+
+
+def check_pairs(band_pairs):
+    cases = [(length, w) for length in (1_152, 4_096, 23_400, 75_600)
+             for w in (0, 1, 127, 1_000, length // 3, length - 1, length + 5)]
+    wrong = [(length, w, band_pairs(length, w), counted_pairs(length, w)) for length, w in cases
+             if band_pairs(length, w) != counted_pairs(length, w)]
     if wrong:
-        length, density, got, want = wrong[0]
-        raise exercises.NotYet(f"{len(wrong)} of {len(cases)} wrong; L = {length:,}, density {density}: {got} instead of {want}")
-    return f"the library's width at all {len(cases)} (length, density) pairs"
+        length, w, got, want = wrong[0]
+        raise exercises.NotYet(f"{len(wrong)} of {len(cases)} wrong; L = {length:,}, w = {w:,}: {got:,} instead of {want:,}")
+    length = grid.num_tokens
+    return (f"exact at all {len(cases)} (length, width) pairs; this notebook's band (L = {length:,}, w = {width}) keeps "
+            f"{band_pairs(length, width) / length**2:.3f} of the pairs for a budget of {DENSITY}")
 
 
-exercises.verify("09.band_width", check_width, band_width)
+exercises.verify("09.band_pairs", check_pairs, band_pairs)
 
 # %% [markdown]
 # ### Exercise 2: the routing score

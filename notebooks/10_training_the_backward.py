@@ -202,88 +202,6 @@ def check_transposed(transposed_table):
 exercises.verify("10.transposed_table", check_transposed, transposed_table)
 
 # %% [markdown]
-# ## The dk / dv kernel, written in view
-#
-# Grid (kv tile, step): each kv tile walks its q tiles from the transposed table, prefetched into
-# SMEM. It keeps dk and dv of its keys in f32 VMEM scratch and writes them once, at its last step.
-# The scores are computed transposed, S^T = k q^T [block_kv, block_q], with keys on sublanes and
-# queries on lanes. Then lse and di, stored lane-dense as one [1, L] row each, broadcast over the
-# keys for free: no [L, 1] column, which a TPU would pad 128-fold (a `T(8,128)` layout). The band's
-# predicate is two iotas and a compare.
-
-# %%
-def dkv_kernel(tiles_ref, counts_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dk_ref, dv_ref, dk_acc, dv_acc,
-               *, extent):
-    r, j = pl.program_id(0), pl.program_id(1)  # kv tile r, its j-th q tile
-    qi = tiles_ref[r * extent + j]
-
-    @pl.when(j == 0)
-    def _():
-        dk_acc[...] = jnp.zeros(dk_acc.shape, jnp.float32)
-        dv_acc[...] = jnp.zeros(dv_acc.shape, jnp.float32)
-
-    @pl.when(j < counts_ref[r])
-    def _():
-        q_t, k_t, v_t, do_t = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
-        s_t = jax.lax.dot_general(k_t, q_t, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale
-        keys = r * BKV + jax.lax.broadcasted_iota(jnp.int32, s_t.shape, 0)
-        queries = qi * BQ + jax.lax.broadcasted_iota(jnp.int32, s_t.shape, 1)
-        allowed = (jnp.abs(queries - keys) <= WIDTH) & (keys < L) & (queries < L)
-        p_t = jnp.where(allowed, jnp.exp(s_t - lse_ref[...]), 0.0)  # [BKV, BQ]
-        dv_acc[...] += p_t @ do_t
-        dp_t = jax.lax.dot_general(v_t, do_t, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-        ds_t = jnp.where(allowed, p_t * (dp_t - di_ref[...]), 0.0)
-        dk_acc[...] += (ds_t @ q_t) * scale
-
-    @pl.when(j == extent - 1)
-    def _():
-        dk_ref[...] = dk_acc[...]
-        dv_ref[...] = dv_acc[...]
-
-
-def dk_dv(q, k, v, do, lse, di):
-    tiles_t, counts_t = row_tables(np.ascontiguousarray(selected.transpose(0, 2, 1)))
-    extent = tiles_t.shape[2]
-    nk = tiles_t.shape[1]
-    pad = lambda x, n: jnp.pad(x, ((0, n - x.shape[0]),) + ((0, 0),) * (x.ndim - 1))
-    lq, lk = layout.grid_shape[0] * BQ, nk * BKV
-    qp, dop, kp, vp = pad(q, lq), pad(do, lq), pad(k, lk), pad(v, lk)
-    lse_row = jnp.pad(lse, (0, lq - L), constant_values=jnp.inf)[None]  # [1, Lq]: padding rows see nothing
-    di_row = jnp.pad(di, (0, lq - L))[None]
-    q_spec = pl.BlockSpec((BQ, D), lambda r, j, tiles, counts: (tiles[r * extent + j], 0))
-    kv_spec = pl.BlockSpec((BKV, D), lambda r, j, tiles, counts: (r, 0))
-    row_spec = pl.BlockSpec((1, BQ), lambda r, j, tiles, counts: (0, tiles[r * extent + j]))
-    grid_spec = pltpu.PrefetchScalarGridSpec(
-        num_scalar_prefetch=2,
-        grid=(nk, extent),
-        in_specs=[q_spec, kv_spec, kv_spec, q_spec, row_spec, row_spec],
-        out_specs=[kv_spec, kv_spec],
-        scratch_shapes=[pltpu.VMEM((BKV, D), jnp.float32)] * 2,
-    )
-    dk, dv = pl.pallas_call(
-        lambda *refs: dkv_kernel(*refs, extent=extent),
-        grid_spec=grid_spec,
-        out_shape=[jax.ShapeDtypeStruct((lk, D), jnp.float32)] * 2,
-        interpret=cfg.interpret,
-    )(jnp.asarray(tiles_t.reshape(-1)), jnp.asarray(counts_t.reshape(-1)), qp, kp, vp, dop, lse_row, di_row)
-    return dk[:L], dv[:L]
-
-
-# the residuals the forward keeps: the output and one lse per query (from stlib's tile kernel)
-o, lse = stlib.kernels.tile.tile_attention(q[None], k[None], v[None], layout, scale=scale, interpret=cfg.interpret,
-                                           return_lse=True)
-di = jnp.sum(do * o[0], axis=-1)
-dk_mine, dv_mine = dk_dv(q, k, v, do, lse[0], di)
-library = jax.grad(lambda q, k, v: jnp.sum(stlib.attention(q[None], k[None], v[None], band, impl="pallas_tile",
-                                                           block_q=BQ, block_kv=BKV)[0] * do), argnums=(1, 2))(q, k, v)
-for name, mine, ref, lib in (("dk", dk_mine, want[1], library[0]), ("dv", dv_mine, want[2], library[1])):
-    err = float(jnp.max(jnp.abs(mine - ref)) / jnp.max(jnp.abs(ref)))
-    lib_err = float(jnp.max(jnp.abs(mine - lib)) / jnp.max(jnp.abs(ref)))
-    assert err < 1e-4 and lib_err < 1e-4, (name, err, lib_err)
-    print(f"PASSED  {name}: the kernel in view == jax.grad of the reference (gap {err:.1e}) "
-          f"== stlib's backward (gap {lib_err:.1e})")
-
-# %% [markdown]
 # ### Exercise 2: the dq kernel's step
 #
 # The dq kernel walks the forward's table: q tile i visits its kv tiles and adds each one's share of
@@ -293,8 +211,9 @@ for name, mine, ref, lib in (("dk", dk_mine, want[1], library[0]), ("dv", dv_min
 # kv tile, and the tile's mask. The check adds your steps over every tile pair and compares with
 # dq of `jax.grad`.
 #
-# *Hint:* rebuild P from lse, then dS, then the same matmul as dk's but on the other side.
-# `exercises.show("10.dq_step")` prints a solution.
+# *Hint 1:* P comes back from lse alone, with no running max or sum: p = exp(s - lse) where allowed.
+# *Hint 2:* dS = P * (dP - di) with dP = dO v^T; s was q k^T times the scale, so dq = dS k picks
+# the scale up too. `exercises.show("10.dq_step")` prints a solution.
 
 # %%
 @exercises.fill_in("10.dq_step")
@@ -323,6 +242,150 @@ def check_dq(dq_step):
 
 
 exercises.verify("10.dq_step", check_dq, dq_step)
+
+# %% [markdown]
+# ## The dk / dv kernel, written in view
+#
+# Grid (kv tile, step): each kv tile walks its q tiles from the transposed table, prefetched into
+# SMEM. It keeps dk and dv of its keys in f32 VMEM scratch and writes them once, at its last step.
+# The scores are computed transposed, S^T = k q^T [block_kv, block_q], with keys on sublanes and
+# queries on lanes. Then lse and di, stored lane-dense as one [1, L] row each, broadcast over the
+# keys for free: no [L, 1] column, which a TPU would pad 128-fold (a `T(8,128)` layout). The band's
+# predicate is two iotas and a compare.
+
+# %%
+def dkv_kernel(tiles_ref, counts_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dk_ref, dv_ref, dk_acc, dv_acc,
+               *, extent, width, length, scale):
+    r, j = pl.program_id(0), pl.program_id(1)  # kv tile r, its j-th q tile
+    qi = tiles_ref[r * extent + j]
+    bq, bkv = q_ref.shape[0], k_ref.shape[0]
+
+    @pl.when(j == 0)
+    def _():
+        dk_acc[...] = jnp.zeros(dk_acc.shape, jnp.float32)
+        dv_acc[...] = jnp.zeros(dv_acc.shape, jnp.float32)
+
+    @pl.when(j < counts_ref[r])
+    def _():
+        q_t, k_t, v_t, do_t = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
+        s_t = jax.lax.dot_general(k_t, q_t, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale
+        keys = r * bkv + jax.lax.broadcasted_iota(jnp.int32, s_t.shape, 0)
+        queries = qi * bq + jax.lax.broadcasted_iota(jnp.int32, s_t.shape, 1)
+        allowed = (jnp.abs(queries - keys) <= width) & (keys < length) & (queries < length)
+        p_t = jnp.where(allowed, jnp.exp(s_t - lse_ref[...]), 0.0)  # [bkv, bq] f32
+        dv_acc[...] += jax.lax.dot(p_t.astype(do_t.dtype), do_t, preferred_element_type=jnp.float32)
+        dp_t = jax.lax.dot_general(v_t, do_t, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        ds_t = jnp.where(allowed, p_t * (dp_t - di_ref[...]), 0.0)
+        dk_acc[...] += jax.lax.dot(ds_t.astype(q_t.dtype), q_t, preferred_element_type=jnp.float32) * scale
+
+    @pl.when(j == extent - 1)
+    def _():
+        dk_ref[...] = dk_acc[...]
+        dv_ref[...] = dv_acc[...]
+
+
+def dk_dv(q, k, v, do, lse, di, *, layout, width, interpret=cfg.interpret):
+    """dk, dv [L, D] f32 of one head under the band |q - k| <= width, whose tiles ``layout`` gives;
+    lse, di [L] from the forward and dO."""
+    (length, head_dim), (bq, bkv) = q.shape, (layout.block_q, layout.block_kv)
+    selected = layout.kinds != stlib.TileKind.EMPTY
+    tiles_t, counts_t = row_tables(np.ascontiguousarray(selected.transpose(0, 2, 1)))
+    extent = tiles_t.shape[2]
+    nk = tiles_t.shape[1]
+    pad = lambda x, n: jnp.pad(x, ((0, n - x.shape[0]),) + ((0, 0),) * (x.ndim - 1))
+    lq, lk = layout.grid_shape[0] * bq, nk * bkv
+    qp, dop, kp, vp = pad(q, lq), pad(do, lq), pad(k, lk), pad(v, lk)
+    lse_row = jnp.pad(lse, (0, lq - length), constant_values=jnp.inf)[None]  # [1, Lq]: padding rows see nothing
+    di_row = jnp.pad(di, (0, lq - length))[None]
+    q_spec = pl.BlockSpec((bq, head_dim), lambda r, j, tiles, counts: (tiles[r * extent + j], 0))
+    kv_spec = pl.BlockSpec((bkv, head_dim), lambda r, j, tiles, counts: (r, 0))
+    row_spec = pl.BlockSpec((1, bq), lambda r, j, tiles, counts: (0, tiles[r * extent + j]))
+    grid_spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=2,
+        grid=(nk, extent),
+        in_specs=[q_spec, kv_spec, kv_spec, q_spec, row_spec, row_spec],
+        out_specs=[kv_spec, kv_spec],
+        scratch_shapes=[pltpu.VMEM((bkv, head_dim), jnp.float32)] * 2,
+    )
+    dk, dv = pl.pallas_call(
+        lambda *refs: dkv_kernel(*refs, extent=extent, width=width, length=length, scale=head_dim**-0.5),
+        grid_spec=grid_spec,
+        name="dkv_in_view",
+        out_shape=[jax.ShapeDtypeStruct((lk, head_dim), jnp.float32)] * 2,
+        compiler_params=None if interpret else pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
+        interpret=interpret,
+    )(jnp.asarray(tiles_t.reshape(-1)), jnp.asarray(counts_t.reshape(-1)), qp, kp, vp, dop, lse_row, di_row)
+    return dk[:length], dv[:length]
+
+
+# the residuals the forward keeps: the output and one lse per query (from stlib's tile kernel)
+o, lse = stlib.kernels.tile.tile_attention(q[None], k[None], v[None], layout, scale=scale, interpret=cfg.interpret,
+                                           return_lse=True)
+di = jnp.sum(do * o[0], axis=-1)
+dk_mine, dv_mine = dk_dv(q, k, v, do, lse[0], di, layout=layout, width=WIDTH)
+library = jax.grad(lambda q, k, v: jnp.sum(stlib.attention(q[None], k[None], v[None], band, impl="pallas_tile",
+                                                           block_q=BQ, block_kv=BKV)[0] * do), argnums=(1, 2))(q, k, v)
+for name, mine, ref, lib in (("dk", dk_mine, want[1], library[0]), ("dv", dv_mine, want[2], library[1])):
+    err = float(jnp.max(jnp.abs(mine - ref)) / jnp.max(jnp.abs(ref)))
+    lib_err = float(jnp.max(jnp.abs(mine - lib)) / jnp.max(jnp.abs(ref)))
+    assert err < 1e-4 and lib_err < 1e-4, (name, err, lib_err)
+    print(f"PASSED  {name}: the kernel in view == jax.grad of the reference (gap {err:.1e}) "
+          f"== stlib's backward (gap {lib_err:.1e})")
+
+# %% [markdown]
+# Compiled for v6e at a moderate shape (one head, 8,192 tokens, band 0.25, bf16, 512 x 512 tiles;
+# the probabilities and dS go to the MXU in the inputs' dtype, as in the library), next to the
+# library's whole gradient at the same shape (`jax.grad` through `pallas_tile`: its forward and its
+# fused dk / dv / dq kernel, at the backward's own blocks). Then the kernel's schedule, read the way
+# the static estimate reads the library's kernels (`stlib.analysis.inview.kernel_schedules`, as in
+# notebook 07): the bundles of the grid step and of the compute region, a [512, 512] tile's four
+# matmuls.
+
+# %%
+import functools
+import time
+
+from stlib.analysis.inview import kernel_schedules, per_step
+from stlib.device import compile_for_tpu
+
+ML, MB = 8192, 512
+m_band = masks.band(ML, masks.band_width_for_density(ML, 0.25))
+m_layout = stlib.block_layout(m_band, MB, MB)
+one, row = jax.ShapeDtypeStruct((ML, 128), jnp.bfloat16), jax.ShapeDtypeStruct((ML,), jnp.float32)
+teaching = functools.partial(dk_dv, layout=m_layout, width=m_band.width, interpret=False)
+
+
+def library_grad(q, k, v, do):
+    out = stlib.attention(q[None], k[None], v[None], m_band, impl="pallas_tile", block_q=MB, block_kv=MB,
+                          interpret=False)[0]
+    return jnp.sum(out.astype(jnp.float32) * do.astype(jnp.float32))
+
+
+for name, fn, shapes in [("teaching dk / dv kernel", teaching, [one] * 4 + [row] * 2),
+                         ("stlib jax.grad (fwd + bwd)", jax.grad(library_grad, argnums=(0, 1, 2)), [one] * 4)]:
+    start = time.perf_counter()
+    hbm = compile_for_tpu(fn, *shapes, chip="v6e").memory()
+    print(f"v6e {name:<27} compiled in {time.perf_counter() - start:.1f} s: HBM arguments "
+          f"{hbm['argument_size_in_bytes']:,} B, output {hbm['output_size_in_bytes']:,} B, temporaries "
+          f"{hbm['temp_size_in_bytes']:,} B")
+(schedule,) = kernel_schedules(teaching, *[one] * 4, *[row] * 2, chip="v6e", kernel_prefix="dkv_in_view",
+                               compute_names=["compute"])
+bundles = per_step(schedule)
+m_selected = m_layout.kinds != stlib.TileKind.EMPTY
+tiles, grid_steps = int(m_selected.sum()), m_selected.shape[2] * int(m_selected.sum(axis=1).max())  # kv tiles x extent
+print(f"dk / dv kernel in view, v6e: grid step {bundles['step']:,} bundles, compute region {bundles['compute']:,} "
+      f"({bundles['compute'] / (MB * MB / 1000):.2f} per 1,000 score pairs); {grid_steps} grid steps, {tiles} of them "
+      f"computed: about {grid_steps * bundles['step'] + tiles * bundles['compute']:,} bundles in all "
+      "(a static schedule, not a measurement)")
+
+# %% [markdown]
+# Read the schedule against the forward's (notebook 07 prints its FULL region per 1,000 score
+# pairs). Each step of this kernel does four matmuls where the forward does two, evaluates the band
+# from iota on every tile (FULL tiles included), and rebuilds P from lse; the library's fused kernel
+# does dq's matmul in the same step, runs FULL tiles mask-free and, where the layout allows, the
+# forward's pattern steps at blocks of its own (the sections below). Its estimate at the
+# case-study shape: `python -m stlib.bench.backward_estimate table`.
+
 
 # %% [markdown]
 # stlib's version (`stlib/kernels/backward.py`) is this kernel and its dq twin with what a library
@@ -366,6 +429,9 @@ for name in ("full", "band (density 0.25)", "sliding tile, 3-D tiled order"):
                      work["backward_flops"] / 1e12, work["backward_flops"] / work["forward_flops"]))
 print(f"matmuls per computed tile: forward {FORWARD_MATMULS}, dq kernel {DQ_MATMULS}, dk / dv kernel "
       f"{DKV_MATMULS}, fused {FUSED_MATMULS}")
+first, last = fused[0].window  # the fused call's q tiles: here every q tile of a head, one window
+print(f"one dq window on v6e: q tiles {first}-{last - 1}, {(last - first) * 512:,} padded rows x 128 x 4 B = "
+      f"{(last - first) * 512 * 128 * 4 / 1e6:.1f} MB of f32 dq in VMEM")
 for name, method, tiles, steps, fwd, bwd, ratio in rows:
     print(f"{name:32s} {method:5s} tiles {tiles:>7,}  grid steps {steps:>7,}  forward {fwd:5.1f} TFLOP  "
           f"backward {bwd:6.1f} TFLOP  ratio {ratio:.2f}")

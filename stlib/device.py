@@ -67,6 +67,15 @@ class Chip:
         return float(self._info.mem_bw_bytes_per_second)
 
     @property
+    def hbm_capacity(self) -> int:
+        """HBM bytes per device (a TPU7x chip's two devices hold half of its HBM each).
+
+        >>> round(CHIP_TABLE["v6e"].hbm_capacity / 1e9, 1)
+        34.4
+        """
+        return int(self._info.hbm_capacity_bytes)
+
+    @property
     def vmem_bytes(self) -> int:
         return int(self._info.vmem_capacity_bytes)
 

@@ -3,6 +3,7 @@ reader's stubs with STLIB_SOLUTIONS=hide, NOT YET instead of a stop, and a solut
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 
@@ -85,10 +86,32 @@ def check_combine(combine):
     return "combined"
 
 
+def test_every_exercise_has_a_wrong_answer_with_the_stubs_parameters():
+    from stlib.exercises.solutions import WRONG
+
+    assert sorted(WRONG) == exercises.names()
+    for name in exercises.names():
+        mistake, wrong = exercises.wrong_answer(name)
+        assert mistake and wrong is not exercises.solution(name)
+        assert (
+            inspect.signature(wrong).parameters.keys()
+            == inspect.signature(exercises.solution(name)).parameters.keys()
+        )
+
+
 def test_verify_passes_prints_not_yet_or_raises(mode, capsys):
     mode("fill")
     assert exercises.verify("04.combine", check_combine, exercises.solution("04.combine"))
-    assert capsys.readouterr().out == "PASSED  04.combine (library solution): combined\n"
+    assert capsys.readouterr().out == (
+        "PASSED  04.combine (library solution): combined\n"
+        "        NOT YET for a wrong answer that adds the two states without rescaling them to the "
+        "common max: wrong\n"
+    )
+    with pytest.raises(
+        exercises.ExerciseFailed,
+        match="04.combine: the check passes a wrong answer that adds the two states without rescaling",
+    ):
+        exercises.verify("04.combine", lambda combine: "anything goes", exercises.solution("04.combine"))
     wrong = lambda m1, l1, acc1, m2, l2, acc2: (m1, l1 + l2, acc1 + acc2)  # forgets the rescale
     with pytest.raises(
         exercises.ExerciseFailed, match="04.combine: the library's solution fails its check: wrong"

@@ -5,7 +5,9 @@ and a check that the notebook runs on it with ``exercises.verify(name, check, fu
 
 - **By default** (CI, the main job, a first read) ``fill_in`` hands back the library's solution
   (``stlib.exercises.solutions``), so the notebook runs end to end and every check prints PASSED. A
-  check that fails then raises :class:`ExerciseFailed`, as any broken cell would.
+  check that fails then raises :class:`ExerciseFailed`, as any broken cell would. The check is also
+  fed the exercise's known wrong answer (``solutions.WRONG``: a plausible mistake, such as a merge
+  that forgets to rescale) and must answer NOT YET, so a check that passes anything fails the run.
 - **With** ``STLIB_SOLUTIONS=hide`` (or ``SOLUTIONS = "hide"`` in a notebook's parameters cell; the
   environment wins), ``fill_in`` hands back the reader's own function. A stub raises
   ``NotImplementedError``; its check prints ``NOT YET`` and what is wrong, and the notebook goes on.
@@ -76,6 +78,19 @@ def solution(name: str) -> Callable:
     return table[name]
 
 
+def wrong_answer(name: str) -> tuple[str, Callable]:
+    """Exercise ``name``'s known wrong answer: (the mistake in a few words, the function).
+
+    >>> mistake, combine = wrong_answer("04.combine")
+    >>> mistake
+    'adds the two states without rescaling them to the common max'
+    """
+    from stlib.exercises import solutions
+
+    solution(name)  # an unknown name: the same KeyError as solution()
+    return solutions.WRONG[name]
+
+
 def fill_in(name: str) -> Callable[[Callable], Callable]:
     """Decorator for the reader's function: returns it in mode "hide", the library's solution otherwise."""
     answer = solution(name)  # an unknown name fails at the cell, in every mode
@@ -95,23 +110,40 @@ def show(name: str) -> None:
     print(inspect.getsource(solution(name)))
 
 
-def verify(name: str, check: Callable, *args, **kwargs) -> bool:
-    """Run ``check(*args, **kwargs)``: it returns a line for PASSED, or raises :class:`NotYet`. A stub's
-    NotImplementedError, or any error of the function under test, is a NOT YET too. In mode "fill" a
-    NOT YET raises :class:`ExerciseFailed` instead. Returns whether the check passed."""
+def _run(check: Callable, function: Callable) -> tuple[bool, str]:
+    """``check(function)``: (True, its PASSED detail) or (False, why not). A stub's
+    NotImplementedError, or any error of the function under test, is a NOT YET too."""
     try:
-        detail = check(*args, **kwargs)
+        return True, check(function)
     except NotImplementedError:
-        reason = "not written yet: fill in the function above"
+        return False, "not written yet: fill in the function above"
     except NotYet as error:
-        reason = str(error)
+        return False, str(error)
     except Exception as error:  # noqa: BLE001 - the reader's code may raise anything; say what
         first = (str(error).splitlines() or [""])[0][:200]
-        reason = f"it raises {type(error).__name__}: {first}"
-    else:
-        print(f"PASSED  {name}{'' if hidden() else ' (library solution)'}: {detail}")
-        return True
-    if not hidden():
-        raise ExerciseFailed(f"{name}: the library's solution fails its check: {reason}")
-    print(f"NOT YET {name}: {reason} (exercises.show({name!r}) prints a solution)")
-    return False
+        return False, f"it raises {type(error).__name__}: {first}"
+
+
+def verify(name: str, check: Callable, function: Callable) -> bool:
+    """Run ``check(function)``: it returns a line for PASSED, or raises :class:`NotYet`. Returns
+    whether the check passed.
+
+    In mode "fill" (``function`` is the library's solution) a NOT YET raises :class:`ExerciseFailed`,
+    and so does a check that passes the exercise's known wrong answer (:func:`wrong_answer`); the
+    NOT YET the wrong answer gets is printed, so the reader sees what the check catches."""
+    passed, detail = _run(check, function)
+    if hidden():
+        if passed:
+            print(f"PASSED  {name}: {detail}")
+        else:
+            print(f"NOT YET {name}: {detail} (exercises.show({name!r}) prints a solution)")
+        return passed
+    if not passed:
+        raise ExerciseFailed(f"{name}: the library's solution fails its check: {detail}")
+    mistake, wrong = wrong_answer(name)
+    accepted, why = _run(check, wrong)
+    if accepted:
+        raise ExerciseFailed(f"{name}: the check passes a wrong answer that {mistake}")
+    print(f"PASSED  {name} (library solution): {detail}")
+    print(f"        NOT YET for a wrong answer that {mistake}: {why}")
+    return True

@@ -1,7 +1,10 @@
-"""The library's solutions of the notebooks' fill-in exercises, one function per exercise.
+"""The library's solutions of the notebooks' fill-in exercises, one function per exercise, and a
+known wrong answer for each.
 
-Each is what ``@exercises.fill_in(name)`` hands back by default, and what ``exercises.show(name)``
-prints. Its parameters are the stub's in the notebook. Names are "<notebook number>.<what is written>".
+Each solution is what ``@exercises.fill_in(name)`` hands back by default, and what
+``exercises.show(name)`` prints. Its parameters are the stub's in the notebook. Names are
+"<notebook number>.<what is written>". ``WRONG[name]`` is (the mistake, in a few words, a function
+that makes it): a plausible first attempt that the exercise's check must answer NOT YET.
 """
 
 from __future__ import annotations
@@ -13,14 +16,23 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from stlib.masks import band_width_for_density
+from stlib.reference import MASK_VALUE
 
 SOLUTIONS: dict[str, Callable] = {}
+WRONG: dict[str, tuple[str, Callable]] = {}
 
 
 def _solution(name: str):
     def register(function):
         SOLUTIONS[name] = function
+        return function
+
+    return register
+
+
+def _wrong(name: str, mistake: str):
+    def register(function):
+        WRONG[name] = (mistake, function)
         return function
 
     return register
@@ -39,26 +51,51 @@ def combine(m1, l1, acc1, m2, l2, acc2):
     return m, a1 * l1 + a2 * l2, a1 * acc1 + a2 * acc2
 
 
-@_solution("04.accumulate")
-def accumulate(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, scale):
-    """The flash kernel's accumulate step: m, l lane-replicated [bq, 128] scratch, acc [bq, D]."""
+@_wrong("04.combine", "adds the two states without rescaling them to the common max")
+def combine_unscaled(m1, l1, acc1, m2, l2, acc2):
+    return jnp.maximum(m1, m2), l1 + l2, acc1 + acc2
+
+
+def _lanes(x, width):
+    """[rows, 128] lane-replicated -> [rows, width]."""
+    return jnp.tile(x, (1, width // 128))
+
+
+def _scores(q_ref, k_ref, scale):
     f32 = jnp.float32
-
-    def lanes(x, width):  # [rows, 128] lane-replicated -> [rows, width]
-        return jnp.tile(x, (1, width // 128))
-
-    s = (
+    return (
         jax.lax.dot_general(q_ref[...], k_ref[...], (((1,), (1,)), ((), ())), preferred_element_type=f32)
         * scale
     )
+
+
+def _update(s, v_ref, m_ref, l_ref, acc_ref, allowed):
+    """The online-softmax update with scores s [bq, bkv]; ``allowed`` None: every score counts."""
+    f32 = jnp.float32
     m_prev = m_ref[...]
     m_next = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))
     alpha = jnp.exp(m_prev - m_next)
-    p = jnp.exp(s - lanes(m_next, s.shape[1]))
+    p = jnp.exp(s - _lanes(m_next, s.shape[1]))
+    if allowed is not None:
+        p = jnp.where(allowed, p, 0.0)  # a row with no allowed key yet would add exp(0) = 1 per key
     l_ref[...] = alpha * l_ref[...] + jnp.sum(p, axis=1, keepdims=True)
     m_ref[...] = m_next
     pv = jax.lax.dot_general(p, v_ref[...].astype(f32), (((1,), (0,)), ((), ())), preferred_element_type=f32)
-    acc_ref[...] = lanes(alpha, acc_ref.shape[1]) * acc_ref[...] + pv
+    acc_ref[...] = _lanes(alpha, acc_ref.shape[1]) * acc_ref[...] + pv
+
+
+@_solution("04.accumulate")
+def accumulate(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, allowed, *, scale):
+    """The flash kernel's accumulate step under a mask: m, l lane-replicated [bq, 128] scratch, acc
+    [bq, D], allowed bool [bq, bkv]. A refused score becomes a large negative number before the max,
+    and its probability 0 after the exponential."""
+    s = jnp.where(allowed, _scores(q_ref, k_ref, scale), MASK_VALUE)
+    _update(s, v_ref, m_ref, l_ref, acc_ref, allowed)
+
+
+@_wrong("04.accumulate", "ignores the mask (the unmasked update of flash_kernel)")
+def accumulate_unmasked(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, allowed, *, scale):
+    _update(_scores(q_ref, k_ref, scale), v_ref, m_ref, l_ref, acc_ref, None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -71,11 +108,21 @@ def kv_map(i, j, steps_ref, nk):
     return (steps_ref[i * nk + j] >> 2, 0)
 
 
+@_wrong("05.kv_map", "returns (j, 0), the dense kernel's map")
+def kv_map_dense(i, j, steps_ref, nk):
+    return (j, 0)
+
+
 @_solution("05.frame_causal")
 def frame_causal_allowed(rows, cols, tokens_per_frame):
     """A PARTIAL tile's predicate for frame-causal attention in raster (t, y, x) order: a query sees every
     key of its own frame and of earlier frames. rows, cols int32 [bq, bkv] token numbers (iota)."""
     return cols // tokens_per_frame <= rows // tokens_per_frame
+
+
+@_wrong("05.frame_causal", "is causal per token (cols <= rows), not per frame")
+def token_causal_allowed(rows, cols, tokens_per_frame):
+    return cols <= rows
 
 
 # ---------------------------------------------------------------------------------------------
@@ -91,13 +138,26 @@ def finish(o_ref, lse_ref, m_ref, l_ref, acc_ref):
     lse_ref[...] = jnp.where(seen, m_ref[...][:, :1] + jnp.log(jnp.where(seen, l, 1.0)), -jnp.inf)
 
 
+@_wrong("06.finish", "divides by l without a guard for a row the pass never saw")
+def finish_unguarded(o_ref, lse_ref, m_ref, l_ref, acc_ref):
+    l = l_ref[...][:, :1]
+    o_ref[...] = acc_ref[...] / l
+    lse_ref[...] = m_ref[...][:, :1] + jnp.log(l)
+
+
 @_solution("06.merge")
-def merge(o1, lse1, o2, lse2):
-    """Two passes' outputs [L, D] and log-sum-exps [L, 1] -> attention over both passes' keys [L, D].
-    A row that neither pass saw (both lse -inf) is 0."""
-    lse = jnp.logaddexp(lse1, lse2)
+def merge(outputs, lses):
+    """Any number of passes' outputs [L, D] and log-sum-exps [L, 1] (lists) -> attention over every
+    pass's keys [L, D]; a row that no pass saw (every lse -inf) is 0."""
+    lse = jax.nn.logsumexp(jnp.stack(lses), axis=0)  # [L, 1], -inf where no pass saw the row
     safe = jnp.where(jnp.isfinite(lse), lse, 0.0)
-    return jnp.exp(lse1 - safe) * o1 + jnp.exp(lse2 - safe) * o2
+    return sum(jnp.exp(lse_i - safe) * o_i for o_i, lse_i in zip(outputs, lses, strict=True))
+
+
+@_wrong("06.merge", "weighs each pass by exp(lse) over the sum of them, with no common max")
+def merge_unshifted(outputs, lses):
+    weights = [jnp.exp(lse_i) for lse_i in lses]
+    return sum(w * o_i for w, o_i in zip(weights, outputs, strict=True)) / sum(weights)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -114,6 +174,13 @@ def finish_with_lse(m, l, acc, mask_value):
     o = jnp.where(seen, acc / safe_l, 0.0).T
     lse = jnp.where(seen, (m + jnp.log2(safe_l)) * math.log(2.0), -jnp.inf)  # log2 -> natural log
     return o, lse
+
+
+@_wrong("07.finish_with_lse", "returns the log-sum-exp in base 2")
+def finish_with_lse_base2(m, l, acc, mask_value):
+    seen = m != mask_value
+    safe_l = jnp.where(seen, l, 1.0)
+    return jnp.where(seen, acc / safe_l, 0.0).T, jnp.where(seen, m + jnp.log2(safe_l), -jnp.inf)
 
 
 @_solution("07.pattern_updates")
@@ -138,12 +205,36 @@ def pattern_updates(rows, grain, chunk):
     return out
 
 
+@_wrong("07.pattern_updates", "cuts a row only at skipped sub-tiles, not where the kind changes")
+def pattern_updates_uncut(rows, grain, chunk):
+    out = []
+    for c, row in enumerate(rows):
+        r = 0
+        while r < len(row):
+            start = r
+            while r < len(row) and bool(row[r]) == bool(row[start]):
+                r += 1
+            if row[start]:  # one update for the run, masked if any of its sub-tiles is
+                out.append((c * grain, grain, start * grain, (r - start) * grain, 2 in row[start:r]))
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # 09 · Sparse VideoGen routing
 
 
-# the library's own rule is the answer: w = L * (1 - sqrt(1 - density)), rounded up to whole kv tiles
-SOLUTIONS["09.band_width"] = band_width_for_density
+@_solution("09.band_pairs")
+def band_pairs(length, width):
+    """The (query, key) pairs that the band |q - k| <= width keeps in an L x L grid, ends counted:
+    every row's 2w + 1 keys, less the two triangles that hang past the grid's ends (w(w + 1) / 2
+    each)."""
+    w = min(width, length - 1)
+    return length * (2 * w + 1) - w * (w + 1)
+
+
+@_wrong("09.band_pairs", "counts 2w + 1 keys in every row, the band's ends included")
+def band_pairs_endless(length, width):
+    return length * (2 * width + 1)
 
 
 @_solution("09.routing_error")
@@ -159,6 +250,14 @@ def routing_error(q_rows, k, allowed, scale):
     return jnp.mean((kept / jnp.where(mass > 0, mass, 1.0) - p) ** 2, axis=(1, 2))
 
 
+@_wrong("09.routing_error", "compares the kept probabilities without renormalising them")
+def routing_error_unnormalised(q_rows, k, allowed, scale):
+    p = jax.nn.softmax(
+        jnp.einsum("hsd,hld->hsl", q_rows, k, precision=jax.lax.Precision.HIGHEST) * scale, axis=-1
+    )
+    return jnp.mean((jnp.where(allowed[None], p, 0.0) - p) ** 2, axis=(1, 2))
+
+
 # ---------------------------------------------------------------------------------------------
 # 10 · the backward
 
@@ -170,6 +269,11 @@ def transposed_table(selected, row_tables):
     return row_tables(np.ascontiguousarray(selected.transpose(0, 2, 1)))
 
 
+@_wrong("10.transposed_table", "returns the forward's own table, untransposed")
+def untransposed_table(selected, row_tables):
+    return row_tables(selected)
+
+
 @_solution("10.dq_step")
 def dq_step(q_t, k_t, v_t, do_t, lse, di, allowed, scale):
     """One (q tile, kv tile) step of the dq kernel: q_t, do_t [bq, D], k_t, v_t [bkv, D], lse, di
@@ -177,6 +281,12 @@ def dq_step(q_t, k_t, v_t, do_t, lse, di, allowed, scale):
     p = jnp.where(allowed, jnp.exp((q_t @ k_t.T) * scale - lse), 0.0)  # P rebuilt from lse
     ds = p * (do_t @ v_t.T - di)  # dS = P * (dP - di)
     return (ds @ k_t) * scale
+
+
+@_wrong("10.dq_step", "leaves out the scale that the scores were multiplied by")
+def dq_step_unscaled(q_t, k_t, v_t, do_t, lse, di, allowed, scale):
+    p = jnp.where(allowed, jnp.exp((q_t @ k_t.T) * scale - lse), 0.0)
+    return (p * (do_t @ v_t.T - di)) @ k_t
 
 
 # ---------------------------------------------------------------------------------------------
@@ -199,8 +309,18 @@ def head_order(kinds, num_devices):
     ]
 
 
+@_wrong("11.head_order", "keeps the heads in their own order")
+def head_order_unchanged(kinds, num_devices):
+    return list(range(len(kinds)))
+
+
 @_solution("11.all_to_all_bytes")
 def all_to_all_bytes(num_heads, length, head_dim, num_devices, itemsize):
     """Bytes per device of one Ulysses all-to-all of q (or k, v, o): each device holds [H, L / N, D]
     before and [H / N, L, D] after; the operand is the device's share either way."""
     return num_heads * (length // num_devices) * head_dim * itemsize
+
+
+@_wrong("11.all_to_all_bytes", "counts the whole array, not one device's share")
+def all_to_all_bytes_whole(num_heads, length, head_dim, num_devices, itemsize):
+    return num_heads * length * head_dim * itemsize
