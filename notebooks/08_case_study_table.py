@@ -370,6 +370,61 @@ else:
     print(f"no static estimates in this run: {estimate_note}")
 
 # %% [markdown]
+# ## Where the dense advantage comes from, like for like
+#
+# On dense work the tile kernel's own estimate is below Splash's calibration point, and that gain
+# multiplies into every sparse speed-up over dense Splash above. Four things differ between the two
+# at their defaults: the blocks (Splash 512 x 1,024, the tile kernel its swept 2,560 x 2,560), the
+# exponential (exp2 in the tile kernel), the precision of p · v (bf16 p in the tile kernel, f32 in
+# Splash's source) and the kernel's layout (keys on sublanes, statistics one per query). The rows
+# below change one of them at a time, on the full mask at the case-study shape (static v6e
+# estimates): Splash at its default and at its best swept blocks (`python -m stlib.bench.block_sweep
+# table`), then the tile kernel at its own blocks with natural exp and f32 p · v (Splash's
+# arithmetic), with bf16 p · v, and with exp2 (its default). For each, the compute region of one grid
+# step per 1,000 score pairs: its bundles (VLIW instructions) and the cycles the MXUs need to be fed
+# (the larger of the two is what the estimate charges).
+
+# %%
+SPLASH_BEST = (1024, 2048)  # dense Splash's best v6e blocks in the block sweep's records (its table's last column)
+like_for_like = [  # (label, impl, blocks (block_q, block_kv) or None for the defaults, options)
+    ("Splash, its default blocks", "splash", None, None),
+    (f"Splash at its best blocks ({SPLASH_BEST[0]:,} x {SPLASH_BEST[1]:,})", "splash", SPLASH_BEST, None),
+    ("tile kernel: natural exp, f32 p.v", "pallas_tile_lane_dense", None, {"exp2": False, "bf16_probs": False}),
+    ("tile kernel: natural exp, bf16 p.v", "pallas_tile_lane_dense", None, {"exp2": False}),
+    ("tile kernel: exp2, bf16 p.v (default)", "pallas_tile_lane_dense", None, None),
+]
+try:
+    from stlib import analysis as static
+
+    print(f"{'dense, static v6e estimate':<44} {'blocks':>13} {'ms':>7} {'x prev':>6} {'bundles':>8} {'MXU feed':>8}"
+          "  (compute region, per 1,000 score pairs)")
+    previous = None
+    for label, impl, blocks, options in like_for_like:
+        call = {"block_q": blocks[0], "block_kv": blocks[1]} if blocks else {}
+        est = static.estimate(impl, "full", "v6e", options=options, **call)
+        (kernel,) = est.kernels
+        region = max((r for r in kernel.breakdown.values() if r.get("mxu")), key=lambda r: r["cycles"])
+        pairs = est.blocks["block_q"] * est.blocks["block_kv"] / 1000
+        ms = est.total_seconds * 1e3
+        print(f"{label:<44} {est.blocks['block_q']:>6,}x{est.blocks['block_kv']:<6,} {ms:>7.2f} "
+              f"{'' if previous is None else f'{previous / ms:.2f}x':>6} {region['bundles'] / pairs:>8.2f} "
+              f"{region['mxu'] / pairs:>8.2f}")
+        previous = ms
+except Exception as error:  # noqa: BLE001 - the estimate is optional; say why it is missing
+    print(f"no static estimates in this run ({type(error).__name__}: {str(error)[:200]})")
+
+# %% [markdown]
+# Read the columns from the right. In these estimates the blocks carry the advantage: Splash at its
+# best blocks comes within a few percent of the tile kernel, with a quarter of the grid steps and
+# fewer bundles per score pair than at its default. The tile kernel's exp2 and bf16 p · v cut the
+# bundles of its compute region, but not its time: that region is bound by its MXU feed, which
+# neither changes here. Splash's compute region is bound by its bundles instead, its p · v an f32
+# matmul (its f32 copy of v). So the sparse speed-ups over dense Splash above hold one factor that
+# is not sparsity: dense Splash at its default blocks against the tile kernel at its swept ones.
+# (The block sweep's own table, `python -m stlib.bench.block_sweep table`, predates the MXU-feed
+# rule of the estimate and still shows the tile kernel's dense blocks at their older, lower cost.)
+
+# %% [markdown]
 # ## Reading the results
 #
 # * **The ideal is 1 / density.** The work model puts the tile-skipping kernels on or near that line
@@ -388,12 +443,11 @@ else:
 #   (what skipping tiles buys that kernel, at most about the ideal 1 / density mark) and over dense
 #   Splash. A bar over dense Splash beyond the ideal mark is no paradox: that kernel is cheaper than
 #   Splash on dense work already (its own dense estimate is below Splash's), and the two gains
-#   multiply. Where the estimates rank kernels differently from the work model, the difference lies
-#   in how each kernel's inner loop is written, not in which tiles it computes; only a TPU run can
-#   confirm it. One difference is in Splash's source: its forward (`jax.experimental.pallas.ops.tpu.
-#   splash_attention`, jax 0.10.2) casts v to f32 before p · v, so its compiled p · v streams f32
-#   registers of 8 rows through the MXUs where a bf16 register carries 16, twice the MXU time of the
-#   tile kernels' bf16 p · v. tokamax's copy of Splash dropped that cast in January 2026.
+#   multiply; the like-for-like rows above name that dense gain's source (the blocks). Where the
+#   estimates rank kernels differently from the work model, the difference lies in how each
+#   kernel's inner loop is written, not in which tiles it computes; only a TPU run can confirm it.
+#   Splash's forward (`jax.experimental.pallas.ops.tpu.splash_attention`, jax 0.10.2) casts v to
+#   f32 before p · v, an f32 matmul; tokamax's copy of Splash dropped that cast in January 2026.
 # * **The second generation wins where the first paid for layout and passes**: one pass instead of
 #   three, no LSE written and merged, statistics one per query instead of 128 copies, the block
 #   sweep's large blocks instead of 512 x 1,024 (the estimate cell prints the blocks each ran with),

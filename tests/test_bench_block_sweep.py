@@ -168,3 +168,14 @@ def test_a_sweep_stopped_halfway_writes_the_chips_it_finished_and_none_of_the_on
         for impl in (ld.NAME, block_sweep.BASELINE)
         for family, blocks in block_sweep.candidates(impl)
     }
+
+
+def test_the_command_line_refuses_an_unknown_chip_and_help_starts_nothing(capsys):
+    from stlib.bench import block_sweep
+
+    with pytest.raises(SystemExit):
+        block_sweep.main(["--help"])
+    assert "any of v6e, v5e, tpu7x" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        block_sweep.main(["run", "v7"])
+    assert "chip 'v7' is not one of v6e, v5e, tpu7x" in capsys.readouterr().err

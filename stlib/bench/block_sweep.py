@@ -347,16 +347,29 @@ def main(argv=None) -> None:
     """``python -m stlib.bench.block_sweep [run] [chip ...]``: run the block sweep and write the
     winners as the kernel's tuned blocks; ``... tune``: only write them from the records; ``... table``:
     the best blocks per chip and family against the targets; ``... figure``: draw it."""
+    import argparse
     import sys
 
+    commands = ("run", "tune", "table", "figure")
+    parser = argparse.ArgumentParser(prog="python -m stlib.bench.block_sweep", description=main.__doc__)
+    parser.add_argument("command", choices=commands)
+    parser.add_argument(
+        "chips", nargs="*", metavar="chip", help=f"any of {', '.join(SWEEP_CHIPS)} (default: all)"
+    )
     argv = list(sys.argv[1:] if argv is None else argv)
-    command = argv.pop(0) if argv and argv[0] in ("run", "tune", "table", "figure") else "run"
-    if command == "run":
-        sweep(chips=tuple(argv) or SWEEP_CHIPS)
+    if not argv or (argv[0] not in commands and not argv[0].startswith("-")):
+        argv.insert(0, "run")  # "run" may be left out
+    args = parser.parse_args(argv)
+    unknown = [chip for chip in args.chips if chip not in SWEEP_CHIPS]
+    if unknown:
+        parser.error(f"chip {unknown[0]!r} is not one of {', '.join(SWEEP_CHIPS)}")
+    args.chips = args.chips or list(SWEEP_CHIPS)
+    if args.command == "run":
+        sweep(chips=tuple(args.chips))
         print(f"tuned blocks: {write_tuned(read())}")
-    elif command == "tune":
+    elif args.command == "tune":
         print(f"tuned blocks: {write_tuned(read())}")
-    elif command == "table":
+    elif args.command == "table":
         print_table(read())
     else:
         print(draw(read()))
