@@ -60,14 +60,14 @@ def occupancy_comparison(layouts: dict, title: str, head: int = 0):
         row[0].set_title(f"{name}: tile kind", fontsize=9)
         padded = layout.length > layout.num_tokens  # occupancy counts tiles of padded positions too
         over_positions = layout.allowed_pairs / (layout.num_heads * float(layout.length) ** 2)
-        row[1].set_title(
+        row[1].set_title(  # two lines: one would run into the left panel's title
             f"density {layout.density:.3f}"
             + (
                 f" of {layout.num_tokens:,} tokens ({over_positions:.3f} of {layout.length:,} positions)"
                 if padded
                 else ""
             )
-            + f", occupied {layout.occupancy:.3f}, "
+            + f"\noccupied {layout.occupancy:.3f}, "
             f"partial {layout.partial_fraction:.0%} of occupied, work efficiency "
             f"{layout.work_efficiency:.2f}",
             fontsize=8,

@@ -78,7 +78,16 @@ def roofline_chart(chips: list[str], points: list[dict], title: str):
     for point in points:  # each point's intensity as a labelled vertical line, readable against every roof
         x = point["flops"] / point["bytes"]
         ax.axvline(x, color="grey", lw=0.8, ls="--", zorder=0)
-        ax.text(x, 1.2, f" {point['label']} ({x:,.0f})", rotation=90, fontsize=8, va="bottom", ha="right")
+        ax.text(  # right of its line, clear of the dots on it, over a light box where a roof crosses it
+            x * 1.15,
+            1.2,
+            f"{point['label']} ({x:,.0f})",
+            rotation=90,
+            fontsize=8,
+            va="bottom",
+            ha="left",
+            bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1.0},
+        )
     ax.set(
         xscale="log",
         yscale="log",
