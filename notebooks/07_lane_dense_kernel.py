@@ -318,6 +318,72 @@ for name, (mask, grain) in cases.items():
           f"== pallas_tile_lane_dense (max difference {gap:.1e})")
 
 # %% [markdown]
+# ## The step planner, written in view
+#
+# The kernel above takes its step codes from the library's `plan_steps`. Here is the planner itself
+# at a given pattern grain (the library also picks the grain: of its candidates, the one whose
+# patterns cost least). Each non-empty tile of the layout gets a code:
+#
+# * FULL tiles code 0, except those in the kv tile where the array ends, which are RAGGED (code 1:
+#   the chunks past the end are skipped, the last one sliced);
+# * PARTIAL tiles MASKED (code 2), unless a **pattern** costs less: the tile cut into grain x grain
+#   sub-tiles of the mask's own layout, each EMPTY (skipped), FULL (run mask-free) or PARTIAL (run
+#   with the mask evaluated, only where the mask has a predicate to trace). A pattern costs its
+#   computed pairs, a masked pair counted twice; the whole tile masked costs 2 x block_q x block_kv;
+# * the most frequent patterns (up to `MAX_PATTERNS`: each is one compiled region) get codes 3, 4,
+#   ... in order of frequency, and the rest stay MASKED.
+#
+# The library's version adds the grain choice and the padding slots of a padded 3-D tiled order
+# (kv tiles that hold them are masked by key); the check compares codes and patterns on the four
+# masks above.
+
+# %%
+from collections import Counter
+
+from stlib.kernels.steps import MASK, MAX_PATTERNS, RUN, SKIP, Pattern
+
+
+def plan_codes(layout, length, grain):
+    """Step codes int16 [Hl, nq, nk] (-1: not computed) and the patterns, at ``grain`` (0: none)."""
+    (bq, bkv), nk = (layout.block_q, layout.block_kv), layout.grid_shape[1]
+    kinds = np.asarray(layout.kinds)
+    codes = np.full(kinds.shape, -1, np.int16)
+    codes[kinds == stlib.TileKind.FULL] = StepKind.FULL
+    if length % bkv:  # the kv tile where the array ends
+        codes[:, :, nk - 1][kinds[:, :, nk - 1] == stlib.TileKind.FULL] = StepKind.RAGGED
+    codes[kinds == stlib.TileKind.PARTIAL] = StepKind.MASKED
+    if not grain:
+        return codes, ()
+    fine = np.asarray(stlib.block_layout(layout.mask, grain, grain).kinds)  # the mask's own sub-tiles
+    found = {}
+    for h, i, j in zip(*np.nonzero(codes == StepKind.MASKED)):
+        if (j + 1) * bkv > length:
+            continue  # a tile past the array's end stays masked whole
+        sub = fine[h, i * bq // grain:(i + 1) * bq // grain, j * bkv // grain:(j + 1) * bkv // grain]
+        if not layout.mask.traceable and (sub == stlib.TileKind.PARTIAL).any():
+            continue  # no predicate to evaluate on a PARTIAL sub-tile
+        kind = np.select([sub == stlib.TileKind.FULL, sub == stlib.TileKind.PARTIAL], [RUN, MASK], SKIP)
+        pattern = Pattern(grain, tuple(tuple(int(x) for x in row) for row in kind.T), padded=False)  # rows: kv
+        if pattern.cost() < 2 * bq * bkv:
+            found[(h, i, j)] = pattern
+    frequent = [p for p, _ in Counter(found.values()).most_common(MAX_PATTERNS)]
+    for (h, i, j), pattern in found.items():
+        if pattern in frequent:
+            codes[h, i, j] = FIRST_PATTERN + frequent.index(pattern)
+    return codes, tuple(frequent)
+
+
+for name, (mask, grain) in cases.items():
+    layout = stlib.block_layout(mask, BQ, BKV)
+    library = plan_steps(layout, mask.length, grain)
+    chosen = library.patterns[0].grain if library.patterns else 0  # the library's grain, taken as given
+    codes, patterns = plan_codes(layout, mask.length, chosen)
+    assert np.array_equal(codes, library.codes) and patterns == library.patterns, name
+    counts = Counter(region_name(int(c)).removeprefix("compute_") for c in codes[codes >= 0])
+    print(f"PASSED  plan_codes == plan_steps on {name:<24} (grain {chosen}): " + ", ".join(
+        f"{region} {n}" for region, n in sorted(counts.items())))
+
+# %% [markdown]
 # ## Step codes and patterns at the case-study shape
 #
 # **Pattern steps.** In the 3-D tiled order the sliding-tile mask is FULL or EMPTY at the grain of
