@@ -96,6 +96,33 @@ def test_records_of_an_older_kernel_source_are_not_compared_with_a_newer_ones(tm
     ]
 
 
+def test_records_of_an_older_estimator_are_not_ranked_and_the_table_names_them_stale(tmp_path, capsys):
+    import json
+
+    from stlib.analysis.cache import estimator_hash
+
+    name, now = ld.NAME, estimator_hash()
+    lines = [  # v6e swept again by this estimator; v5e last swept by an older one
+        {**record("v6e", "dense", name, (2560, 2560, 256), 10), "estimator": "older"},
+        {**record("v6e", "dense", name, (2048, 2048, 512), 90), "estimator": now},
+        {**record("v6e", "dense", "splash", (1024, 2048, None), 100), "estimator": now},
+        {**record("v5e", "dense", name, (2048, 2048, 128), 95), "estimator": "older"},
+        {**record("v5e", "dense", "splash", (512, 2048, None), 100), "estimator": "older"},
+    ]
+    path = tmp_path / "sweep.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    kept = block_sweep.read(path)
+    assert sorted((r["chip"], r["impl"], r["block_q"]) for r in kept) == [
+        ("v5e", name, 2048),
+        ("v5e", "splash", 512),
+        ("v6e", name, 2048),  # the older estimator's 2560 (fewer cycles) is not ranked beside it
+        ("v6e", "splash", 1024),
+    ]
+    assert block_sweep.stale_chips(kept) == ["v5e"]
+    block_sweep.print_table(kept)
+    assert "stale: v5e estimated by another estimator" in capsys.readouterr().out
+
+
 @pytest.mark.skipif(not RECORDS.exists(), reason="no committed sweep records")
 def test_package_data_holds_the_committed_sweeps_winners_and_the_kernel_runs_them():
     won = block_sweep.winners(block_sweep.read(RECORDS))

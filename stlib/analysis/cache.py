@@ -146,6 +146,33 @@ def source_hash(impl: str) -> str:
     return digest.hexdigest()[:16]
 
 
+#: The estimator's own files (relative to the package): they turn a compiled schedule into an
+#: estimate (paths, the MXU feed, the clock), so an edit to one changes estimates that no program
+#: hash or cache key sees. Only these files, not what they import: a kernel edit is ``source_hash``'s.
+ESTIMATOR_FILES = (
+    "analysis/kernel_estimate.py",
+    "analysis/mxu_input.py",
+    "analysis/attribution.py",
+    "analysis/schedule.py",
+    "analysis/clock.py",
+)
+
+
+def estimator_hash() -> str:
+    """Hash of the estimator's own sources (``ESTIMATOR_FILES``): what the block sweep's records are
+    marked with besides the kernel's ``source_hash``, so that estimates made by an older estimator
+    are never ranked beside newer ones.
+
+    >>> len(estimator_hash())
+    16
+    """
+    root = stlib_dir()
+    digest = hashlib.sha256()
+    for name in ESTIMATOR_FILES:
+        digest.update(name.encode() + (root / name).read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def rules_hash(impl: str, backward: bool = False) -> str:
     """Hash of the source of the rules that name ``impl``'s compute regions (its and its backward's
     ``compute_regions``, and, for a ``backward`` call, its backward's ``edge_regions`` where it has

@@ -56,7 +56,7 @@ def sweep(
     from pathlib import Path
 
     from stlib import analysis
-    from stlib.analysis.cache import source_hash
+    from stlib.analysis.cache import estimator_hash, source_hash
     from stlib.bench.progress import Progress
     from stlib.provenance import provenance
 
@@ -70,11 +70,12 @@ def sweep(
         if family in families or impl == BASELINE  # every ratio needs the baseline
     ]
     sources = {impl: source_hash(impl) for impl in (NAME, BASELINE)}
-    if resume and Path(path).exists():  # an estimate of the same kernel source is not run again
+    estimator = estimator_hash()
+    if resume and Path(path).exists():  # an estimate of the same kernel source and estimator is not run again
         done = {
             (r["chip"], r["family"], r["impl"], (r["block_q"], r["block_kv"], r["block_kv_compute"]))
             for r in read(path)
-            if "cycles" in r and r.get("source") == sources[r["impl"]]
+            if "cycles" in r and r.get("source") == sources[r["impl"]] and r.get("estimator") == estimator
         }
         jobs = [job for job in jobs if job not in done]
 
@@ -91,6 +92,7 @@ def sweep(
             "shape": list(CASE_STUDY.qkv_shape),
             "dtype": "bfloat16",
             "source": sources[impl],  # the kernel's sources (stlib.analysis.cache.source_hash)
+            "estimator": estimator,  # the estimator's own sources (stlib.analysis.cache.estimator_hash)
             **origin,
         }
         options = None
@@ -163,19 +165,30 @@ def candidates(impl: str) -> list[tuple]:
 
 def read(path=None) -> list[dict]:
     """The sweep's records (``path``, default ``RECORDS`` in ``stlib.paths.home()``) of each kernel's
-    last swept source on each chip (its ``source`` hash: an older kernel's estimates are never compared
-    with a newer one's, and a chip keeps its last whole sweep until it is swept again: ``sweep`` writes
-    a chip's records once the chip is done); where a configuration was swept more than once, its
-    latest record."""
+    last swept source and estimator on each chip (its ``source`` and ``estimator`` hashes: an older
+    kernel's or estimator's estimates are never compared with a newer one's, and a chip keeps its last
+    whole sweep until it is swept again: ``sweep`` writes a chip's records once the chip is done);
+    where a configuration was swept more than once, its latest record."""
     import json
     from pathlib import Path
 
-    latest, source = {}, {}
+    latest, last = {}, {}
     for line in Path(path or paths.home() / RECORDS).read_text().splitlines():
         r = json.loads(line)
         latest[(r["chip"], r["family"], r["impl"], r["block_q"], r["block_kv"], r["block_kv_compute"])] = r
-        source[(r["chip"], r["impl"])] = r.get("source")
-    return [r for r in latest.values() if r.get("source") == source[(r["chip"], r["impl"])]]
+        last[(r["chip"], r["impl"])] = (r.get("source"), r.get("estimator"))
+    return [
+        r for r in latest.values() if (r.get("source"), r.get("estimator")) == last[(r["chip"], r["impl"])]
+    ]
+
+
+def stale_chips(records) -> list[str]:
+    """The chips of ``records`` (``read``) whose estimates come from another estimator than this one
+    (``stlib.analysis.cache.estimator_hash``): re-sweep them before trusting their ranking."""
+    from stlib.analysis.cache import estimator_hash
+
+    current = estimator_hash()
+    return sorted({r["chip"] for r in records if r.get("estimator") != current})
 
 
 def best_blocks(records) -> dict:
@@ -287,6 +300,12 @@ def print_table(records) -> None:
             f"{row['splash_blocks'][0]}x{row['splash_blocks'][1]}, {row['splash_ms']:.2f}"
         )
     print("static estimates (not measurements); ms at each chip's calibrated or assumed clock")
+    stale = stale_chips(records)
+    if stale:
+        print(
+            f"stale: {', '.join(stale)} estimated by another estimator than this one "
+            f"(re-sweep: python -m stlib.bench.block_sweep run {' '.join(stale)})"
+        )
 
 
 def _blocks_label(r) -> str:
