@@ -325,7 +325,9 @@ print(f"scores held at once: [2, 1024, 128] = {2 * 1024 * 128 * 4 / 2**20:.1f} M
 # Run the notebook with `SOLUTIONS = "hide"` (first cell) to write it yourself: the stub raises, and
 # the check prints NOT YET and what is wrong. `exercises.show("04.combine")` prints a solution.
 #
-# *Hint:* bring both states to the larger of the two maxima, as the loop's α does for one.
+# *Hint 1:* bring both states to the larger of the two maxima, as the loop's α does for one.
+# *Hint 2:* with m = max(m1, m2), state i is worth exp(mi - m) of itself: scale its l and its acc
+# by that, then add the two.
 
 # %%
 @exercises.fill_in("04.combine")

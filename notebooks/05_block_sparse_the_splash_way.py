@@ -400,8 +400,9 @@ print(f"step table: {mod_steps.size} int32 entries, {smem_bytes(mod_steps.shape)
 # frame and of every earlier frame. The check evaluates it on every 128 x 128 tile of a small video
 # and compares it with the mask's own block.
 #
-# *Hint:* a token's frame is its number divided by the tokens per frame. `exercises.show("05.frame_causal")`
-# prints a solution.
+# *Hint 1:* a token's frame is its number divided by the tokens per frame.
+# *Hint 2:* compare frames, not tokens: a key of a later frame is refused, any key of the query's
+# own frame is allowed. `exercises.show("05.frame_causal")` prints a solution.
 
 # %%
 @exercises.fill_in("05.frame_causal")

@@ -450,7 +450,8 @@ print(f"PASSED  pallas_tile_lane_dense in rows of 3-D tiles == reference on {dem
 # Run the notebook with `SOLUTIONS = "hide"` (first cell) to write it yourself: the stub raises, and
 # the check prints NOT YET and what is wrong. `exercises.show("07.finish_with_lse")` prints a solution.
 #
-# *Hint:* log2(l) + m is the log-sum-exp in base 2; one constant turns it into the natural log.
+# *Hint 1:* log2(l) + m is the log-sum-exp in base 2; one constant turns it into the natural log.
+# *Hint 2:* log(x) = log2(x) x ln 2; and acc is o^T unnormalised: divide by l, then transpose.
 
 # %%
 @exercises.fill_in("07.finish_with_lse")
@@ -495,8 +496,10 @@ exercises.verify("07.finish_with_lse", check_finish, finish_with_lse)
 # updates on the band and the sliding tile, against the reference, and tests that your pieces cover
 # every run sub-tile once, with its kind, and nothing else.
 #
-# *Hint:* walk each row of `rows`, cutting it where the kind changes. `exercises.show("07.pattern_updates")`
-# prints a solution.
+# *Hint 1:* walk each row of `rows`, cutting it where the kind changes (not only where it is 0).
+# *Hint 2:* a run of q sub-tiles r0..r1 of kind 1 or 2 in row c is an update of keys from c x grain,
+# lanes from r0 x grain, (r1 - r0) x grain of them, cut into pieces of `chunk` keys when `chunk`
+# divides `grain`. `exercises.show("07.pattern_updates")` prints a solution.
 
 # %%
 @exercises.fill_in("07.pattern_updates")

@@ -216,8 +216,9 @@ exercises.verify("09.band_pairs", check_pairs, band_pairs)
 # `[H, S, D]`, k `[H, L, D]`, allowed `[S, L]`, one value per head. The check scores both candidates
 # on the rows `route` sampled above and compares with the library's `route_scores`.
 #
-# *Hint:* a row the mask leaves empty keeps no mass; divide by 1 there. `exercises.show("09.routing_error")`
-# prints a solution.
+# *Hint 1:* the masked softmax is the dense one's kept entries divided by their sum per row.
+# *Hint 2:* a row the mask leaves empty keeps no mass; divide by 1 there.
+# `exercises.show("09.routing_error")` prints a solution.
 
 # %%
 @exercises.fill_in("09.routing_error")

@@ -175,6 +175,10 @@ print(f"band alone: widest forward row {int(selected.sum(axis=2).max())}, widest
 #
 # Run the notebook with `SOLUTIONS = "hide"` (first cell) to write it yourself: the stub raises, and
 # the check prints NOT YET and what is wrong. `exercises.show("10.transposed_table")` prints a solution.
+#
+# *Hint 1:* the dk / dv kernel's row r is the forward's column r: which q tiles select kv tile r.
+# *Hint 2:* `row_tables` compacts the rows of whatever table it is given; give it `selected` with its
+# last two axes swapped (contiguous).
 
 # %%
 @exercises.fill_in("10.transposed_table")

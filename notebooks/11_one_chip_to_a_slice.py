@@ -203,6 +203,9 @@ for strategy in ("heads", "ulysses"):  # the ring takes the mask in the tokens' 
 #
 # Run the notebook with `SOLUTIONS = "hide"` (first cell) to write it yourself: the stub raises, and
 # the check prints NOT YET and what is wrong. `exercises.show("11.head_order")` prints a solution.
+#
+# *Hint 1:* device d takes the heads d x H / N ... (d + 1) x H / N of the permuted order.
+# *Hint 2:* group the heads by kind, then deal each device its share of every kind in turn.
 
 # %%
 @exercises.fill_in("11.head_order")
@@ -397,7 +400,8 @@ for name, m in {"the spatial heads": masks.spatial(small_grid, 0), "the per-head
 # bytes per device of one such all-to-all's operand, from the shapes alone. The check compares your
 # number with every all-to-all the compiler put in the Ulysses program above (read from its HLO).
 #
-# *Hint:* the operand is one device's share, before or after. `exercises.show("11.all_to_all_bytes")`
+# *Hint 1:* the operand is one device's share, before or after.
+# *Hint 2:* H x (L / N) x D elements of `itemsize` bytes. `exercises.show("11.all_to_all_bytes")`
 # prints a solution.
 
 # %%
