@@ -615,10 +615,10 @@ print(f"largest gap: {widest}, {gaps[widest]:+.1%} (static schedules, not measur
 # `[D, 256]` slice of o^T) used chunk after chunk. Nothing
 # about the softmax changes: each query's lane sees the same keys in the same order. Whether it pays
 # depends on the chip and the chunk: the block sweep (`python -m stlib.bench.block_sweep`, its
-# records in `data/`) compiled each chip's FULL step at the case-study shape with and without folds,
-# and the folds won on v5e (2,048 x 2,048, chunks of 128) and v6e (2,560 x 2,560, chunks of 256) but
-# cost TPU7x a few percent (2,048 x 2,048, chunks of 512), where the whole tile stays the default
-# (`FOLD_LANES`). The table above shows the other side on v6e: at 1,024 x 1,024 with chunks of 512 the folds
+# records in `data/`) compiled each chip's FULL step at the case-study shape with and without folds
+# when `FOLD_LANES` was chosen, and the folds won on v5e (2,048 x 2,048, chunks of 128) and v6e
+# (2,560 x 2,560, chunks of 256), the blocks tuned then, but cost TPU7x a few percent (2,048 x 2,048,
+# chunks of 512), where the whole tile stays the default. The table above shows the other side on v6e: at 1,024 x 1,024 with chunks of 512 the folds
 # cost more than they save (the last column against the one before it), so read the column before
 # you pick the option for other blocks.
 #

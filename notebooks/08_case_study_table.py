@@ -374,7 +374,7 @@ else:
 #
 # On dense work the tile kernel's own estimate is below Splash's calibration point, and that gain
 # multiplies into every sparse speed-up over dense Splash above. Four things differ between the two
-# at their defaults: the blocks (Splash 512 x 1,024, the tile kernel its swept 2,560 x 2,560), the
+# at their defaults: the blocks (Splash 512 x 1,024, the tile kernel the block sweep's), the
 # exponential (exp2 in the tile kernel), the precision of p · v (bf16 p in the tile kernel, f32 in
 # Splash's source) and the kernel's layout (keys on sublanes, statistics one per query). The rows
 # below change one of them at a time, on the full mask at the case-study shape (static v6e
@@ -396,8 +396,8 @@ like_for_like = [  # (label, impl, blocks (block_q, block_kv) or None for the de
 try:
     from stlib import analysis as static
 
-    print(f"{'dense, static v6e estimate':<44} {'blocks':>13} {'ms':>7} {'x prev':>6} {'bundles':>8} {'MXU feed':>8}"
-          "  (compute region, per 1,000 score pairs)")
+    print(f"{'dense, static v6e estimate':<44} {'blocks':>13} {'ms':>7} {'x prev':>6} {'bundles':>8} {'MXU feed':>8} "
+          f"{'bound':>8}  (compute region, per 1,000 score pairs)")
     previous = None
     for label, impl, blocks, options in like_for_like:
         call = {"block_q": blocks[0], "block_kv": blocks[1]} if blocks else {}
@@ -408,21 +408,20 @@ try:
         ms = est.seconds * 1e3  # the kernel, as in the list above (XLA glue left out)
         print(f"{label:<44} {est.blocks['block_q']:>6,}x{est.blocks['block_kv']:<6,} {ms:>7.2f} "
               f"{'' if previous is None else f'{previous / ms:.2f}x':>6} {region['bundles'] / pairs:>8.2f} "
-              f"{region['mxu'] / pairs:>8.2f}")
+              f"{region['mxu'] / pairs:>8.2f} {'MXU feed' if region['mxu'] > region['bundles'] else 'bundles':>8}")
         previous = ms
 except Exception as error:  # noqa: BLE001 - the estimate is optional; say why it is missing
     print(f"no static estimates in this run ({type(error).__name__}: {str(error)[:200]})")
 
 # %% [markdown]
-# Read the columns from the right. In these estimates the blocks carry the advantage: Splash at its
-# best blocks comes within a few percent of the tile kernel, with a quarter of the grid steps and
-# fewer bundles per score pair than at its default. The tile kernel's exp2 and bf16 p · v cut the
-# bundles of its compute region, but not its time: that region is bound by its MXU feed, which
-# neither changes here. Splash's compute region is bound by its bundles instead, its p · v an f32
-# matmul (its f32 copy of v). So the sparse speed-ups over dense Splash above hold one factor that
-# is not sparsity: dense Splash at its default blocks against the tile kernel at its swept ones.
-# (The block sweep's own table, `python -m stlib.bench.block_sweep table`, predates the MXU-feed
-# rule of the estimate and still shows the tile kernel's dense blocks at their older, lower cost.)
+# Read the "x prev" column down: the first ratio is what its best blocks give Splash alone; the
+# second, what the tile kernel's layout and its own swept blocks give at Splash's arithmetic
+# (natural exp, f32 p · v), against Splash at its best blocks; the last two, bf16 p · v and exp2.
+# The last three columns say why a ratio is near 1: the estimate charges a compute region the larger
+# of its bundles and the cycles its MXUs need to be fed, so an option that cuts bundles buys nothing
+# where the MXU feed is the larger ("bound"). The sparse speed-ups over dense Splash above hold the
+# first two factors, which are not sparsity: dense Splash at its default blocks against the tile
+# kernel at its swept ones.
 
 # %% [markdown]
 # ## Reading the results
