@@ -420,12 +420,13 @@ print(f"dk / dv kernel in view, v6e: grid step {bundles['step']:,} bundles, comp
 # %%
 from stlib.kernels.backward import FUSED_MATMULS, kernel_calls
 
-rows = []
+rows, windows = [], {}
 for name in ("full", "band (density 0.25)", "sliding tile, 3-D tiled order"):
     lay = stlib.block_layout(case_study_masks()[name], 512, 1024)
     passes = exact_passes(lay)
     fused = kernel_calls(passes, "fused", num_q_tiles=lay.grid_shape[0], block_q=512, block_kv=1024,
                          head_dim=128, itemsize=2, chip="v6e")
+    windows[name] = fused[0].window  # the fused call's q tiles: here every q tile of a head, one window
     for method, calls in (("split", None), ("fused", fused)):
         work = backward_work(lay, passes, 10, 128, calls)
         steps = work["fused_steps"] if method == "fused" else work["dq_steps"] + work["dkv_steps"]
@@ -433,9 +434,9 @@ for name in ("full", "band (density 0.25)", "sliding tile, 3-D tiled order"):
                      work["backward_flops"] / 1e12, work["backward_flops"] / work["forward_flops"]))
 print(f"matmuls per computed tile: forward {FORWARD_MATMULS}, dq kernel {DQ_MATMULS}, dk / dv kernel "
       f"{DKV_MATMULS}, fused {FUSED_MATMULS}")
-first, last = fused[0].window  # the fused call's q tiles: here every q tile of a head, one window
-print(f"one dq window on v6e: q tiles {first}-{last - 1}, {(last - first) * 512:,} padded rows x 128 x 4 B = "
-      f"{(last - first) * 512 * 128 * 4 / 1e6:.1f} MB of f32 dq in VMEM")
+for name, (first, last) in windows.items():
+    print(f"one dq window on v6e, {name}: q tiles {first}-{last - 1}, {(last - first) * 512:,} padded rows x 128 "
+          f"x 4 B = {(last - first) * 512 * 128 * 4 / 1e6:.1f} MB of f32 dq in VMEM")
 for name, method, tiles, steps, fwd, bwd, ratio in rows:
     print(f"{name:32s} {method:5s} tiles {tiles:>7,}  grid steps {steps:>7,}  forward {fwd:5.1f} TFLOP  "
           f"backward {bwd:6.1f} TFLOP  ratio {ratio:.2f}")
