@@ -150,16 +150,16 @@ def test_show_prints_the_solution_only_when_asked(capsys):
 
 
 def test_a_kernel_notebook_with_its_stubs_reaches_its_end(tmp_path, monkeypatch):
-    """Notebook 10 (the quickest kernel notebook) run with STLIB_SOLUTIONS=hide: every fill-in is a
-    stub, each check prints NOT YET, and every cell after them still runs. (Every kernel notebook
+    """Notebook 09 (the quickest notebook with fill-ins) run with STLIB_SOLUTIONS=hide: every fill-in
+    is a stub, each check prints NOT YET, and every cell after them still runs. (Every kernel notebook
     does the same; this test runs one, to keep the suite's time.)"""
     monkeypatch.setenv(exercises.ENV, "hide")
     monkeypatch.setenv("STLIB_SIZE", "small")
-    (path,) = notebook_paths(["10"])
+    (path,) = notebook_paths(["09"])
     execute(path, out_dir=tmp_path)
     cells = [c for c in nbformat.read(tmp_path / path.name, as_version=4).cells if c.cell_type == "code"]
     assert all(c.execution_count for c in cells if c.source.strip()), "a cell did not run"
     text = "".join(o.get("text", "") for c in cells for o in c.outputs)
     not_yet = re.findall(r"^NOT YET (\S+): not written yet", text, re.MULTILINE)
-    assert sorted(not_yet) == sorted(fill_ins()["10"]), text[-3000:]
-    assert "exercises: yours" in text and "PASSED  10." not in text
+    assert sorted(not_yet) == sorted(fill_ins()["09"]), text[-3000:]
+    assert "exercises: yours" in text and "PASSED  09." not in text

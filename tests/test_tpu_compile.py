@@ -165,14 +165,12 @@ def test_lane_dense_sliding_tile_in_rows_of_tiles_compiles(chip="tpu7x"):
 
 
 # the backward: one case-study compile per chip of the backward kernels every stlib Pallas kernel
-# shares (here through pallas_tile_lane_dense, impl="auto" on a TPU): the band's step-coded pass on
-# v6e (its edges as patterns, FULL runs mask-free; the slowest of the three to compile, 60-100 s),
-# the sliding tile's pattern steps on v5e (one finishing call) and TPU7x (its dq window split);
-# Splash's own on v6e; the rest of the matrix, the band on v5e and TPU7x included:
-# python -m stlib.bench.backward_compile (its records in data/)
+# shares (here through pallas_tile_lane_dense, impl="auto" on a TPU): the sliding tile's pattern
+# steps (one finishing call on v5e and v6e, the dq window split on TPU7x); Splash's own on v6e; the
+# band's step-coded pass at a smaller shape below (at the case-study shape it takes 60-100 s to
+# compile); the rest of the matrix: python -m stlib.bench.backward_compile (its records in data/)
 
-BACKWARD_CASES = [(AUTO_TPU_KERNEL, "v5e", "sliding_tile"), (AUTO_TPU_KERNEL, "v6e", "band")]
-BACKWARD_CASES += [(AUTO_TPU_KERNEL, "tpu7x", "sliding_tile"), ("splash", "v6e", "band")]
+BACKWARD_CASES = [(AUTO_TPU_KERNEL, chip, "sliding_tile") for chip in CHIPS] + [("splash", "v6e", "band")]
 
 
 @pytest.mark.parametrize(("impl", "chip", "mask_name"), BACKWARD_CASES)
@@ -202,11 +200,30 @@ def test_the_backward_compiles_at_case_study_shape(impl, chip, mask_name):
     assert FUSED_PREFIX in text, "the fused dk / dv / dq kernel (its dq window fits VMEM here)"
     assert DQ_PREFIX not in text and DKV_PREFIX not in text
     names = set(re.findall(rf"{FUSED_PREFIX}_[a-z0-9_]+", text))
-    if order is not None:  # rows of 3-D tiles: the forward's pattern steps, and nothing masked
-        assert names and all(re.fullmatch(rf"{FUSED_PREFIX}_steps(_p\d)+_w\d+", n) for n in names), names
-    else:  # a band at the backward's own blocks: one step-coded pass, its edges as patterns
-        codes = r"(_(full|ragged|masked|p\d))+"
-        assert names and all(re.fullmatch(rf"{FUSED_PREFIX}_steps{codes}_w\d+", n) for n in names), names
+    # rows of 3-D tiles: the forward's pattern steps, and nothing masked
+    assert names and all(re.fullmatch(rf"{FUSED_PREFIX}_steps(_p\d)+_w\d+", n) for n in names), names
+
+
+def test_the_band_backward_compiles_as_one_step_coded_pass(chip="v6e"):
+    """The band's backward at its own blocks: one step-coded fused pass (FULL, RAGGED, MASKED and its
+    edges as patterns) compiled for v6e at 2 x 8,000 tokens, a ragged last kv tile included."""
+    from stlib.kernels.backward import DKV_PREFIX, DQ_PREFIX, FUSED_PREFIX
+
+    shape = jax.ShapeDtypeStruct((2, 8000, 128), jnp.bfloat16)
+    mask = masks.band(8000, masks.band_width_for_density(8000, 0.25))
+
+    def grads(q, k, v):
+        loss = lambda q, k, v: jnp.sum(
+            stlib.attention(q, k, v, mask, impl=AUTO_TPU_KERNEL, interpret=False).astype(jnp.float32)
+        )
+        return jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+
+    text = compile_for_tpu(grads, shape, shape, shape, chip=chip).text()
+    assert DQ_PREFIX not in text and DKV_PREFIX not in text
+    names = set(re.findall(rf"{FUSED_PREFIX}_[a-z0-9_]+", text))
+    codes = r"(_(full|ragged|masked|p\d))+"
+    assert names and all(re.fullmatch(rf"{FUSED_PREFIX}_steps{codes}_w\d+", n) for n in names), names
+    assert any("_p" in n for n in names), "the band's edges run as patterns"
 
 
 @pytest.mark.parametrize("head_dim", [64, 256])
