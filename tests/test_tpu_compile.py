@@ -173,10 +173,21 @@ def test_lane_dense_sliding_tile_in_rows_of_tiles_compiles(chip="tpu7x"):
 BACKWARD_CASES = [(AUTO_TPU_KERNEL, chip, "sliding_tile") for chip in CHIPS] + [("splash", "v6e", "band")]
 
 
-@pytest.mark.parametrize(("impl", "chip", "mask_name"), BACKWARD_CASES)
-def test_the_backward_compiles_at_case_study_shape(impl, chip, mask_name):
+def step_coded_kernels(text: str, codes: str) -> set[str]:
+    """The fused backward kernels of a compiled grad program, each a step-coded pass whose codes match
+    ``codes`` (a regex over the ``_full``, ``_ragged``, ``_masked``, ``_p<n>`` words); no split dq or
+    dk / dv kernel beside them."""
     from stlib.kernels.backward import DKV_PREFIX, DQ_PREFIX, FUSED_PREFIX
 
+    assert FUSED_PREFIX in text, "the fused dk / dv / dq kernel (its dq window fits VMEM here)"
+    assert DQ_PREFIX not in text and DKV_PREFIX not in text
+    names = set(re.findall(rf"{FUSED_PREFIX}_[a-z0-9_]+", text))
+    assert names and all(re.fullmatch(rf"{FUSED_PREFIX}_steps{codes}_w\d+", n) for n in names), names
+    return names
+
+
+@pytest.mark.parametrize(("impl", "chip", "mask_name"), BACKWARD_CASES)
+def test_the_backward_compiles_at_case_study_shape(impl, chip, mask_name):
     mask = case_mask(mask_name)
     order = stlib.tiled_order(GRID, CASE_STUDY.sta_tile) if mask_name == "sliding_tile" else None
 
@@ -197,18 +208,12 @@ def test_the_backward_compiles_at_case_study_shape(impl, chip, mask_name):
     if registry.get(impl).baseline:
         assert "splash" in text
         return
-    assert FUSED_PREFIX in text, "the fused dk / dv / dq kernel (its dq window fits VMEM here)"
-    assert DQ_PREFIX not in text and DKV_PREFIX not in text
-    names = set(re.findall(rf"{FUSED_PREFIX}_[a-z0-9_]+", text))
-    # rows of 3-D tiles: the forward's pattern steps, and nothing masked
-    assert names and all(re.fullmatch(rf"{FUSED_PREFIX}_steps(_p\d)+_w\d+", n) for n in names), names
+    step_coded_kernels(text, r"(_p\d)+")  # rows of 3-D tiles: the forward's pattern steps, nothing masked
 
 
 def test_the_band_backward_compiles_as_one_step_coded_pass(chip="v6e"):
     """The band's backward at its own blocks: one step-coded fused pass (FULL, RAGGED, MASKED and its
     edges as patterns) compiled for v6e at 2 x 8,000 tokens, a ragged last kv tile included."""
-    from stlib.kernels.backward import DKV_PREFIX, DQ_PREFIX, FUSED_PREFIX
-
     shape = jax.ShapeDtypeStruct((2, 8000, 128), jnp.bfloat16)
     mask = masks.band(8000, masks.band_width_for_density(8000, 0.25))
 
@@ -219,10 +224,7 @@ def test_the_band_backward_compiles_as_one_step_coded_pass(chip="v6e"):
         return jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
 
     text = compile_for_tpu(grads, shape, shape, shape, chip=chip).text()
-    assert DQ_PREFIX not in text and DKV_PREFIX not in text
-    names = set(re.findall(rf"{FUSED_PREFIX}_[a-z0-9_]+", text))
-    codes = r"(_(full|ragged|masked|p\d))+"
-    assert names and all(re.fullmatch(rf"{FUSED_PREFIX}_steps{codes}_w\d+", n) for n in names), names
+    names = step_coded_kernels(text, r"(_(full|ragged|masked|p\d))+")
     assert any("_p" in n for n in names), "the band's edges run as patterns"
 
 

@@ -139,9 +139,14 @@ def source_hash(impl: str) -> str:
     """Hash of the sources that shape ``impl``'s compiled kernels (``source_files``): what the block
     sweep's records are marked with (an edit to any of them starts a new sweep). The estimate cache
     is keyed by the program instead (``program_hash``)."""
+    return _files_hash(sorted(source_files(impl)))
+
+
+def _files_hash(files) -> str:
+    """16 hex digits over each file's path (relative to the package) and bytes, in the given order."""
     root = stlib_dir()
     digest = hashlib.sha256()
-    for path in sorted(source_files(impl)):
+    for path in files:
         digest.update(path.relative_to(root).as_posix().encode() + path.read_bytes())
     return digest.hexdigest()[:16]
 
@@ -166,11 +171,7 @@ def estimator_hash() -> str:
     >>> len(estimator_hash())
     16
     """
-    root = stlib_dir()
-    digest = hashlib.sha256()
-    for name in ESTIMATOR_FILES:
-        digest.update(name.encode() + (root / name).read_bytes())
-    return digest.hexdigest()[:16]
+    return _files_hash(stlib_dir() / name for name in ESTIMATOR_FILES)
 
 
 def rules_hash(impl: str, backward: bool = False) -> str:
