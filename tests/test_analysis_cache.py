@@ -157,3 +157,34 @@ def test_an_estimate_is_keyed_by_its_program_the_same_in_every_process():
     assert here == there
     assert program_hash(dataclasses.replace(config, block_q=256)) != here
     assert program_hash(dataclasses.replace(config, backward=True)) not in (here, program_hash(config))
+
+
+def test_a_cached_call_is_found_without_tracing_it_again(tmp_path, monkeypatch):
+    """``traced_program``: a call's program hash is remembered by the sources its trace reads
+    (``trace_hash``), the config and the mask; a different call, or an edit to those sources, traces
+    again, and an unchanged program comes out unchanged."""
+    from stlib.analysis.dump import KernelConfig
+
+    monkeypatch.setenv("STLIB_CACHE_DIR", str(tmp_path))
+    traced = []
+    real = cache.program_hash
+    monkeypatch.setattr(cache, "program_hash", lambda config: traced.append(config) or real(config))
+    config = KernelConfig(impl="pallas_dense", num_heads=1, length=1024, block_q=512)
+    first = cache.traced_program(config, None)
+    assert cache.traced_program(config, None) == first and len(traced) == 1
+    assert cache.traced_program(dataclasses.replace(config, block_q=256), None) != first
+    assert cache.traced_program(config, "a mask digest") == first and len(traced) == 3
+    monkeypatch.setattr(cache, "trace_hash", lambda impl: "an edited source")
+    assert cache.traced_program(config, None) == first and len(traced) == 4
+    assert cache.traced_program(config, None) == first and len(traced) == 4
+
+
+def test_the_trace_hash_covers_the_tracer_and_every_kernel():
+    """What ``traced_call`` imports (every registered kernel) is in the memo's key, beside the
+    implementation's own sources."""
+    from stlib.sources import module_sources
+
+    files = module_sources(cache.TRACE_MODULES, cache.stlib_dir())
+    names = {p.relative_to(cache.stlib_dir()).as_posix() for p in files}
+    assert {"analysis/dump.py", "api.py", "kernels/splash.py", "kernels/tile_lane_dense/kernel.py"} <= names
+    assert not {"plotting.py", "routing.py", "bench/block_sweep.py"} & names

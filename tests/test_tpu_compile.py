@@ -211,23 +211,6 @@ def test_the_backward_compiles_at_case_study_shape(impl, chip, mask_name):
     step_coded_kernels(text, r"(_p\d)+")  # rows of 3-D tiles: the forward's pattern steps, nothing masked
 
 
-def test_the_band_backward_compiles_as_one_step_coded_pass(chip="v6e"):
-    """The band's backward at its own blocks: one step-coded fused pass (FULL, RAGGED, MASKED and its
-    edges as patterns) compiled for v6e at 2 x 8,000 tokens, a ragged last kv tile included."""
-    shape = jax.ShapeDtypeStruct((2, 8000, 128), jnp.bfloat16)
-    mask = masks.band(8000, masks.band_width_for_density(8000, 0.25))
-
-    def grads(q, k, v):
-        loss = lambda q, k, v: jnp.sum(
-            stlib.attention(q, k, v, mask, impl=AUTO_TPU_KERNEL, interpret=False).astype(jnp.float32)
-        )
-        return jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
-
-    text = compile_for_tpu(grads, shape, shape, shape, chip=chip).text()
-    names = step_coded_kernels(text, r"(_(full|ragged|masked|p\d))+")
-    assert any("_p" in n for n in names), "the band's edges run as patterns"
-
-
 @pytest.mark.parametrize("head_dim", [64, 256])
 @pytest.mark.parametrize("impl", [impl.name for impl in registry.tpu_kernels()])
 def test_head_dims_64_and_256_compile(impl, head_dim, chip="v6e"):

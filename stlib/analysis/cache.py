@@ -174,6 +174,38 @@ def estimator_hash() -> str:
     return _files_hash(stlib_dir() / name for name in ESTIMATOR_FILES)
 
 
+#: The module whose ``traced_call`` every cached call is traced by (it imports every kernel): with
+#: the implementation's own sources, what ``trace_hash`` covers.
+TRACE_MODULES = ("stlib.analysis.dump",)
+
+
+def trace_hash(impl: str) -> str:
+    """Hash of every source a cached call of ``impl`` is traced from: its own (``source_files``) and
+    the tracer's (``TRACE_MODULES``, transitively: every kernel). Keys ``traced_program``'s memo."""
+    return _files_hash(sorted(source_files(impl) | module_sources(TRACE_MODULES, stlib_dir())))
+
+
+def traced_program(config: KernelConfig, mask_digest: str | None) -> str:
+    """``program_hash(config)``, remembered on disk beside the estimates (a cache entry keyed by
+    ``tool_key``, ``trace_hash``, the config and the mask's digest): a cached estimate is then
+    found without tracing its call again, which costs up to a second and a half a call (Splash
+    building its mask tables for a 32,768-token causal mask; a chip's calibration traces 13
+    calls). An edit to any source the trace reads misses the memo, never the estimate: the call
+    is traced again and its program looked up as before."""
+    key_data = {
+        **tool_key(),
+        "trace": trace_hash(config.impl),
+        "config": dataclasses.asdict(dataclasses.replace(config, mask_file=None)),
+        "mask": mask_digest,
+    }
+    memo = read_entry(key_data)
+    if memo is not None:
+        return memo["program"]
+    program = program_hash(config)
+    write_entry(key_data, {"key": key_data, "program": program})
+    return program
+
+
 def rules_hash(impl: str, backward: bool = False) -> str:
     """Hash of the source of the rules that name ``impl``'s compute regions (its and its backward's
     ``compute_regions``, and, for a ``backward`` call, its backward's ``edge_regions`` where it has
@@ -251,12 +283,13 @@ def compiled_attributions(
         if mask_bytes is not None:
             config = dataclasses.replace(config, mask_file=os.path.join(dump, "mask.pkl"))
             Path(config.mask_file).write_bytes(mask_bytes)
+        mask_digest = hashlib.sha256(mask_bytes).hexdigest() if mask_bytes else None
         key_data = {
             **tool_key(),
-            "program": program_hash(config),
+            "program": traced_program(config, mask_digest) if use_cache else program_hash(config),
             "rules": rules_hash(impl, config.backward),
             "config": dataclasses.asdict(dataclasses.replace(config, mask_file=None)),
-            "mask": hashlib.sha256(mask_bytes).hexdigest() if mask_bytes else None,
+            "mask": mask_digest,
         }
         cached = read_entry(key_data) if use_cache else None
         if cached is not None:
