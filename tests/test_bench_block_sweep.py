@@ -125,10 +125,16 @@ def test_records_of_an_older_estimator_are_not_ranked_and_the_table_names_them_s
 
 @pytest.mark.skipif(not RECORDS.exists(), reason="no committed sweep records")
 def test_package_data_holds_the_committed_sweeps_winners_and_the_kernel_runs_them():
-    won = block_sweep.winners(block_sweep.read(RECORDS))
+    """The winners of the committed sweep, ranked by the committed TPU measurements where they cover
+    a chip (``block_sweep.measured_scores``), are the kernel's defaults."""
+    records = block_sweep.read(RECORDS)
+    measurements = block_sweep.read_measurements(RECORDS.parent / Path(block_sweep.MEASUREMENTS).name)
+    won = block_sweep.winners(records, measurements)
     assert won, "the committed sweep names no winner"
     package = tuned.load(ld.NAME)
     assert package["chips"] == {c: {k: list(v) for k, v in w.items()} for c, w in won.items()}
+    measured = sorted({config[0] for config in block_sweep.measured_scores(records, measurements)})
+    assert sorted(package.get("measured_chips", {})) == measured
     assert {"date", "git_rev", "jax", "libtpu"} <= set(package)
     for chip, best in won.items():
         if "blocks" in best:
@@ -206,3 +212,19 @@ def test_the_command_line_refuses_an_unknown_chip_and_help_starts_nothing(capsys
     with pytest.raises(SystemExit):
         block_sweep.main(["run", "v7"])
     assert "chip 'v7' is not one of v6e, v5e, tpu7x" in capsys.readouterr().err
+
+
+def test_a_chip_measured_in_full_is_ranked_by_its_clock_and_one_measured_in_part_by_its_estimates():
+    """``measured_scores``: a chip whose every candidate was timed on a TPU of the same kernel
+    source ranks by the times; one with a candidate untimed, or timed on another source, keeps the
+    static cycles."""
+    name = ld.NAME
+    fast_estimate = record("v5e", "sliding tile", name, (1920, 3840, 384), 100)
+    slow_estimate = record("v5e", "sliding tile", name, (1920, 1920, 384), 200)
+    records = [fast_estimate, slow_estimate]
+    timed = [{**fast_estimate, "median_ms": 82.6}, {**slow_estimate, "median_ms": 29.5}]
+    assert block_sweep.winners(records)["v5e"]["tiled_rows"] == (1, 2)
+    assert block_sweep.winners(records, timed)["v5e"]["tiled_rows"] == (1, 1)
+    assert block_sweep.winners(records, timed[:1])["v5e"]["tiled_rows"] == (1, 2)
+    other_source = [timed[0], {**timed[1], "source": "an older kernel"}]
+    assert block_sweep.winners(records, other_source)["v5e"]["tiled_rows"] == (1, 2)

@@ -101,6 +101,21 @@ def traced_call(config: KernelConfig):
     """(fn, args): the function ``config`` compiles and its abstract arguments (``jax.ShapeDtypeStruct``
     pytrees); for ``backward``, the gradient function from the forward's residuals (their shapes)."""
     import jax
+
+    fn, (q_shape, k_shape, v_shape) = forward_call(config)
+    if not config.backward:
+        return fn, (q_shape, k_shape, v_shape)
+    # the residuals as the forward leaves them (shapes only), then the gradient from them
+    gradient = jax.eval_shape(lambda q, k, v: jax.vjp(fn, q, k, v)[1], q_shape, k_shape, v_shape)
+    do_shape = jax.ShapeDtypeStruct(q_shape.shape[:-1] + v_shape.shape[-1:], q_shape.dtype)
+    return (lambda vjp, do: vjp(do)), (gradient, do_shape)
+
+
+def forward_call(config: KernelConfig):
+    """(fn, (q, k, v shapes)): the attention call ``config`` names, (q, k, v) -> o, whatever its
+    ``backward``; what ``traced_call`` compiles, and what a TPU measurement runs
+    (``stlib.bench.tpu_measure``)."""
+    import jax
     import jax.numpy as jnp
 
     import stlib.kernels  # noqa: F401 - registers every implementation
@@ -144,12 +159,7 @@ def traced_call(config: KernelConfig):
                 interpret=False,
             )
 
-    if not config.backward:
-        return fn, (q_shape, k_shape, v_shape)
-    # the residuals as the forward leaves them (shapes only), then the gradient from them
-    gradient = jax.eval_shape(lambda q, k, v: jax.vjp(fn, q, k, v)[1], q_shape, k_shape, v_shape)
-    do_shape = jax.ShapeDtypeStruct((config.num_heads, length, dv), dtype)
-    return (lambda vjp, do: vjp(do)), (gradient, do_shape)
+    return fn, (q_shape, k_shape, v_shape)
 
 
 def _build_and_compile(config: KernelConfig) -> float:

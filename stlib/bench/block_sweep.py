@@ -10,6 +10,7 @@ at its own candidates, scored by the static estimate; records appended to
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 from stlib import paths, registry, tuned
 from stlib.configs import CASE_STUDY
@@ -31,6 +32,9 @@ SWEEP_BLOCKS = KERNEL.presentation.sweep_candidates
 SWEEP_CHIPS = ("v6e", "v5e", "tpu7x")
 #: The sweep's records and figure, relative to ``stlib.paths.home()``.
 RECORDS = "data/tile_block_sweep.jsonl"
+#: The sweep's candidates timed on a TPU (``python -m stlib.bench.tpu_measure sweep``): where they
+#: cover a chip, ``tune`` ranks that chip's candidates by them.
+MEASUREMENTS = "data/tpu_block_measurements.jsonl"
 #: Tokens in one row of the case study's 3-D tiles (a 3x8x16 tile times five along x, 1,920): the
 #: sliding-tile candidates' unit, whose whole rows the kernel's default rule can express.
 SLIDING_TILE_ROW = math.prod(tile_rows(tiled_order(CASE_STUDY.grid, CASE_STUDY.sta_tile)))
@@ -206,19 +210,61 @@ def best_blocks(records) -> dict:
 DEFAULT_FAMILIES = ("dense", "band 0.25")
 
 
-def winners(records) -> dict[str, dict]:
-    """Per chip: {"blocks": (block_q, block_kv, block_kv_compute) with the fewest static cycles summed
-    over ``DEFAULT_FAMILIES`` (one default serves both), "tiled_rows": (rows of 3-D tiles per q
-    block, per kv block) of the best sliding-tile candidate}; either is left out where the chip's
-    sweep lacks its families, a chip with neither altogether."""
+def _config(record: dict) -> tuple:
+    return (
+        record["chip"],
+        record["family"],
+        record["impl"],
+        record["block_q"],
+        record["block_kv"],
+        record["block_kv_compute"],
+    )
+
+
+def measured_scores(records, measurements) -> dict:
+    """{config: measured ms} for the chips whose every compiled candidate of this kernel in ``records``
+    (``read``) has a TPU measurement of the same kernel source in ``measurements`` (the records of
+    ``stlib.bench.tpu_measure sweep``); a chip measured in part keeps its estimates (a measured
+    candidate is never ranked against an estimated one)."""
+    timed = {}
+    for m in measurements:
+        timed[_config(m)] = m  # the latest of each configuration
     out = {}
     for chip in dict.fromkeys(r["chip"] for r in records):
         mine = [r for r in records if r["chip"] == chip and r["impl"] == NAME and "cycles" in r]
+        found = [timed.get(_config(r)) for r in mine]
+        if mine and all(m is not None and m.get("source") == r.get("source") for m, r in zip(found, mine)):
+            out |= {_config(r): m["median_ms"] for m, r in zip(found, mine)}
+    return out
+
+
+def winners(records, measurements=()) -> dict[str, dict]:
+    """Per chip: {"blocks": (block_q, block_kv, block_kv_compute) with the fewest static cycles summed
+    over ``DEFAULT_FAMILIES`` (one default serves both), "tiled_rows": (rows of 3-D tiles per q
+    block, per kv block) of the best sliding-tile candidate}; either is left out where the chip's
+    sweep lacks its families, a chip with neither altogether. Where ``measurements`` time every
+    candidate of a chip on that chip (``measured_scores``), the measured ms rank them instead: the
+    clock outranks the estimate.
+
+    >>> rec = lambda family, bq, bkv, cycles: {"chip": "v5e", "family": family, "impl": NAME,
+    ...     "block_q": bq, "block_kv": bkv, "block_kv_compute": 128, "cycles": cycles, "source": "s"}
+    >>> records = [rec(f, bq, 2048, c) for f in DEFAULT_FAMILIES for bq, c in ((1024, 9), (2048, 5))]
+    >>> winners(records)["v5e"]["blocks"]
+    (2048, 2048, 128)
+    >>> timed = [{**r, "median_ms": 1.0 if r["block_q"] == 1024 else 2.0} for r in records]
+    >>> winners(records, timed)["v5e"]["blocks"]
+    (1024, 2048, 128)
+    """
+    measured = measured_scores(records, measurements)
+    out = {}
+    for chip in dict.fromkeys(r["chip"] for r in records):
+        mine = [r for r in records if r["chip"] == chip and r["impl"] == NAME and "cycles" in r]
+        score = {id(r): measured.get(_config(r), r["cycles"]) for r in mine}
         totals: dict = {}
         for r in mine:
             if r["family"] in DEFAULT_FAMILIES:
                 key = (r["block_q"], r["block_kv"], r["block_kv_compute"])
-                totals.setdefault(key, {})[r["family"]] = r["cycles"]
+                totals.setdefault(key, {})[r["family"]] = score[id(r)]
         complete = {k: sum(v.values()) for k, v in totals.items() if set(v) == set(DEFAULT_FAMILIES)}
         row = SLIDING_TILE_ROW
         tiles = [
@@ -230,31 +276,44 @@ def winners(records) -> dict[str, dict]:
         if complete:
             won["blocks"] = min(complete, key=complete.get)
         if tiles:
-            best_tile = min(tiles, key=lambda r: r["cycles"])
+            best_tile = min(tiles, key=lambda r: score[id(r)])
             won["tiled_rows"] = (best_tile["block_q"] // row, best_tile["block_kv"] // row)
         if won:
             out[chip] = won
     return out
 
 
-def tuned_blocks(records) -> dict:
+def tuned_blocks(records, measurements=()) -> dict:
     """The kernel's tuned blocks as its package data holds them (``stlib.tuned``): the
-    ``winners`` of ``records`` per chip, with the records' provenance."""
+    ``winners`` of ``records`` (and ``measurements``) per chip, with the records' provenance and the
+    chips ranked by measured times."""
     from stlib.provenance import provenance
 
+    measured = sorted({config[0] for config in measured_scores(records, measurements)})
     return {
         "implementation": NAME,
         "written_by": "python -m stlib.bench.block_sweep tune",
         "records": RECORDS,
-        "chips": {chip: {k: list(v) for k, v in won.items()} for chip, won in winners(records).items()},
+        "measured_chips": {chip: MEASUREMENTS for chip in measured},
+        "chips": {
+            chip: {k: list(v) for k, v in won.items()} for chip, won in winners(records, measurements).items()
+        },
         **provenance(),
     }
 
 
-def write_tuned(records) -> str:
-    """Write ``tuned_blocks(records)`` into the package (``stlib/tuned/NAME.json``), where
-    the kernel's ``resolve`` reads its per-chip defaults; returns the path."""
-    return str(tuned.write(NAME, tuned_blocks(records)))
+def write_tuned(records, measurements=()) -> str:
+    """Write ``tuned_blocks(records, measurements)`` into the package (``stlib/tuned/NAME.json``),
+    where the kernel's ``resolve`` reads its per-chip defaults; returns the path."""
+    return str(tuned.write(NAME, tuned_blocks(records, measurements)))
+
+
+def read_measurements(path=None) -> list[dict]:
+    """The TPU measurements of the sweep's candidates (``MEASUREMENTS``; none where absent)."""
+    from stlib.bench.records import read_records
+
+    path = Path(path or paths.home() / MEASUREMENTS)
+    return read_records(path) if path.exists() else []
 
 
 def table(records) -> list[dict]:
@@ -385,9 +444,9 @@ def main(argv=None) -> None:
     args.chips = args.chips or list(SWEEP_CHIPS)
     if args.command == "run":
         sweep(chips=tuple(args.chips))
-        print(f"tuned blocks: {write_tuned(read())}")
+        print(f"tuned blocks: {write_tuned(read(), read_measurements())}")
     elif args.command == "tune":
-        print(f"tuned blocks: {write_tuned(read())}")
+        print(f"tuned blocks: {write_tuned(read(), read_measurements())}")
     elif args.command == "table":
         print_table(read())
     else:

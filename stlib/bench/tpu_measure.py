@@ -1,0 +1,318 @@
+"""Measured on a TPU: the backward estimate's cases (``backward_estimate.cases``) run on the chip at
+hand, forward alone and as a training step (``jax.grad`` of the call: forward and backward), at the
+case-study shape (10 heads x 75,600 tokens x 128, bf16), beside their static estimates for that chip.
+Nothing in the estimator was fitted to these times: they judge it. The backward's time is derived
+(training step minus forward, both medians), and said so.
+
+    python -m stlib.bench.tpu_measure run [--trials 5] [--out DIR]   # on a TPU: a few minutes
+    python -m stlib.bench.tpu_measure sweep [--out DIR]              # on a TPU: the block sweep's forwards
+    python -m stlib.bench.tpu_measure table                          # anywhere: measured vs estimated
+
+Records: ``data/tpu_measurements.jsonl``, one per (chip, impl, mask, options, direction), with the
+blocks the kernel resolved on the chip, the device kind, versions and git revision;
+``data/tpu_block_measurements.jsonl``, the forward of every candidate of the block sweep's records
+for the chip at hand (``block_sweep.read``), each beside the estimate the sweep ranked it by.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from stlib import paths
+from stlib.bench import backward_estimate
+
+RECORDS = "data/tpu_measurements.jsonl"
+SWEEP_RECORDS = "data/tpu_block_measurements.jsonl"
+#: What a record times: the call alone, or ``jax.grad`` of it (forward and backward).
+DIRECTIONS = ("forward", "train")
+
+
+def cases(chip: str) -> list[dict]:
+    """The table's calls on ``chip``: the tile kernel on every mask of ``backward_estimate.MASKS`` at
+    its default blocks, dense Splash at the (block_q, block_kv) its backward's estimate tuned (the
+    fused and the split backward each), as (impl, mask, blocks or None, options)."""
+    baseline, out = backward_estimate._baseline(), []
+    for case in backward_estimate.cases([chip]):
+        if case["backward"]:
+            continue
+        if case["impl"] == baseline:
+            continue  # Splash once per backward kind, below
+        out.append({"impl": case["impl"], "mask": case["mask"], "blocks": None, "options": {}})
+    records = backward_estimate.read()
+    for fused in (True, False):
+        options = {"fused_backward": fused}
+        estimate = records.get((chip, baseline, "none", True, json.dumps(options)))
+        blocks = estimate["blocks"] if estimate and estimate.get("estimated") else None
+        out.append({"impl": baseline, "mask": "none", "blocks": blocks, "options": options})
+    return out
+
+
+def case_call(case: dict):
+    """(fn, resolved config, q, k, v): the call ``case`` names at the case-study shape on random
+    bf16 inputs, as the static estimate compiles it (``stlib.analysis.dump.forward_call``)."""
+    from stlib import random_qkv, registry
+    from stlib.analysis.dump import KernelConfig, forward_call, resolve_mask
+    from stlib.configs import CASE_STUDY
+
+    blocks, options = case["blocks"] or {}, dict(case["options"])
+    config = KernelConfig(
+        impl=case["impl"],
+        mask=case["mask"],
+        num_heads=CASE_STUDY.num_heads,
+        head_dim=CASE_STUDY.head_dim,
+        length=CASE_STUDY.num_tokens,
+        block_q=blocks.get("block_q"),
+        block_kv=blocks.get("block_kv"),
+        options=options,
+    )
+    fn, (q_shape, _, _) = forward_call(config)  # a 3-D tiled order pads: the mask's length, not L
+    resolved = registry.get(config.impl).config(
+        resolve_mask(config), q_shape.shape[1], config.block_q, config.block_kv, options or None,
+        interpret=False,
+    )  # fmt: skip
+    q, k, v = random_qkv(q_shape.shape, q_shape.dtype, seed=0)
+    return fn, resolved, q, k, v
+
+
+def training_step(fn):
+    """(q, k, v) -> (dq, dk, dv) of sum(fn(q, k, v) * do) for a fixed random cotangent do."""
+    import jax
+    import jax.numpy as jnp
+
+    def grads(q, k, v):
+        do = jax.random.normal(jax.random.key(1), q.shape, jnp.float32)
+        loss = lambda q, k, v: jnp.sum(fn(q, k, v).astype(jnp.float32) * do)
+        return jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+
+    return grads
+
+
+def measure_case(case: dict, trials: int) -> list[dict]:
+    """The forward and training-step records of ``case`` on this TPU (median, min and max of
+    ``trials`` calls after one warm-up; compile time apart)."""
+    from stlib.bench.records import time_function
+    from stlib.device import current_chip
+
+    fn, resolved, q, k, v = case_call(case)
+    out = []
+    for direction in DIRECTIONS:
+        timed = fn if direction == "forward" else training_step(fn)
+        timing = time_function(timed, q, k, v, trials=trials)
+        out.append(
+            {
+                "chip": current_chip(),
+                "impl": case["impl"],
+                "mask": case["mask"],
+                "options": case["options"],
+                "direction": direction,
+                "blocks": {
+                    "block_q": resolved.block_q,
+                    "block_kv": resolved.block_kv,
+                    "block_kv_compute": resolved.block_kv_compute,
+                },
+                "median_ms": timing.median_ms,
+                "min_ms": timing.min_ms,
+                "max_ms": timing.max_ms,
+                "compile_ms": timing.compile_ms,
+                "trials": timing.trials,
+                "interpret": False,
+            }
+        )
+    return out
+
+
+def run(trials: int = 5, out_dir: Path | None = None) -> Path:
+    """Measure every case of ``cases`` on this TPU, appending each record as it is made. Raises
+    RuntimeError off a TPU (interpret-mode times would say nothing here)."""
+    from stlib.bench.progress import Progress
+    from stlib.bench.records import Recorder
+
+    chip = _tpu_chip()
+    recorder = Recorder(Path(out_dir or paths.data_dir()) / Path(RECORDS).name)
+    todo = cases(chip)
+    tracker = Progress(len(todo), f"measured on {chip}")
+    for case in todo:
+        records = [recorder.write(r) for r in measure_case(case, trials)]
+        tracker.step(
+            f"{case['impl']} {case['mask']} {case['options'] or ''}: "
+            + ", ".join(f"{r['direction']} {r['median_ms']:.2f} ms" for r in records)
+        )
+    return recorder.path
+
+
+def sweep(trials: int = 5, out_dir: Path | None = None) -> Path:
+    """Time the forward of every compiled candidate of the block sweep's records for this TPU's chip
+    (``block_sweep.read``), each record carrying the sweep's estimate (ms and cycles) beside the
+    measured median. Raises RuntimeError off a TPU."""
+    from stlib.analysis.cache import source_hash
+    from stlib.bench import block_sweep
+    from stlib.bench.progress import Progress
+    from stlib.bench.records import Recorder, time_function
+
+    chip = _tpu_chip()
+    candidates = [r for r in block_sweep.read() if r["chip"] == chip and "error" not in r]
+    recorder = Recorder(Path(out_dir or paths.data_dir()) / Path(SWEEP_RECORDS).name)
+    tracker = Progress(len(candidates), f"block sweep measured on {chip}")
+    for candidate in candidates:
+        options = {}
+        if candidate["block_kv_compute"] is not None and candidate["impl"] != backward_estimate._baseline():
+            options = {"block_kv_compute": candidate["block_kv_compute"], "chip": chip}  # as the sweep ran it
+        blocks = {"block_q": candidate["block_q"], "block_kv": candidate["block_kv"]}
+        fn, _, q, k, v = case_call({"impl": candidate["impl"], "mask": candidate["mask"], "blocks": blocks,
+                                    "options": options})  # fmt: skip
+        timing = time_function(fn, q, k, v, trials=trials)
+        record = recorder.write(
+            {
+                **{key: candidate[key] for key in ("chip", "family", "mask", "impl", "block_q", "block_kv")},
+                "block_kv_compute": candidate["block_kv_compute"],
+                "estimated_ms": candidate["total_ms"],
+                "estimated_cycles": candidate["cycles"],
+                "estimator": candidate.get("estimator"),
+                "source": source_hash(candidate["impl"]),  # the kernel measured (the sweep's ``source``)
+                "median_ms": timing.median_ms,
+                "min_ms": timing.min_ms,
+                "max_ms": timing.max_ms,
+                "compile_ms": timing.compile_ms,
+                "trials": timing.trials,
+                "interpret": False,
+            }
+        )
+        tracker.step(
+            f"{candidate['family']:<12} {candidate['impl']:<24} {candidate['block_q']:>5} x {candidate['block_kv']:<5} "
+            f"/ {candidate['block_kv_compute']}: {record['median_ms']:.2f} ms (estimated {record['estimated_ms']:.2f})"
+        )
+    return recorder.path
+
+
+def _tpu_chip() -> str:
+    """The chip-table name of this process's TPU. Raises RuntimeError off a TPU of the table."""
+    from stlib.device import current_chip, device_kind, on_tpu
+
+    chip = current_chip()
+    if not on_tpu() or chip is None:
+        raise RuntimeError(
+            f"python -m stlib.bench.tpu_measure times kernels on a TPU of the chip table; this process "
+            f"sees {device_kind()!r}"
+        )
+    return chip
+
+
+def _key(record: dict) -> tuple:
+    return (
+        record["chip"],
+        record["impl"],
+        record["mask"],
+        json.dumps(record.get("options") or {}, sort_keys=True),
+        record["direction"],
+    )
+
+
+def read(path=None) -> dict[tuple, dict]:
+    """The latest measurement of each case in ``path``, by (chip, impl, mask, options, direction)."""
+    from stlib.bench.records import latest_per_key
+
+    return latest_per_key(Path(path or paths.home() / RECORDS), _key)
+
+
+def judged(measured: dict[tuple, dict], estimated: dict[tuple, dict]) -> list[dict]:
+    """Per measured case: forward, training step and backward (step minus forward), measured and
+    estimated (``backward_estimate`` records of the same chip, impl, mask and options), the error of
+    each estimate, and whether the estimate was made at the blocks the kernel ran.
+
+    >>> m = {("v5e", "k", "full", "{}", "forward"): {"median_ms": 10.0, "blocks": {"block_q": 8}},
+    ...      ("v5e", "k", "full", "{}", "train"): {"median_ms": 30.0, "blocks": {"block_q": 8}}}
+    >>> e = {("v5e", "k", "full", False, "{}"): {"estimated": True, "total_ms": 9.0, "blocks": {"block_q": 8}},
+    ...      ("v5e", "k", "full", True, "{}"): {"estimated": True, "total_ms": 22.0, "blocks": {"block_q": 8}}}
+    >>> row, = judged(m, e)
+    >>> row["measured"], row["estimated"], row["same blocks"]
+    ({'forward': 10.0, 'backward': 20.0, 'train': 30.0}, {'forward': 9.0, 'backward': 22.0, 'train': 31.0}, True)
+    """
+    rows = []
+    for chip, impl, mask, options in sorted({k[:4] for k in measured}):
+        fwd, train = (measured.get((chip, impl, mask, options, d)) for d in DIRECTIONS)
+        if not (fwd and train):
+            continue
+        est_fwd = estimated.get((chip, impl, mask, False, "{}"))
+        est_bwd = estimated.get((chip, impl, mask, True, options))
+        got = {"forward": fwd["median_ms"], "backward": train["median_ms"] - fwd["median_ms"]}
+        got["train"] = train["median_ms"]
+        want = {}
+        if est_fwd and est_fwd.get("estimated"):
+            want["forward"] = est_fwd["total_ms"]
+        if est_bwd and est_bwd.get("estimated"):
+            want["backward"] = est_bwd["total_ms"]
+        if len(want) == 2:
+            want["train"] = want["forward"] + want["backward"]
+        ran = (fwd["blocks"].get("block_q"), fwd["blocks"].get("block_kv"))
+        same = all(
+            est is not None
+            and ((est.get("blocks") or {}).get("block_q"), (est.get("blocks") or {}).get("block_kv")) == ran
+            for est in (est_fwd, est_bwd)
+        )
+        rows.append(
+            {
+                "chip": chip,
+                "impl": impl,
+                "mask": mask,
+                "options": json.loads(options),
+                "measured": got,
+                "estimated": want,
+                "same blocks": same,
+            }
+        )
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    """``judged`` rows as a Markdown table: ms measured / estimated and the estimate's error."""
+    lines = [
+        (
+            "MEASURED on a TPU (median of the trials) beside the STATIC ESTIMATE of the same call; "
+            "backward = training step - forward (derived); error = estimate / measured - 1"
+        ),
+        "",
+        (
+            "| chip | kernel | mask | forward ms (est., error) | backward ms (est., error) | training step ms "
+            "(est., error) | estimate at the blocks run |"
+        ),
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        kind = {True: " fused", False: " split"}.get(row["options"].get("fused_backward"), "")
+        cells = []
+        for part in ("forward", "backward", "train"):
+            got, want = row["measured"][part], row["estimated"].get(part)
+            cells.append(f"{got:.2f}" if want is None else f"{got:.2f} ({want:.2f}, {want / got - 1:+.1%})")
+        lines.append(
+            f"| {row['chip']} | {row['impl']}{kind} | {row['mask']} | {' | '.join(cells)} | "
+            f"{'yes' if row['same blocks'] else 'no'} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m stlib.bench.tpu_measure", description=__doc__.split("\n")[0]
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    run_parser = sub.add_parser("run", help="time every case on this TPU")
+    run_parser.add_argument("--trials", type=int, default=5)
+    run_parser.add_argument("--out", type=Path, default=None, help="folder of the records (default: data/)")
+    sweep_parser = sub.add_parser("sweep", help="time the block sweep's candidates for this TPU's chip")
+    sweep_parser.add_argument("--trials", type=int, default=5)
+    sweep_parser.add_argument("--out", type=Path, default=None, help="folder of the records (default: data/)")
+    sub.add_parser("table", help="the records beside the static estimates")
+    args = parser.parse_args(argv)
+    path = None
+    if args.command == "run":
+        path = run(args.trials, args.out)
+    if args.command == "sweep":
+        sweep(args.trials, args.out)
+        return
+    print(format_table(judged(read(path), backward_estimate.read())))
+
+
+if __name__ == "__main__":
+    main()
