@@ -544,6 +544,13 @@ print(backward_estimate.format_table(backward_estimate.read(cfg.data / "backward
 # little. Splash's dK/dV kernel streams only its kv chunk through q- and dO-weights, so it pushes
 # a weight row for every few rows it multiplies, and on its busier MXU the feed outlasts the
 # bundles. The rows below are the committed records' compute paths, one execution each.
+#
+# A TPU v5e has since tested the assumption (notebook 08, "Measured on a TPU v5e"): it ran the
+# lane-dense forward, whose chunks push a weight row for every row they multiply, at the pace of
+# its bundles, not of its feed, and Splash's backward and the tile kernel's within about ten percent
+# of their bundles at one clock too. On v5e, then, a push does not cost a streamed row's time; the
+# rule stays in the estimate until a chip it was adopted for (TPU7x) is measured, and its numbers
+# here read as upper bounds.
 
 # %%
 print(backward_estimate.format_mxu_feed(backward_estimate.read(cfg.data / "backward_estimates.jsonl")))

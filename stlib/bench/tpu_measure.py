@@ -226,8 +226,8 @@ def judged(measured: dict[tuple, dict], estimated: dict[tuple, dict]) -> list[di
     >>> e = {("v5e", "k", "full", False, "{}"): {"estimated": True, "total_ms": 9.0, "blocks": {"block_q": 8}},
     ...      ("v5e", "k", "full", True, "{}"): {"estimated": True, "total_ms": 22.0, "blocks": {"block_q": 8}}}
     >>> row, = judged(m, e)
-    >>> row["measured"], row["estimated"], row["same blocks"]
-    ({'forward': 10.0, 'backward': 20.0, 'train': 30.0}, {'forward': 9.0, 'backward': 22.0, 'train': 31.0}, True)
+    >>> row["measured"], row["estimated"], row["bundles only"], row["same blocks"]
+    ({'forward': 10.0, 'backward': 20.0, 'train': 30.0}, {'forward': 9.0, 'backward': 22.0, 'train': 31.0}, {}, True)
     """
     rows = []
     for chip, impl, mask, options in sorted({k[:4] for k in measured}):
@@ -238,13 +238,15 @@ def judged(measured: dict[tuple, dict], estimated: dict[tuple, dict]) -> list[di
         est_bwd = estimated.get((chip, impl, mask, True, options))
         got = {"forward": fwd["median_ms"], "backward": train["median_ms"] - fwd["median_ms"]}
         got["train"] = train["median_ms"]
-        want = {}
-        if est_fwd and est_fwd.get("estimated"):
-            want["forward"] = est_fwd["total_ms"]
-        if est_bwd and est_bwd.get("estimated"):
-            want["backward"] = est_bwd["total_ms"]
-        if len(want) == 2:
-            want["train"] = want["forward"] + want["backward"]
+        want, bare = {}, {}
+        for part, est in (("forward", est_fwd), ("backward", est_bwd)):
+            if est and est.get("estimated"):
+                want[part] = est["total_ms"]
+                if "bundles_only_ms" in est:
+                    bare[part] = est["bundles_only_ms"]
+        for parts in (want, bare):
+            if len(parts) == 2:
+                parts["train"] = parts["forward"] + parts["backward"]
         ran = (fwd["blocks"].get("block_q"), fwd["blocks"].get("block_kv"))
         same = all(
             est is not None
@@ -259,7 +261,44 @@ def judged(measured: dict[tuple, dict], estimated: dict[tuple, dict]) -> list[di
                 "options": json.loads(options),
                 "measured": got,
                 "estimated": want,
+                "bundles only": bare,
                 "same blocks": same,
+            }
+        )
+    return rows
+
+
+def sweep_rows(measurements: list[dict], records: list[dict]) -> list[dict]:
+    """Per measured block-sweep candidate (``sweep``'s records) whose sweep record (``block_sweep.read``)
+    is of the same kernel source: the measured ms, the sweep's estimate, the estimate with every path
+    charged its bundles alone (no MXU feed: ``stlib.analysis.mxu_input``), both at the sweep's clock and
+    with its glue, the program's bundles (``kernel_estimate.program_bundles``) and whether it fits the
+    chip's ``program_bundles``."""
+    from stlib.analysis.kernel_estimate import program_bundles
+    from stlib.bench import block_sweep
+
+    def config(r):
+        return (r["chip"], r["family"], r["impl"], r["block_q"], r["block_kv"], r["block_kv_compute"])
+
+    swept = {config(r): r for r in records if "cycles" in r}
+    rows = []
+    for m in measurements:
+        r = swept.get(config(m))
+        if r is None or r.get("source") != m.get("source"):
+            continue
+        paths = [v for kernel in r["breakdown"].values() for v in kernel.values()]
+        bundles = sum(v["count"] * v["bundles"] for v in paths)
+        rows.append(
+            {
+                **{
+                    key: m[key]
+                    for key in ("chip", "family", "impl", "block_q", "block_kv", "block_kv_compute")
+                },
+                "measured_ms": m["median_ms"],
+                "estimated_ms": r["total_ms"],
+                "bundles_only_ms": bundles / r["clock_hz"] * 1e3 + r["glue_ms"],
+                "program_bundles": max(program_bundles(kernel) for kernel in r["breakdown"].values()),
+                "fits": block_sweep.fits(r),
             }
         )
     return rows
@@ -269,13 +308,13 @@ def format_table(rows: list[dict]) -> str:
     """``judged`` rows as a Markdown table: ms measured / estimated and the estimate's error."""
     lines = [
         (
-            "MEASURED on a TPU (median of the trials) beside the STATIC ESTIMATE of the same call; "
-            "backward = training step - forward (derived); error = estimate / measured - 1"
+            "MEASURED on a TPU (median of the trials), in brackets the STATIC ESTIMATE of the same call and "
+            "then the estimate with every path charged its bundles alone, each with its error (estimate / "
+            "measured - 1); backward = training step - forward (derived)"
         ),
         "",
         (
-            "| chip | kernel | mask | forward ms (est., error) | backward ms (est., error) | training step ms "
-            "(est., error) | estimate at the blocks run |"
+            "| chip | kernel | mask | forward ms | backward ms | training step ms | estimate at the blocks run |"
         ),
         "|---|---|---|---|---|---|---|",
     ]
@@ -283,8 +322,14 @@ def format_table(rows: list[dict]) -> str:
         kind = {True: " fused", False: " split"}.get(row["options"].get("fused_backward"), "")
         cells = []
         for part in ("forward", "backward", "train"):
-            got, want = row["measured"][part], row["estimated"].get(part)
-            cells.append(f"{got:.2f}" if want is None else f"{got:.2f} ({want:.2f}, {want / got - 1:+.1%})")
+            got = row["measured"][part]
+            guesses = [
+                g for g in (row["estimated"].get(part), row["bundles only"].get(part)) if g is not None
+            ]
+            cells.append(
+                f"{got:.2f}"
+                + (" (" + "; ".join(f"{g:.2f}, {g / got - 1:+.1%}" for g in guesses) + ")" if guesses else "")
+            )
         lines.append(
             f"| {row['chip']} | {row['impl']}{kind} | {row['mask']} | {' | '.join(cells)} | "
             f"{'yes' if row['same blocks'] else 'no'} |"

@@ -11,7 +11,7 @@ rooflines) · ``blocks`` (VMEM, tile-size trade-off, block sweep) · ``estimates
 
 from stlib.plotting.blocks import block_sweep, tile_size_tradeoff, vmem_bars
 from stlib.plotting.common import ESTIMATE_HATCH, KIND_COLORS, PALETTE, save, where_measured
-from stlib.plotting.estimates import estimate_speedups, estimate_vs_published
+from stlib.plotting.estimates import estimate_speedups, estimate_vs_published, measured_vs_estimated
 from stlib.plotting.layouts import (
     density_vs_work,
     forward_and_transposed_tables,
@@ -42,6 +42,7 @@ __all__ = [
     "kind_gallery",
     "latency_bars",
     "mask_gallery",
+    "measured_vs_estimated",
     "named_bars",
     "occupancy_comparison",
     "occupancy_heatmap",

@@ -7,6 +7,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import seaborn as sns
 from matplotlib.patches import Patch
+from matplotlib.ticker import FuncFormatter
 
 from stlib.plotting.common import ESTIMATE_HATCH, PALETTE
 
@@ -142,4 +143,45 @@ def estimate_vs_published(rows: list[dict], title: str):
     if missing:
         counts += f"; {missing} published row{'' if missing == 1 else 's'} without an estimate (not drawn)"
     fig.suptitle(f"{title}\n{counts}")
+    return fig
+
+
+def measured_vs_estimated(rows: list[dict], title: str):
+    """Measured kernel times (x) against static estimates of the same calls (y), log-log: each
+    candidate twice, as the estimate reads it (filled) and with every path charged its bundles alone
+    (open), joined by a line; red where the program is larger than the chip ran at its schedule's
+    pace. The diagonal is a perfect prediction. ``rows``: ``stlib.bench.tpu_measure.sweep_rows``."""
+    fig, ax = plt.subplots(figsize=(7.6, 6.2), constrained_layout=True)
+    kinds = sorted({r["impl"] for r in rows})
+    markers = dict(zip(kinds, "osD^v"))
+    for r in rows:
+        color = PALETTE[0] if r["fits"] else "tab:red"
+        x = r["measured_ms"]
+        ax.plot([x, x], [r["bundles_only_ms"], r["estimated_ms"]], color=color, linewidth=0.8, alpha=0.6)
+        ax.scatter(x, r["estimated_ms"], marker=markers[r["impl"]], color=color, edgecolor="black", linewidth=0.5,
+                   s=46, zorder=3)  # fmt: skip
+        ax.scatter(x, r["bundles_only_ms"], marker=markers[r["impl"]], facecolor="white", edgecolor=color,
+                   linewidth=1.2, s=46, zorder=3)  # fmt: skip
+    values = [v for r in rows for v in (r["measured_ms"], r["estimated_ms"], r["bundles_only_ms"])] or [1, 10]
+    lo, hi = min(values) / 1.4, max(values) * 1.4
+    ax.plot([lo, hi], [lo, hi], color="0.3", linewidth=1)
+    ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="measured on the TPU (ms, median)",
+           ylabel="static estimate (ms, not a measurement)", title=title)  # fmt: skip
+    plain = FuncFormatter(lambda value, _: f"{value:g}")
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_formatter(plain)
+        axis.set_minor_formatter(plain)
+    ax.tick_params(which="minor", labelsize=7)
+    handles = [
+        plt.Line2D([], [], marker=markers[k], linestyle="", color="0.4", markeredgecolor="black", label=k)
+        for k in kinds
+    ] + [
+        plt.Line2D([], [], marker="o", linestyle="", color=PALETTE[0], markeredgecolor="black",
+                   label="estimate (paths charged their MXU feed)"),
+        plt.Line2D([], [], marker="o", linestyle="", markerfacecolor="white", markeredgecolor=PALETTE[0],
+                   label="every path charged its bundles alone"),
+        plt.Line2D([], [], marker="o", linestyle="", color="tab:red", markeredgecolor="black",
+                   label="program larger than the chip ran at pace"),
+    ]  # fmt: skip
+    ax.legend(handles=handles, fontsize=8, loc="upper left")
     return fig
