@@ -29,11 +29,18 @@ SWEEP_RECORDS = "data/tpu_block_measurements.jsonl"
 DIRECTIONS = ("forward", "train")
 
 
+def _baseline() -> str:
+    """The dense kernel the measurements compare with (the registry's baseline: Splash)."""
+    from stlib import registry
+
+    return registry.baseline().name
+
+
 def cases(chip: str) -> list[dict]:
     """The table's calls on ``chip``: the tile kernel on every mask of ``backward_estimate.MASKS`` at
     its default blocks, dense Splash at the (block_q, block_kv) its backward's estimate tuned (the
     fused and the split backward each), as (impl, mask, blocks or None, options)."""
-    baseline, out = backward_estimate._baseline(), []
+    baseline, out = _baseline(), []
     for case in backward_estimate.cases([chip]):
         if case["backward"]:
             continue
@@ -157,7 +164,7 @@ def sweep(trials: int = 5, out_dir: Path | None = None) -> Path:
     tracker = Progress(len(candidates), f"block sweep measured on {chip}")
     for candidate in candidates:
         options = {}
-        if candidate["block_kv_compute"] is not None and candidate["impl"] != backward_estimate._baseline():
+        if candidate["block_kv_compute"] is not None and candidate["impl"] != _baseline():
             options = {"block_kv_compute": candidate["block_kv_compute"], "chip": chip}  # as the sweep ran it
         blocks = {"block_q": candidate["block_q"], "block_kv": candidate["block_kv"]}
         fn, _, q, k, v = case_call({"impl": candidate["impl"], "mask": candidate["mask"], "blocks": blocks,
