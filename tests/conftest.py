@@ -28,8 +28,10 @@ from pathlib import Path
 # Several processes use libtpu's deviceless compiler during a run (pytest itself, and the Jupyter
 # kernels that execute the notebooks): without this, the second one fails on libtpu's lockfile.
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-# Notebooks executed by the tests always use the small configuration.
+# Notebooks executed by the tests always use the small configuration, and time each case once
+# (stlib.bench.records.TRIALS_CAP_ENV): the tests check that the cells run, not what they measure.
 os.environ.setdefault("STLIB_SIZE", "small")
+os.environ.setdefault("STLIB_TIMING_TRIALS", "1")
 # Four CPU devices, so the mesh tests (stlib.parallel) shard over a real 4-device mesh.
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (

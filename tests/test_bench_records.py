@@ -156,6 +156,23 @@ def test_latest_per_key_keeps_the_last_record_of_each_key(tmp_path):
     assert latest_per_key(tmp_path / "missing.jsonl", lambda r: r["k"]) == {}
 
 
+@pytest.fixture(autouse=True)
+def uncapped(monkeypatch):
+    """These tests time as asked: the cap the notebook runs of the tests set is lifted here."""
+    monkeypatch.delenv(records.TRIALS_CAP_ENV, raising=False)
+
+
+def test_a_capped_run_times_each_case_once(monkeypatch):
+    """``STLIB_TIMING_TRIALS=1`` (the tests' notebook runs): one timed call per case, one round."""
+    monkeypatch.setenv(records.TRIALS_CAP_ENV, "1")
+    x = jnp.arange(8.0)
+    assert time_function(lambda a: a + 1, x, trials=4).trials == 1
+    cases = {name: records.compile_function(lambda a, s=s: a * s, x) for s, name in enumerate("ab")}
+    assert all(t.trials == 1 for t in records.time_interleaved(cases, x, rounds=3, trials=3).values())
+    monkeypatch.setenv(records.TRIALS_CAP_ENV, "2")
+    assert time_function(lambda a: a + 1, x, trials=4).trials == 2 and records.capped(1) == 1
+
+
 def test_time_function_statistics():
     x = jnp.arange(8.0)
     timing = time_function(lambda a: a * 2 + 1, x, trials=4, warmup=2)

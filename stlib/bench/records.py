@@ -145,6 +145,30 @@ def compile_function(fn, *args) -> Compiled:
     return Compiled(executable, (time.perf_counter() - start) * 1e3)
 
 
+#: Environment variable: at most this many timed calls per case, and one round of ``time_interleaved``
+#: when it is 1. The tests' runs of the notebooks set 1 (``tests/conftest.py``): they check that every
+#: cell runs, not what its times say; the main job leaves it unset and times as asked.
+TRIALS_CAP_ENV = "STLIB_TIMING_TRIALS"
+
+
+def capped(trials: int) -> int:
+    """``trials``, or fewer where ``TRIALS_CAP_ENV`` caps them (never fewer than 1).
+
+    >>> before = os.environ.pop(TRIALS_CAP_ENV, None)
+    >>> capped(5)
+    5
+    >>> os.environ[TRIALS_CAP_ENV] = "1"
+    >>> capped(5)
+    1
+    >>> if before is None:
+    ...     del os.environ[TRIALS_CAP_ENV]
+    ... else:
+    ...     os.environ[TRIALS_CAP_ENV] = before
+    """
+    cap = os.environ.get(TRIALS_CAP_ENV)
+    return trials if not cap else max(1, min(trials, int(cap)))
+
+
 def time_function(fn, *args, trials: int = 5, warmup: int = 1) -> Timing:
     """Compile ``fn`` (excluded, reported separately; a ``Compiled`` is reused as it is, never
     compiled again), warm up, then time ``trials`` calls with block_until_ready."""
@@ -157,7 +181,8 @@ def _timing(times: list[float], compile_ms: float) -> Timing:
 
 
 def _timed_calls(compiled: Compiled, args, trials: int, warmup: int) -> list[float]:
-    """Milliseconds of each of ``trials`` calls, after ``warmup`` untimed ones."""
+    """Milliseconds of each of ``trials`` calls (``capped``), after ``warmup`` untimed ones."""
+    trials = capped(trials)
     for _ in range(warmup):
         jax.block_until_ready(compiled(*args))
     times = []
@@ -183,6 +208,7 @@ def time_interleaved(
     }
     times = {name: [] for name in cases}
     order = list(cases)
+    rounds = capped(rounds) if capped(trials) < trials else rounds  # a capped run times one round
     shuffle = random.Random(seed).shuffle
     for round_ in range(rounds):
         shuffle(order)
