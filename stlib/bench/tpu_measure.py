@@ -17,6 +17,7 @@ for the chip at hand (``block_sweep.read``), each beside the estimate the sweep 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
@@ -119,11 +120,7 @@ def measure_case(case: dict, trials: int) -> list[dict]:
                     "block_kv": resolved.block_kv,
                     "block_kv_compute": resolved.block_kv_compute,
                 },
-                "median_ms": timing.median_ms,
-                "min_ms": timing.min_ms,
-                "max_ms": timing.max_ms,
-                "compile_ms": timing.compile_ms,
-                "trials": timing.trials,
+                **dataclasses.asdict(timing),  # median_ms, min_ms, max_ms, compile_ms, trials
                 "interpret": False,
             }
         )
@@ -178,11 +175,7 @@ def sweep(trials: int = 5, out_dir: Path | None = None) -> Path:
                 "estimated_cycles": candidate["cycles"],
                 "estimator": candidate.get("estimator"),
                 "source": source_hash(candidate["impl"]),  # the kernel measured (the sweep's ``source``)
-                "median_ms": timing.median_ms,
-                "min_ms": timing.min_ms,
-                "max_ms": timing.max_ms,
-                "compile_ms": timing.compile_ms,
-                "trials": timing.trials,
+                **dataclasses.asdict(timing),  # median_ms, min_ms, max_ms, compile_ms, trials
                 "interpret": False,
             }
         )
