@@ -51,9 +51,6 @@ class Chip:
     scoped_vmem_default: int  # bytes a kernel may use without ``vmem_limit_bytes``
     schedule_form: str = "delay4"  # how the bundle dump writes a branch's delay shadow
     ici_bandwidth: float | None = None  # bytes/s per chip, both directions together (Cloud TPU docs)
-    #: Bundles a kernel's program may hold and still run at its schedule's pace, where measured
-    #: (``PROGRAM_BUNDLES_MEASURED``); None: not measured on this chip.
-    program_bundles: int | None = None
 
     @functools.cached_property
     def _info(self):
@@ -106,15 +103,7 @@ SUBLANES, LANES = 8, 128
 CHIP_TABLE: dict[str, Chip] = {
     chip.name: chip
     for chip in (
-        Chip(
-            "v5e",
-            "v5e",
-            "v5e:2x2",
-            ("tpu v5 lite", "tpu v5e", "tpu v5litepod"),
-            1,
-            16 * _MIB,
-            program_bundles=65_536,
-        ),
+        Chip("v5e", "v5e", "v5e:2x2", ("tpu v5 lite", "tpu v5e", "tpu v5litepod"), 1, 16 * _MIB),
         Chip("v6e", "v6e", "v6e:2x2", ("tpu v6 lite", "tpu v6e"), 1, 32 * _MIB, ici_bandwidth=800e9),
         Chip(
             "tpu7x",
@@ -128,14 +117,6 @@ CHIP_TABLE: dict[str, Chip] = {
         ),
     )
 }
-#: Where ``Chip.program_bundles`` comes from: the block sweep's forwards timed on a TPU v5e
-#: (``data/tpu_block_measurements.jsonl``, ``python -m stlib.bench.tpu_measure sweep``): every
-#: lane-dense program of at most 61,547 bundles (its paths' bundles summed) ran at 0.82-0.91 of its
-#: bundles-only estimate, every one of 72,179 or more at 2.45-2.81 of it (the band at 2,048 x 2,048
-#: and 2,560 x 2,560 blocks, the sliding tile at 1,920 x 3,840), as if instructions past an
-#: instruction memory were fetched while the kernel runs; 65,536 is the power of two between them.
-#: v6e and TPU7x were not measured.
-PROGRAM_BUNDLES_MEASURED = "data/tpu_block_measurements.jsonl"
 #: Chip names, in table order.
 CHIPS = tuple(CHIP_TABLE)
 

@@ -228,21 +228,3 @@ def test_a_chip_measured_in_full_is_ranked_by_its_clock_and_one_measured_in_part
     assert block_sweep.winners(records, timed[:1])["v5e"]["tiled_rows"] == (1, 2)
     other_source = [timed[0], {**timed[1], "source": "an older kernel"}]
     assert block_sweep.winners(records, other_source)["v5e"]["tiled_rows"] == (1, 2)
-
-
-def test_a_program_larger_than_its_chip_ran_at_pace_is_never_a_winner():
-    """``fits``: on v5e (``Chip.program_bundles`` measured) a candidate whose program holds more
-    bundles is left out however few its cycles; v6e, not measured, keeps it."""
-    name = ld.NAME
-
-    def sized(chip, blocks, cycles, bundles):
-        return {
-            **record(chip, "sliding tile", name, blocks, cycles),
-            "breakdown": {"k": {"compute": {"bundles": bundles}}},
-        }
-
-    for chip, want in (("v5e", (1, 1)), ("v6e", (1, 2))):
-        big = sized(chip, (1920, 3840, 384), 100, 72_179)
-        small = sized(chip, (1920, 1920, 384), 200, 21_645)
-        assert block_sweep.fits(small) and block_sweep.fits(big) == (chip == "v6e")
-        assert block_sweep.winners([big, small])[chip]["tiled_rows"] == want, chip

@@ -41,5 +41,9 @@ def test_a_measurement_meets_the_estimate_of_its_own_call_and_kernel_source():
     (row,) = tpu_measure.sweep_rows([{**measured, "median_ms": 2.0, "source": "s"}], [swept])
     assert row["measured_ms"] == 2.0 and row["estimated_ms"] == 3.0
     assert row["bundles_only_ms"] == pytest.approx(120 / 1e5 * 1e3 + 0.5)
-    assert row["program_bundles"] == 80 and row["fits"]
+    assert row["program_bundles"] == 80 and not row["slow"]
+    (late,) = tpu_measure.sweep_rows(
+        [{**measured, "median_ms": 2.0, "source": "s"}], [{**swept, "glue_ms": 0.0}]
+    )
+    assert late["slow"]  # 2.0 ms against a bundles-only 1.2 ms: over SLOW = 1.5 times
     assert tpu_measure.sweep_rows([{**measured, "median_ms": 2.0, "source": "older"}], [swept]) == []

@@ -238,26 +238,13 @@ def measured_scores(records, measurements) -> dict:
     return out
 
 
-def fits(record: dict) -> bool:
-    """Whether a sweep record's program fits its chip's ``program_bundles`` (where measured): a
-    larger one is never a winner, as a candidate that does not compile is not (its estimate reads
-    its schedule; on v5e such programs ran 2.5-2.8x slower than that)."""
-    from stlib.analysis.kernel_estimate import program_bundles
-    from stlib.device import chip_spec
-
-    limit = chip_spec(record["chip"]).program_bundles
-    sizes = [program_bundles(paths) for paths in record.get("breakdown", {}).values()]
-    return limit is None or all(size <= limit for size in sizes)
-
-
 def winners(records, measurements=()) -> dict[str, dict]:
     """Per chip: {"blocks": (block_q, block_kv, block_kv_compute) with the fewest static cycles summed
     over ``DEFAULT_FAMILIES`` (one default serves both), "tiled_rows": (rows of 3-D tiles per q
     block, per kv block) of the best sliding-tile candidate}; either is left out where the chip's
     sweep lacks its families, a chip with neither altogether. Where ``measurements`` time every
     candidate of a chip on that chip (``measured_scores``), the measured ms rank them instead: the
-    clock outranks the estimate. A candidate whose program is larger than its chip runs at its
-    schedule's pace (``fits``) is left out.
+    clock outranks the estimate.
 
     >>> rec = lambda family, bq, bkv, cycles: {"chip": "v5e", "family": family, "impl": NAME,
     ...     "block_q": bq, "block_kv": bkv, "block_kv_compute": 128, "cycles": cycles, "source": "s"}
@@ -271,7 +258,7 @@ def winners(records, measurements=()) -> dict[str, dict]:
     measured = measured_scores(records, measurements)
     out = {}
     for chip in dict.fromkeys(r["chip"] for r in records):
-        mine = [r for r in records if r["chip"] == chip and r["impl"] == NAME and "cycles" in r and fits(r)]
+        mine = [r for r in records if r["chip"] == chip and r["impl"] == NAME and "cycles" in r]
         score = {id(r): measured.get(_config(r), r["cycles"]) for r in mine}
         totals: dict = {}
         for r in mine:

@@ -6,6 +6,7 @@ Nothing in the estimator was fitted to these times: they judge it. The backward'
 
     python -m stlib.bench.tpu_measure run [--trials 5] [--out DIR]   # on a TPU: a few minutes
     python -m stlib.bench.tpu_measure sweep [--out DIR]              # on a TPU: the block sweep's forwards
+    python -m stlib.bench.tpu_measure backward-sweep [--out DIR]     # on a TPU: the backward sweep's steps
     python -m stlib.bench.tpu_measure table                          # anywhere: measured vs estimated
 
 Records: ``data/tpu_measurements.jsonl``, one per (chip, impl, mask, options, direction), with the
@@ -26,6 +27,9 @@ from stlib.bench import backward_estimate
 
 RECORDS = "data/tpu_measurements.jsonl"
 SWEEP_RECORDS = "data/tpu_block_measurements.jsonl"
+BACKWARD_SWEEP_RECORDS = "data/tpu_backward_block_measurements.jsonl"
+#: A run is ``slow`` (``sweep_rows``) where it takes more than this times its bundles-only estimate.
+SLOW = 1.5
 #: What a record times: the call alone, or ``jax.grad`` of it (forward and backward).
 DIRECTIONS = ("forward", "train")
 
@@ -186,6 +190,52 @@ def sweep(trials: int = 5, out_dir: Path | None = None) -> Path:
     return recorder.path
 
 
+def backward_sweep(trials: int = 5, out_dir: Path | None = None) -> Path:
+    """Time the training step of every candidate of the backward sweep's records for this TPU's chip
+    (``stlib.bench.backward_sweep.read``: the tile kernel's backward blocks on each mask), beside the
+    forward alone at its default blocks; each record carries the backward (step minus forward, derived)
+    and the sweep's estimate of it. Raises RuntimeError off a TPU."""
+    from stlib.analysis.cache import source_hash
+    from stlib.bench import backward_sweep as swept
+    from stlib.bench.progress import Progress
+    from stlib.bench.records import Recorder, time_function
+
+    chip = _tpu_chip()
+    candidates = [(key, r) for key, r in swept.read().items() if key[0] == chip and r.get("estimated")]
+    recorder = Recorder(Path(out_dir or paths.data_dir()) / Path(BACKWARD_SWEEP_RECORDS).name)
+    forwards = {}
+    tracker = Progress(len(candidates), f"backward sweep measured on {chip}")
+    for (_, mask, blocks), r in candidates:
+        if mask not in forwards:
+            fn, _, q, k, v = case_call({"impl": r["impl"], "mask": mask, "blocks": None, "options": {}})
+            forwards[mask] = time_function(fn, q, k, v, trials=trials).median_ms
+        fn, _, q, k, v = case_call(
+            {"impl": r["impl"], "mask": mask, "blocks": None, "options": {"backward_blocks": list(blocks)}}
+        )
+        timing = time_function(training_step(fn), q, k, v, trials=trials)
+        record = recorder.write(
+            {
+                "chip": chip,
+                "impl": r["impl"],
+                "mask": mask,
+                "backward_blocks": list(blocks),
+                "forward_ms": forwards[mask],
+                "train_ms": timing.median_ms,
+                "backward_ms": timing.median_ms - forwards[mask],
+                "estimated_backward_ms": r["total_ms"],
+                "source": source_hash(r["impl"]),
+                "trials": timing.trials,
+                "compile_ms": timing.compile_ms,
+                "interpret": False,
+            }
+        )
+        tracker.step(
+            f"{mask:<22} backward blocks {blocks}: step {record['train_ms']:.2f} ms, backward "
+            f"{record['backward_ms']:.2f} (estimated {record['estimated_backward_ms']:.2f})"
+        )
+    return recorder.path
+
+
 def _tpu_chip() -> str:
     """The chip-table name of this process's TPU. Raises RuntimeError off a TPU of the table."""
     from stlib.device import current_chip, device_kind, on_tpu
@@ -272,10 +322,10 @@ def sweep_rows(measurements: list[dict], records: list[dict]) -> list[dict]:
     """Per measured block-sweep candidate (``sweep``'s records) whose sweep record (``block_sweep.read``)
     is of the same kernel source: the measured ms, the sweep's estimate, the estimate with every path
     charged its bundles alone (no MXU feed: ``stlib.analysis.mxu_input``), both at the sweep's clock and
-    with its glue, the program's bundles (``kernel_estimate.program_bundles``) and whether it fits the
-    chip's ``program_bundles``."""
+    with its glue, the program's bundles (``kernel_estimate.program_bundles``), and ``slow`` where the
+    measured time exceeds ``SLOW`` times that bundles-only estimate (a fact, not a model: on v5e such
+    runs were 2.5-2.8x, every other 0.8-0.9x)."""
     from stlib.analysis.kernel_estimate import program_bundles
-    from stlib.bench import block_sweep
 
     def config(r):
         return (r["chip"], r["family"], r["impl"], r["block_q"], r["block_kv"], r["block_kv_compute"])
@@ -288,6 +338,7 @@ def sweep_rows(measurements: list[dict], records: list[dict]) -> list[dict]:
             continue
         paths = [v for kernel in r["breakdown"].values() for v in kernel.values()]
         bundles = sum(v["count"] * v["bundles"] for v in paths)
+        bare_ms = bundles / r["clock_hz"] * 1e3 + r["glue_ms"]
         rows.append(
             {
                 **{
@@ -296,9 +347,31 @@ def sweep_rows(measurements: list[dict], records: list[dict]) -> list[dict]:
                 },
                 "measured_ms": m["median_ms"],
                 "estimated_ms": r["total_ms"],
-                "bundles_only_ms": bundles / r["clock_hz"] * 1e3 + r["glue_ms"],
+                "bundles_only_ms": bare_ms,
                 "program_bundles": max(program_bundles(kernel) for kernel in r["breakdown"].values()),
-                "fits": block_sweep.fits(r),
+                "slow": m["median_ms"] > SLOW * bare_ms,
+            }
+        )
+    return rows
+
+
+def backward_rows(measurements: list[dict], records: dict) -> list[dict]:
+    """Per measured backward-sweep candidate (``backward_sweep``'s records) whose sweep record
+    (``stlib.bench.backward_sweep.read``) is of the same kernel source: the measured backward (step
+    minus forward), the sweep's estimate of it, and its program's bundles (its kernels' largest)."""
+    rows = []
+    for m in measurements:
+        r = records.get((m["chip"], m["mask"], tuple(m["backward_blocks"])))
+        if r is None or r.get("source") != m.get("source"):
+            continue
+        rows.append(
+            {
+                "chip": m["chip"],
+                "mask": m["mask"],
+                "backward_blocks": tuple(m["backward_blocks"]),
+                "measured_ms": m["backward_ms"],
+                "estimated_ms": r["total_ms"],
+                "program_bundles": max(sum(k["bundles"].values()) for k in r["kernels"]),
             }
         )
     return rows
@@ -348,6 +421,13 @@ def main(argv=None) -> None:
     sweep_parser = sub.add_parser("sweep", help="time the block sweep's candidates for this TPU's chip")
     sweep_parser.add_argument("--trials", type=int, default=5)
     sweep_parser.add_argument("--out", type=Path, default=None, help="folder of the records (default: data/)")
+    backward_parser = sub.add_parser(
+        "backward-sweep", help="time the backward sweep's candidates for this TPU's chip (training steps)"
+    )
+    backward_parser.add_argument("--trials", type=int, default=5)
+    backward_parser.add_argument(
+        "--out", type=Path, default=None, help="folder of the records (default: data/)"
+    )
     sub.add_parser("table", help="the records beside the static estimates")
     args = parser.parse_args(argv)
     path = None
@@ -355,6 +435,9 @@ def main(argv=None) -> None:
         path = run(args.trials, args.out)
     if args.command == "sweep":
         sweep(args.trials, args.out)
+        return
+    if args.command == "backward-sweep":
+        backward_sweep(args.trials, args.out)
         return
     print(format_table(judged(read(path), backward_estimate.read())))
 

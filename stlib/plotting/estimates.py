@@ -149,13 +149,13 @@ def estimate_vs_published(rows: list[dict], title: str):
 def measured_vs_estimated(rows: list[dict], title: str):
     """Measured kernel times (x) against static estimates of the same calls (y), log-log: each
     candidate twice, as the estimate reads it (filled) and with every path charged its bundles alone
-    (open), joined by a line; red where the program is larger than the chip ran at its schedule's
-    pace. The diagonal is a perfect prediction. ``rows``: ``stlib.bench.tpu_measure.sweep_rows``."""
+    (open), joined by a line; red where the run took far longer than its bundles (``slow``). The
+    diagonal is a perfect prediction. ``rows``: ``stlib.bench.tpu_measure.sweep_rows``."""
     fig, ax = plt.subplots(figsize=(7.6, 6.2), constrained_layout=True)
     kinds = sorted({r["impl"] for r in rows})
     markers = dict(zip(kinds, "osD^v"))
     for r in rows:
-        color = PALETTE[0] if r["fits"] else "tab:red"
+        color = "tab:red" if r["slow"] else PALETTE[0]
         x = r["measured_ms"]
         ax.plot([x, x], [r["bundles_only_ms"], r["estimated_ms"]], color=color, linewidth=0.8, alpha=0.6)
         ax.scatter(x, r["estimated_ms"], marker=markers[r["impl"]], color=color, edgecolor="black", linewidth=0.5,
@@ -181,7 +181,7 @@ def measured_vs_estimated(rows: list[dict], title: str):
         plt.Line2D([], [], marker="o", linestyle="", markerfacecolor="white", markeredgecolor=PALETTE[0],
                    label="every path charged its bundles alone"),
         plt.Line2D([], [], marker="o", linestyle="", color="tab:red", markeredgecolor="black",
-                   label="program larger than the chip ran at pace"),
+                   label="ran far slower than its bundles (cause not known)"),
     ]  # fmt: skip
     ax.legend(handles=handles, fontsize=8, loc="upper left")
     return fig
