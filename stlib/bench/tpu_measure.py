@@ -12,7 +12,9 @@ Nothing in the estimator was fitted to these times: they judge it. The backward'
 Records: ``data/tpu_measurements.jsonl``, one per (chip, impl, mask, options, direction), with the
 blocks the kernel resolved on the chip, the device kind, versions and git revision;
 ``data/tpu_block_measurements.jsonl``, the forward of every candidate of the block sweep's records
-for the chip at hand (``block_sweep.read``), each beside the estimate the sweep ranked it by.
+for the chip at hand (``block_sweep.read``), each beside the estimate the sweep ranked it by;
+``data/tpu_backward_block_measurements.jsonl``, the training step of every candidate of the
+backward sweep's records for the chip at hand, with the backward derived from it.
 """
 
 from __future__ import annotations
