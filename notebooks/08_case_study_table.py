@@ -612,28 +612,12 @@ print(tpu_measure.format_table(tpu_measure.judged(measured, backward_estimate.re
     cfg.data / Path(backward_estimate.RECORDS).name))))
 sweep_measured = read_records(cfg.data / Path(tpu_measure.SWEEP_RECORDS).name)
 sweep_rows = tpu_measure.sweep_rows(sweep_measured, block_sweep.read(cfg.data / Path(block_sweep.RECORDS).name))
-print(f"\n{'kernel':<24} {'blocks':<16} {'family':<13} {'measured':>9} {'estimate':>9} {'bundles only':>12} "
-      f"{'program bundles':>15}")
-for row in sorted(sweep_rows, key=lambda r: (r["family"], r["measured_ms"])):
-    blocks = f"{row['block_q']}x{row['block_kv']}/{row['block_kv_compute']}"
-    print(f"{row['impl']:<24} {blocks:<16} {row['family']:<13} {row['measured_ms']:>9.2f} {row['estimated_ms']:>9.2f} "
-          f"{row['bundles_only_ms']:>12.2f} {row['program_bundles']:>15,}{'  (slow)' if row['slow'] else ''}")
-pace = [r["measured_ms"] / r["bundles_only_ms"] for r in sweep_rows if not r["slow"]]
-slow = [r["measured_ms"] / r["bundles_only_ms"] for r in sweep_rows if r["slow"]]
-print(f"\nmeasured / bundles-only estimate: {min(pace):.2f}-{max(pace):.2f} for {len(pace)} candidates, "
-      f"{min(slow):.2f}-{max(slow):.2f} for the {len(slow)} slow ones")
-steps = {(r["impl"], r["mask"], json.dumps(r["options"])): r["measured"]["train"]
-         for r in tpu_measure.judged(measured, {})}
-splash_step = steps[("splash", "none", json.dumps({"fused_backward": True}))]
-print("measured training step / dense Splash's (fused backward): " + ", ".join(
-    f"{mask} {ms / splash_step:.3f}" for (impl, mask, _), ms in steps.items() if impl != "splash"))
+print("\n" + tpu_measure.format_sweep_rows(sweep_rows))
 fig = plotting.measured_vs_estimated(sweep_rows, "TPU v5e, 10 x 75,600 x 128 bf16 forward: the block sweep's "
                                      "candidates, measured vs static estimate")
 plotting.save(fig, cfg.figure("08_v5e_measured_vs_estimated"))
-backward_measured = read_records(cfg.data / Path(tpu_measure.BACKWARD_SWEEP_RECORDS).name)
-print("\nthe tile kernel's backward at each candidate of the backward sweep, measured (step minus forward):")
-for m in backward_measured:
-    print(f"  {m['mask']:<22} backward blocks {'x'.join(map(str, m['backward_blocks']))}: {m['backward_ms']:7.2f} ms")
+print("\n" + tpu_measure.format_backward_sweep(
+    read_records(cfg.data / Path(tpu_measure.BACKWARD_SWEEP_RECORDS).name)))
 
 # %% [markdown]
 # What the v5e says about the estimate (read the numbers above; the figure draws the second table):

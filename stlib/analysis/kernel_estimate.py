@@ -80,6 +80,17 @@ def program_bundles(breakdown: dict[str, dict]) -> int:
     return sum(v["bundles"] for v in breakdown.values())
 
 
+def bundles_only_cycles(breakdown: dict[str, dict]) -> int:
+    """Cycles of a kernel (``KernelEstimate.breakdown``) with every path charged its bundles alone,
+    no MXU feed (``stlib.analysis.mxu_input``): the reading a TPU v5e's measurements agreed with
+    (``stlib.bench.tpu_measure``).
+
+    >>> bundles_only_cycles({"step": {"bundles": 52, "count": 10}, "compute_full": {"bundles": 8_732, "count": 9}})
+    79108
+    """
+    return sum(v["count"] * v["bundles"] for v in breakdown.values())
+
+
 @dataclass(frozen=True)
 class Estimate:
     """A static estimate of one attention call on a chip: the kernels (``seconds``), the XLA glue
@@ -121,6 +132,12 @@ class Estimate:
     @property
     def total_seconds(self) -> float:
         return self.seconds + self.glue_seconds
+
+    @property
+    def bundles_only_seconds(self) -> float:
+        """``total_seconds`` with every path charged its bundles alone (``bundles_only_cycles``) at
+        the same clock, glue included, exposed DMA left out."""
+        return sum(bundles_only_cycles(k.breakdown) for k in self.kernels) / self.clock_hz + self.glue_seconds
 
     @property
     def direction(self) -> str:

@@ -97,7 +97,7 @@ def estimate_case(case: dict) -> dict:
         "total_ms": est.total_seconds * 1e3,
         "kernels_ms": est.seconds * 1e3,
         "glue_ms": est.glue_seconds * 1e3,
-        "bundles_only_ms": bundles_only_seconds(est) * 1e3,
+        "bundles_only_ms": est.bundles_only_seconds * 1e3,
         "blocks": est.blocks,
         "sweep": [list(s) for s in getattr(est, "sweep", ())],
         "kernels": [
@@ -115,15 +115,6 @@ def estimate_case(case: dict) -> dict:
         "clock": est.clock_assumption,
         "static_estimate": True,
     }
-
-
-def bundles_only_seconds(est) -> float:
-    """``est``'s total with every path charged its bundles alone (no MXU feed,
-    ``stlib.analysis.mxu_input``) at the same clock, glue included: the estimate a TPU v5e's
-    measurements agreed with (``stlib.bench.tpu_measure``). Exposed DMA is left out (the feed rule
-    is what differs)."""
-    bundles = sum(v["count"] * v["bundles"] for k in est.kernels for v in k.breakdown.values())
-    return bundles / est.clock_hz + est.glue_seconds
 
 
 def run(chips=None, path=None, impls=None) -> list[dict]:

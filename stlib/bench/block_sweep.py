@@ -179,7 +179,7 @@ def read(path=None) -> list[dict]:
     latest, last = {}, {}
     for line in Path(path or paths.home() / RECORDS).read_text().splitlines():
         r = json.loads(line)
-        latest[(r["chip"], r["family"], r["impl"], r["block_q"], r["block_kv"], r["block_kv_compute"])] = r
+        latest[config_key(r)] = r
         last[(r["chip"], r["impl"])] = (r.get("source"), r.get("estimator"))
     return [
         r for r in latest.values() if (r.get("source"), r.get("estimator")) == last[(r["chip"], r["impl"])]
@@ -210,7 +210,9 @@ def best_blocks(records) -> dict:
 DEFAULT_FAMILIES = ("dense", "band 0.25")
 
 
-def _config(record: dict) -> tuple:
+def config_key(record: dict) -> tuple:
+    """(chip, family, impl, block_q, block_kv, block_kv_compute): one candidate of the sweep, in its
+    records and in the TPU measurements of them."""
     return (
         record["chip"],
         record["family"],
@@ -226,15 +228,13 @@ def measured_scores(records, measurements) -> dict:
     (``read``) has a TPU measurement of the same kernel source in ``measurements`` (the records of
     ``stlib.bench.tpu_measure sweep``); a chip measured in part keeps its estimates (a measured
     candidate is never ranked against an estimated one)."""
-    timed = {}
-    for m in measurements:
-        timed[_config(m)] = m  # the latest of each configuration
+    timed = {config_key(m): m for m in measurements}  # the latest of each configuration
     out = {}
     for chip in dict.fromkeys(r["chip"] for r in records):
         mine = [r for r in records if r["chip"] == chip and r["impl"] == NAME and "cycles" in r]
-        found = [timed.get(_config(r)) for r in mine]
+        found = [timed.get(config_key(r)) for r in mine]
         if mine and all(m is not None and m.get("source") == r.get("source") for m, r in zip(found, mine)):
-            out |= {_config(r): m["median_ms"] for m, r in zip(found, mine)}
+            out |= {config_key(r): m["median_ms"] for m, r in zip(found, mine)}
     return out
 
 
@@ -259,7 +259,7 @@ def winners(records, measurements=()) -> dict[str, dict]:
     out = {}
     for chip in dict.fromkeys(r["chip"] for r in records):
         mine = [r for r in records if r["chip"] == chip and r["impl"] == NAME and "cycles" in r]
-        score = {id(r): measured.get(_config(r), r["cycles"]) for r in mine}
+        score = {id(r): measured.get(config_key(r), r["cycles"]) for r in mine}
         totals: dict = {}
         for r in mine:
             if r["family"] in DEFAULT_FAMILIES:

@@ -145,8 +145,8 @@ def compile_function(fn, *args) -> Compiled:
     return Compiled(executable, (time.perf_counter() - start) * 1e3)
 
 
-#: Environment variable: at most this many timed calls per case, and one round of ``time_interleaved``
-#: when it is 1. The tests' runs of the notebooks set 1 (``tests/conftest.py``): they check that every
+#: Environment variable: at most this many timed calls per case and call of ``time_function``, and
+#: at most this many rounds of ``time_interleaved``. The tests' runs of the notebooks set 1 (``tests/conftest.py``): they check that every
 #: cell runs, not what its times say; the main job leaves it unset and times as asked.
 TRIALS_CAP_ENV = "STLIB_TIMING_TRIALS"
 
@@ -208,7 +208,7 @@ def time_interleaved(
     }
     times = {name: [] for name in cases}
     order = list(cases)
-    rounds = capped(rounds) if capped(trials) < trials else rounds  # a capped run times one round
+    rounds = capped(rounds)
     shuffle = random.Random(seed).shuffle
     for round_ in range(rounds):
         shuffle(order)

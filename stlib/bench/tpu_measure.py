@@ -25,7 +25,7 @@ import json
 from pathlib import Path
 
 from stlib import paths
-from stlib.bench import backward_estimate
+from stlib.bench import backward_estimate, block_sweep
 
 RECORDS = "data/tpu_measurements.jsonl"
 SWEEP_RECORDS = "data/tpu_block_measurements.jsonl"
@@ -36,18 +36,11 @@ SLOW = 1.5
 DIRECTIONS = ("forward", "train")
 
 
-def _baseline() -> str:
-    """The dense kernel the measurements compare with (the registry's baseline: Splash)."""
-    from stlib import registry
-
-    return registry.baseline().name
-
-
 def cases(chip: str) -> list[dict]:
     """The table's calls on ``chip``: the tile kernel on every mask of ``backward_estimate.MASKS`` at
     its default blocks, dense Splash at the (block_q, block_kv) its backward's estimate tuned (the
     fused and the split backward each), as (impl, mask, blocks or None, options)."""
-    baseline, out = _baseline(), []
+    baseline, out = block_sweep.BASELINE, []
     for case in backward_estimate.cases([chip]):
         if case["backward"]:
             continue
@@ -157,7 +150,6 @@ def sweep(trials: int = 5, out_dir: Path | None = None) -> Path:
     (``block_sweep.read``), each record carrying the sweep's estimate (ms and cycles) beside the
     measured median. Raises RuntimeError off a TPU."""
     from stlib.analysis.cache import source_hash
-    from stlib.bench import block_sweep
     from stlib.bench.progress import Progress
     from stlib.bench.records import Recorder, time_function
 
@@ -166,9 +158,9 @@ def sweep(trials: int = 5, out_dir: Path | None = None) -> Path:
     recorder = Recorder(Path(out_dir or paths.data_dir()) / Path(SWEEP_RECORDS).name)
     tracker = Progress(len(candidates), f"block sweep measured on {chip}")
     for candidate in candidates:
-        options = {}
-        if candidate["block_kv_compute"] is not None and candidate["impl"] != _baseline():
-            options = {"block_kv_compute": candidate["block_kv_compute"], "chip": chip}  # as the sweep ran it
+        options = {}  # as the sweep ran it: Splash's candidates have no kv compute block
+        if candidate["block_kv_compute"] is not None:
+            options = {"block_kv_compute": candidate["block_kv_compute"], "chip": chip}
         blocks = {"block_q": candidate["block_q"], "block_kv": candidate["block_kv"]}
         fn, _, q, k, v = case_call({"impl": candidate["impl"], "mask": candidate["mask"], "blocks": blocks,
                                     "options": options})  # fmt: skip
@@ -327,19 +319,15 @@ def sweep_rows(measurements: list[dict], records: list[dict]) -> list[dict]:
     with its glue, the program's bundles (``kernel_estimate.program_bundles``), and ``slow`` where the
     measured time exceeds ``SLOW`` times that bundles-only estimate (a fact, not a model: on v5e such
     runs were 2.5-2.8x, every other 0.8-0.9x)."""
-    from stlib.analysis.kernel_estimate import program_bundles
+    from stlib.analysis.kernel_estimate import bundles_only_cycles, program_bundles
 
-    def config(r):
-        return (r["chip"], r["family"], r["impl"], r["block_q"], r["block_kv"], r["block_kv_compute"])
-
-    swept = {config(r): r for r in records if "cycles" in r}
+    swept = {block_sweep.config_key(r): r for r in records if "cycles" in r}
     rows = []
     for m in measurements:
-        r = swept.get(config(m))
+        r = swept.get(block_sweep.config_key(m))
         if r is None or r.get("source") != m.get("source"):
             continue
-        paths = [v for kernel in r["breakdown"].values() for v in kernel.values()]
-        bundles = sum(v["count"] * v["bundles"] for v in paths)
+        bundles = sum(bundles_only_cycles(kernel) for kernel in r["breakdown"].values())
         bare_ms = bundles / r["clock_hz"] * 1e3 + r["glue_ms"]
         rows.append(
             {
@@ -357,26 +345,41 @@ def sweep_rows(measurements: list[dict], records: list[dict]) -> list[dict]:
     return rows
 
 
-def backward_rows(measurements: list[dict], records: dict) -> list[dict]:
-    """Per measured backward-sweep candidate (``backward_sweep``'s records) whose sweep record
-    (``stlib.bench.backward_sweep.read``) is of the same kernel source: the measured backward (step
-    minus forward), the sweep's estimate of it, and its program's bundles (its kernels' largest)."""
-    rows = []
-    for m in measurements:
-        r = records.get((m["chip"], m["mask"], tuple(m["backward_blocks"])))
-        if r is None or r.get("source") != m.get("source"):
-            continue
-        rows.append(
-            {
-                "chip": m["chip"],
-                "mask": m["mask"],
-                "backward_blocks": tuple(m["backward_blocks"]),
-                "measured_ms": m["backward_ms"],
-                "estimated_ms": r["total_ms"],
-                "program_bundles": max(sum(k["bundles"].values()) for k in r["kernels"]),
-            }
+def format_sweep_rows(rows: list[dict]) -> str:
+    """``sweep_rows`` as a table, by family and measured time, then the spread of measured over
+    bundles-only for the runs at pace and for the slow ones."""
+    lines = [
+        (
+            f"{'kernel':<24} {'blocks':<16} {'family':<13} {'measured':>9} {'estimate':>9} {'bundles only':>12} "
+            f"{'program bundles':>15}"
         )
-    return rows
+    ]
+    for row in sorted(rows, key=lambda r: (r["family"], r["measured_ms"])):
+        blocks = f"{row['block_q']}x{row['block_kv']}/{row['block_kv_compute']}"
+        lines.append(
+            f"{row['impl']:<24} {blocks:<16} {row['family']:<13} {row['measured_ms']:>9.2f} "
+            f"{row['estimated_ms']:>9.2f} {row['bundles_only_ms']:>12.2f} {row['program_bundles']:>15,}"
+            + ("  (slow)" if row["slow"] else "")
+        )
+    for slow, what in ((False, "candidates"), (True, "slow ones")):
+        ratios = [r["measured_ms"] / r["bundles_only_ms"] for r in rows if r["slow"] == slow]
+        if ratios:
+            lines.append(
+                f"measured / bundles-only estimate: {min(ratios):.2f}-{max(ratios):.2f} for the {len(ratios)} {what}"
+            )
+    return "\n".join(lines)
+
+
+def format_backward_sweep(measurements: list[dict]) -> str:
+    """The records of ``backward_sweep``: the tile kernel's backward (step minus forward) at each
+    backward block candidate and mask."""
+    lines = [
+        "the tile kernel's backward at each candidate of the backward sweep, measured (step minus forward):"
+    ]
+    for m in measurements:
+        blocks = "x".join(map(str, m["backward_blocks"]))
+        lines.append(f"  {m['mask']:<22} backward blocks {blocks}: {m['backward_ms']:7.2f} ms")
+    return "\n".join(lines)
 
 
 def format_table(rows: list[dict]) -> str:
@@ -409,10 +412,23 @@ def format_table(rows: list[dict]) -> str:
             f"| {row['chip']} | {row['impl']}{kind} | {row['mask']} | {' | '.join(cells)} | "
             f"{'yes' if row['same blocks'] else 'no'} |"
         )
+    fused = [r for r in rows if r["impl"] == block_sweep.BASELINE and r["options"].get("fused_backward")]
+    if fused:
+        step = fused[0]["measured"]["train"]
+        lines.append(
+            "\nmeasured training step / dense Splash's (fused backward): "
+            + ", ".join(
+                f"{r['mask']} {r['measured']['train'] / step:.3f}"
+                for r in rows
+                if r["impl"] != block_sweep.BASELINE
+            )
+        )
     return "\n".join(lines)
 
 
 def main(argv=None) -> None:
+    from stlib.bench.records import read_records
+
     parser = argparse.ArgumentParser(
         prog="python -m stlib.bench.tpu_measure", description=__doc__.split("\n")[0]
     )
@@ -442,6 +458,12 @@ def main(argv=None) -> None:
         backward_sweep(args.trials, args.out)
         return
     print(format_table(judged(read(path), backward_estimate.read())))
+    sweep_measured = block_sweep.read_measurements(paths.home() / SWEEP_RECORDS)
+    if sweep_measured:
+        print("\n" + format_sweep_rows(sweep_rows(sweep_measured, block_sweep.read())))
+    backward_path = paths.home() / BACKWARD_SWEEP_RECORDS
+    if backward_path.exists():
+        print("\n" + format_backward_sweep(read_records(backward_path)))
 
 
 if __name__ == "__main__":
