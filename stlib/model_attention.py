@@ -129,9 +129,7 @@ def attention_fn(
         from stlib.parallel import check_strategy
 
         try:
-            check_strategy(
-                mesh, axis_name, strategy, batch_axis_name, reordered=grid is not None or plan is not None
-            )
+            check_strategy(mesh, axis_name, strategy, batch_axis_name, reordered=grid is not None)
         except (TypeError, ValueError) as error:
             raise type(error)(f"stlib.attention_fn(): {error}") from None
     sparse = mask is not None or grid is not None or plan is not None

@@ -147,8 +147,11 @@ def parallel_attention(
     ``axis_name=(ulysses_axis, ring_axis)``; see the module docstring); returns the output sharded
     like the input (heads: over H; the others: over L). Equal to
     ``attention`` (or, with ``grid`` / ``plan``, ``video_attention``) on one device, gradients
-    included. "ring" and "ulysses-ring" take the mask in the tokens' own order (no ``grid`` or
-    ``plan``) and a stlib tile kernel or a plain-JAX ``impl``; "ring" takes any number of heads.
+    included. "ring" and "ulysses-ring" take the mask in the tokens' own order (no ``grid``) and a
+    stlib tile kernel or a plain-JAX ``impl``; "ring" takes any number of heads. A ``plan`` rides a
+    ring as its exact per-head masks in raster order (``stlib.ring.plan_mask``: its rounded tiles
+    belong to the per-head token orders, which a sequence split cannot keep), each head's mask with
+    its head.
 
     ``mask``: a stlib mask [H heads or head-uniform] in raster order; ``grid``: reorder the tokens
     per device as ``video_attention`` does; ``plan``: a routed ``stlib.routing.SvgPlan`` (instead of
@@ -170,9 +173,7 @@ def parallel_attention(
     >>> out.shape, bool(abs(out - stlib.attention(q, k, v, mask, impl="reference")).max() < 1e-4)
     ((2, 256, 64), True)
     """
-    axes = check_strategy(
-        mesh, axis_name, strategy, batch_axis_name, reordered=grid is not None or plan is not None
-    )
+    axes = check_strategy(mesh, axis_name, strategy, batch_axis_name, reordered=grid is not None)
     if shard_order is not None and strategy not in ("ring", "ulysses-ring"):
         raise ValueError(f"shard_order is for the ring strategies, not strategy={strategy!r}")
     n = int(np.prod([mesh.shape[name] for name in axes]))
@@ -189,7 +190,11 @@ def parallel_attention(
             raise ValueError("give either plan or mask / grid, not both")
         if plan.num_heads != heads:
             raise ValueError(f"the plan has {plan.num_heads} heads but q has {heads}")
-        grid = plan.grid
+        plan.grid.check_length(length)
+        if strategy in ("ring", "ulysses-ring"):  # the plan's heads ride the ring as exact masks
+            mask, plan = ring.plan_mask(plan), None
+        else:
+            grid = plan.grid
     check_mask(mask, heads, length)
     if grid is not None:
         grid.check_length(length)
@@ -234,8 +239,8 @@ def parallel_attention(
 def check_strategy(mesh, axis_name, strategy: str, batch_axis_name=None, *, reordered: bool = False) -> tuple:
     """The mesh axes of a ``parallel_attention`` call ((ulysses axis, ring axis) for "ulysses-ring",
     else (axis_name,)), after checking what needs no input: ``strategy`` one of ``STRATEGIES``, the
-    axis names of the strategy on ``mesh``, and no token reordering (``reordered``: a grid or plan)
-    for the ring strategies. Raises TypeError / ValueError naming the value.
+    axis names of the strategy on ``mesh``, and no token reordering (``reordered``: a grid) for the
+    ring strategies. Raises TypeError / ValueError naming the value.
 
     >>> import jax
     >>> check_strategy(jax.make_mesh((1,), ("x",)), "x", "rign")
@@ -250,7 +255,8 @@ def check_strategy(mesh, axis_name, strategy: str, batch_axis_name=None, *, reor
     if reordered and strategy in ("ring", "ulysses-ring"):
         raise ValueError(
             f"strategy={strategy!r} takes the mask in the order the tokens are sharded in: reorder q, "
-            "k, v and the mask (mask.permute(order)) first; grid and plan are for 'heads' and 'ulysses'"
+            "k, v and the mask (mask.permute(order)) first, or give shard_order; grid is for 'heads' and "
+            "'ulysses'"
         )
     return axes
 

@@ -30,7 +30,7 @@ import numpy as np
 from stlib.device import LANES
 from stlib.geometry import SHARD_KINDS, shard_order
 from stlib.layout import TileKind, block_layout
-from stlib.masks import DENSE_LIMIT, Mask, full
+from stlib.masks import DENSE_LIMIT, Mask, full, per_head
 from stlib.reference import merge_partials, reference_attention_lse, reference_gradients
 from stlib.registry import Implementation
 
@@ -309,6 +309,23 @@ def ring_call(implementation: Implementation, head_dim: int, kwargs: dict) -> di
     }
 
 
+def plan_mask(plan) -> Mask:
+    """The mask a ring runs for a routed ``plan`` (``stlib.routing.SvgPlan``): its heads' exact masks
+    in raster order, each with its head. The plan's rounded tiles belong to its per-head token orders,
+    which a sequence split over devices cannot keep (every head's kv shard is the same stretch of
+    tokens), so a ring computes the exact masks: the plan's pairs where ``plan.boundary`` is EXACT,
+    without the pairs its rounding adds where it is BALANCED.
+
+    >>> import stlib
+    >>> from stlib.routing import svg_plan
+    >>> plan = svg_plan(stlib.VideoGrid(4, 8, 16), ["spatial", "temporal"], 0.25, block_q=128, block_kv=128)
+    >>> mask = plan_mask(plan)
+    >>> mask.num_heads, mask.head(1) == plan.exact_masks[1]
+    (2, True)
+    """
+    return per_head(list(plan.exact_masks))
+
+
 def dense_mask(mask: Mask | None, length: int) -> Mask:
     """``mask``, or the full mask where None (the ring's blocks are views of a mask)."""
     return full(length) if mask is None else mask
@@ -320,6 +337,7 @@ __all__ = [
     "dense_mask",
     "device_steps",
     "hop_functions",
+    "plan_mask",
     "ring_blocks",
     "ring_call",
     "ring_hops",

@@ -1,7 +1,7 @@
 """Sparse ring attention (``stlib.ring``, ``parallel_attention(strategy="ring")`` and the 2-D
 "ulysses-ring"): on a 4-device CPU mesh (4, or 2 x 2) it equals single-device attention, gradients
 included, for per-head spatial / temporal masks, a frame-causal mask and dense attention, with a
-tile kernel (interpret mode) and with plain JAX;
+tile kernel (interpret mode) and with plain JAX; a routed plan's heads keep their masks;
 hops no device needs are not issued (counted in the compiled program); a small ring compiles for a
 v6e slice without a TPU; bad input is refused by name."""
 
@@ -22,7 +22,8 @@ import stlib
 from stlib import masks
 from stlib.parallel import parallel_attention
 from stlib.registry import Role, by_role
-from stlib.ring import ring_hops
+from stlib.ring import plan_mask, ring_hops
+from stlib.routing import svg_plan
 
 GRID = stlib.VideoGrid(4, 8, 16)  # 512 tokens: one frame of 128 per device
 HEADS = 3  # does not divide over the 4 devices: the ring does not need it to
@@ -105,6 +106,20 @@ def test_ulysses_ring_on_a_2x2_mesh_equals_single_device_attention(impl, mask_na
     assert out.sharding.is_equivalent_to(NamedSharding(mesh, P(None, ("r", "u"), None)), 3)
     assert_close(out, stlib.video_attention(q, k, v, GRID, mask, impl="reference"), TOL)
     _check_gradients(fn, mask, q, k, v)
+
+
+def test_a_routed_plan_rides_the_ring_as_its_exact_masks_head_by_head():
+    """Heads of a routed SVG plan (spatial, temporal, spatial) keep their own masks on the ring: the
+    plan's exact masks in raster order; an EXACT plan's ring equals the plan run on one device."""
+    plan = svg_plan(
+        GRID, ["spatial", "temporal", "spatial"], 0.3, block_q=128, block_kv=128, boundary="exact"
+    )
+    q, k, v = qkv(4, HEADS, GRID.num_tokens, 32)
+    out = parallel_attention(q, k, v, plan=plan, mesh=_mesh(), axis_name="x", strategy="ring", impl="xla")
+    assert_close(out, plan.run(q, k, v, impl="reference"), TOL)
+    assert_close(out, stlib.attention(q, k, v, plan_mask(plan), impl="reference"), TOL)
+    with pytest.raises(ValueError, match="the plan has 3 heads but q has 2"):
+        parallel_attention(q[:2], k[:2], v[:2], plan=plan, mesh=_mesh(), axis_name="x", strategy="ring")
 
 
 def test_a_batch_axis_and_bad_data_go_through_the_ring():
