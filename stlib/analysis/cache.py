@@ -142,13 +142,23 @@ def source_hash(impl: str) -> str:
     return _files_hash(sorted(source_files(impl)))
 
 
+#: (path, modification time, size) of each file, in order -> ``_files_hash``: a lookup hashes a
+#: kernel's sources, about 50 files, every time.
+_HASHED: dict[tuple, str] = {}
+
+
 def _files_hash(files) -> str:
-    """16 hex digits over each file's path (relative to the package) and bytes, in the given order."""
-    root = stlib_dir()
-    digest = hashlib.sha256()
-    for path in files:
-        digest.update(path.relative_to(root).as_posix().encode() + path.read_bytes())
-    return digest.hexdigest()[:16]
+    """16 hex digits over each file's path (relative to the package) and bytes, in the given order;
+    remembered per process while no file is edited."""
+    files = list(files)
+    stamp = tuple((str(p), (st := p.stat()).st_mtime_ns, st.st_size) for p in files)
+    if stamp not in _HASHED:
+        root = stlib_dir()
+        digest = hashlib.sha256()
+        for path in files:
+            digest.update(path.relative_to(root).as_posix().encode() + path.read_bytes())
+        _HASHED[stamp] = digest.hexdigest()[:16]
+    return _HASHED[stamp]
 
 
 #: The estimator's own files (relative to the package): they turn a compiled schedule into an
