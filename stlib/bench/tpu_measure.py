@@ -132,7 +132,7 @@ def run(trials: int = 5, out_dir: Path | None = None) -> Path:
     from stlib.bench.progress import Progress
     from stlib.bench.records import Recorder
 
-    chip = _tpu_chip()
+    chip = tpu_chip()
     recorder = Recorder(Path(out_dir or paths.data_dir()) / Path(RECORDS).name)
     todo = cases(chip)
     tracker = Progress(len(todo), f"measured on {chip}")
@@ -153,7 +153,7 @@ def sweep(trials: int = 5, out_dir: Path | None = None) -> Path:
     from stlib.bench.progress import Progress
     from stlib.bench.records import Recorder, time_function
 
-    chip = _tpu_chip()
+    chip = tpu_chip()
     candidates = [r for r in block_sweep.read() if r["chip"] == chip and "error" not in r]
     recorder = Recorder(Path(out_dir or paths.data_dir()) / Path(SWEEP_RECORDS).name)
     tracker = Progress(len(candidates), f"block sweep measured on {chip}")
@@ -194,7 +194,7 @@ def backward_sweep(trials: int = 5, out_dir: Path | None = None) -> Path:
     from stlib.bench.progress import Progress
     from stlib.bench.records import Recorder, time_function
 
-    chip = _tpu_chip()
+    chip = tpu_chip()
     candidates = [(key, r) for key, r in swept.read().items() if key[0] == chip and r.get("estimated")]
     recorder = Recorder(Path(out_dir or paths.data_dir()) / Path(BACKWARD_SWEEP_RECORDS).name)
     forwards = {}
@@ -230,7 +230,7 @@ def backward_sweep(trials: int = 5, out_dir: Path | None = None) -> Path:
     return recorder.path
 
 
-def _tpu_chip() -> str:
+def tpu_chip() -> str:
     """The chip-table name of this process's TPU. Raises RuntimeError off a TPU of the table."""
     from stlib.device import current_chip, device_kind, on_tpu
 
