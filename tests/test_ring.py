@@ -20,6 +20,7 @@ from jax.sharding import PartitionSpec as P
 
 import stlib
 from stlib import masks
+from stlib.bench.slice_compile import all_to_all_bytes, permute_bytes
 from stlib.parallel import parallel_attention
 from stlib.registry import Role, by_role
 from stlib.ring import plan_mask, ring_hops
@@ -184,6 +185,32 @@ def test_a_ring_compiles_for_a_v6e_slice():
     assert any(name in text for name in kernel.estimator.kernel_names)
     grad = jax.jit(jax.grad(lambda *a: fn(*a).astype(jnp.float32).sum(), argnums=(0, 1, 2)))
     assert "tpu_custom_call" in grad.lower(shape, shape, shape).compile().as_text()
+
+
+def test_a_ulysses_ring_compiles_for_a_2x2_v6e_mesh():
+    """Deviceless: 4 heads x 2,048 tokens x 128 bf16 on v6e:2x2 as (Ulysses 2) x (ring 2), the best
+    tile kernel: each device holds a quarter of q, k, v; four all-to-alls (q, k, v in, o out) of a
+    device's share, and k and v once around the ring."""
+    from jax.experimental import topologies
+
+    topology = topologies.get_topology_desc(platform="tpu", topology_name="v6e:2x2")
+    mesh = Mesh(np.array(topology.devices).reshape(2, 2), ("u", "r"))
+    grid = stlib.VideoGrid(4, 16, 32)
+    mask = masks.per_head([masks.spatial(grid)] * 2 + [masks.temporal(grid, 1)] * 2)
+    shape = jax.ShapeDtypeStruct(
+        (4, grid.num_tokens, 128), jnp.bfloat16, sharding=NamedSharding(mesh, P(None, ("r", "u"), None))
+    )
+
+    def fn(q, k, v):
+        return parallel_attention(q, k, v, mask, mesh=mesh, axis_name=("u", "r"), strategy="ulysses-ring")
+
+    compiled = jax.jit(fn).lower(shape, shape, shape).compile()
+    text = compiled.as_text()
+    share = 4 * grid.num_tokens * 128 * 2 // 4
+    assert compiled.memory_analysis().argument_size_in_bytes == 3 * share
+    assert all_to_all_bytes(text) == [share] * 4
+    assert permute_bytes(text) == [2 * grid.num_tokens // 2 * 128 * 2] * 2  # 2 heads x L / 2 of k, of v
+    assert any(name in text for name in by_role(Role.BEST_TILE).estimator.kernel_names)
 
 
 def test_bad_ring_calls_are_refused_by_name():
