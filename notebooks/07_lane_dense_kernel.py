@@ -124,6 +124,9 @@ LOG2_E = math.log2(math.e)
 #   straight into the p.v matmul. The register tile bounds how much of p is alive between the
 #   exponential and the matmul (a whole `[512, 2048]` f32 p would be 4 MiB), so the compiler can
 #   overlap the exponentials of one register tile with the matmul of the previous one;
+# * the k q^T of the next pieces issued before the current one is folded (`lookahead`), so the MXU
+#   has work while the EUP exponentiates, and FULL steps folded in slices of 256 queries whose scores
+#   nearly fit the registers (`fold_lanes`);
 # * one pass, one grid: each step's region (FULL: no mask; RAGGED: the kv block where the array
 #   ends, its last chunk sliced statically, so 75,600 tokens need no padded copy; MASKED: the mask
 #   per score) is a code in the scalar-prefetched step table. No LSE, no merge, the output written
@@ -138,8 +141,9 @@ LOG2_E = math.log2(math.e)
 # ## The chunk update, written in view
 #
 # The heart of the kernel folds one chunk of keys into the running softmax of a slice of the q
-# tile's queries (`lanes`: all of them, or the lanes of a pattern's run of sub-tiles). Read it
-# with the shapes in mind: `s` is `[C, n]`, keys down the sublanes, queries along the lanes. The
+# tile's queries (`lanes`: all of them, a fold of them, or the lanes of a pattern's run of
+# sub-tiles). Read it with the shapes in mind: `s` is `[C, n]`, keys down the sublanes, queries along
+# the lanes, computed by `scores` beforehand (the kernel below may issue it early). The
 # max over keys is `jnp.max(axis=0)`: a VPU maximum across the chunk's vregs, no lane shuffle. `m`
 # and `l` are `[8, n]` with the same value in all 8 sublanes, so reading one sublane (`[:1]`) and
 # broadcasting it back are free. The exponentials are base 2: q arrives scaled by scale x log2 e,
@@ -148,10 +152,14 @@ LOG2_E = math.log2(math.e)
 # of p is alive between the exponential and the MXU.
 
 # %%
-def chunk_update(q, k, v, m_ref, l_ref, acc_ref, lanes, register, allowed=None):
-    """Fold one chunk of keys into the running softmax of the queries in ``lanes`` (a static slice).
-    q [n, D] pre-scaled by scale * log2(e); k, v [C, D]; allowed bool [C, n] or None (mask-free)."""
-    s = jax.lax.dot_general(k, q, (((1,), (1,)), ((), ())), preferred_element_type=F32)  # [C, n] = k q^T
+def scores(k, q):
+    """k q^T: f32 [C, n], a chunk's C keys (sublanes) against n pre-scaled queries (lanes)."""
+    return jax.lax.dot_general(k, q, (((1,), (1,)), ((), ())), preferred_element_type=F32)
+
+
+def chunk_update(s, v, m_ref, l_ref, acc_ref, lanes, register, allowed=None):
+    """Fold one chunk's scores ``s`` [C, n] into the running softmax of the queries in ``lanes`` (a
+    static slice). v [C, D]; allowed bool [C, n] or None (mask-free)."""
     if allowed is not None:
         s = jnp.where(allowed, s, MASK_VALUE)
     m_prev = m_ref[:, lanes]  # [8, n]: one running max per query, the same in all 8 sublanes
@@ -202,7 +210,7 @@ def library_updates(pattern, block_q, block_kv, chunk):
 
 
 def lane_dense_kernel(steps_ref, counts_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref, qs_ref, *,
-                      plan, extent, length, scale, chunk, register, updates):
+                      plan, extent, length, scale, chunk, register, updates, lookahead, fold_lanes):
     i, j = pl.program_id(0), pl.program_id(1)  # q tile, slot in its row of the step table
     bq, bkv = q_ref.shape[0], k_ref.shape[0]
     tail = length % bkv  # real keys of the last kv tile (0: the array ends at a tile edge)
@@ -217,11 +225,11 @@ def lane_dense_kernel(steps_ref, counts_ref, q_ref, k_ref, v_ref, o_ref, m_ref, 
         acc_ref[...] = jnp.zeros(acc_ref.shape, F32)
         qs_ref[...] = (q_ref[...].astype(F32) * (scale * LOG2_E)).astype(qs_ref.dtype)  # once per q tile
 
-    def update(k0, keys, lanes=slice(0, bq), masked=False, ends=False):
-        """Fold keys k0 : k0 + keys of the kv tile into ``lanes``: ``masked``, with the mask's predicate
-        on this piece only; ``ends``, in the tile where the array ends, whose rows past it are no keys."""
-        k, v = k_ref[pl.ds(k0, keys), :], v_ref[pl.ds(k0, keys), :]
-        allowed = None
+    def piece_mask(k0, keys, lanes, masked, ends):
+        """(allowed [keys, n] or None, real-key column [keys, 1] or None) of one piece: ``masked``, the
+        mask's predicate on this piece only; ``ends``, in the tile where the array ends, whose rows
+        past it are no keys."""
+        allowed = real = None
         if masked:
             shape = (keys, lanes.stop - lanes.start)
             queries = i * bq + lanes.start + jax.lax.broadcasted_iota(jnp.int32, shape, 1)
@@ -230,34 +238,57 @@ def lane_dense_kernel(steps_ref, counts_ref, q_ref, k_ref, v_ref, o_ref, m_ref, 
         if ends and tail:  # rows past the end hold stale data: masked, and v zeroed (0 x NaN is NaN)
             real = ki * bkv + k0 + jax.lax.broadcasted_iota(jnp.int32, (keys, 1), 0) < length  # [keys, 1]
             allowed = real if allowed is None else allowed & real
-            v = jnp.where(real, v, jnp.zeros((), v.dtype))
-        chunk_update(qs_ref[lanes, :], k, v, m_ref, l_ref, acc_ref, lanes, register, allowed)
+        return allowed, real
+
+    def fold_all(pieces):
+        """Fold ``pieces`` (k0, keys, lanes, masked, ends) in order. The scores of a mask-free piece
+        are issued ``lookahead`` pieces ahead, so the MXU computes the next k q^T while this piece's
+        max and exponentials run; a masked piece's scores wait for its turn (its predicate's
+        temporaries beside every issued score would crowd VMEM)."""
+        issued = {}
+
+        def issue(n, ahead=False):
+            if n < len(pieces) and n not in issued and not (ahead and pieces[n][3]):
+                k0, keys, lanes, _, _ = pieces[n]
+                issued[n] = scores(k_ref[pl.ds(k0, keys), :], qs_ref[lanes, :])
+
+        for n in range(lookahead):
+            issue(n, ahead=True)
+        for n, (k0, keys, lanes, masked, ends) in enumerate(pieces):
+            issue(n)
+            issue(n + lookahead, ahead=True)
+            allowed, real = piece_mask(k0, keys, lanes, masked, ends)
+            v = v_ref[pl.ds(k0, keys), :]
+            if real is not None:
+                v = jnp.where(real, v, jnp.zeros((), v.dtype))
+            chunk_update(issued.pop(n), v, m_ref, l_ref, acc_ref, lanes, register, allowed)
+
+    # FULL and RAGGED steps fold the q tile in slices of `fold_lanes` queries, each through every chunk
+    folds = [slice(a, min(bq, a + fold_lanes)) for a in range(0, bq, fold_lanes)]
 
     if StepKind.FULL in plan.present:
         @pl.when(active & (code == StepKind.FULL))
         def _full():
-            for k0 in range(0, bkv, chunk):
-                update(k0, chunk)
+            fold_all([(k0, chunk, lanes, False, False) for lanes in folds for k0 in range(0, bkv, chunk)])
 
     if StepKind.RAGGED in plan.present:
         @pl.when(active & (code == StepKind.RAGGED))
-        def _ragged():
-            for k0 in range(0, tail, chunk):  # only the chunks that hold real keys, the last sliced to 16-row groups
-                update(k0, min(chunk, -(-(tail - k0) // 16) * 16), ends=True)
+        def _ragged():  # only the chunks that hold real keys, the last sliced to 16-row groups
+            fold_all([(k0, min(chunk, -(-(tail - k0) // 16) * 16), lanes, False, True)
+                      for lanes in folds for k0 in range(0, tail, chunk)])
 
     if StepKind.MASKED in plan.present:
         @pl.when(active & (code == StepKind.MASKED))
         def _masked():
-            for k0 in range(0, bkv, chunk):
-                update(k0, chunk, masked=True, ends=True)
+            fold_all([(k0, chunk, slice(0, bq), True, True) for k0 in range(0, bkv, chunk)])
 
     for c in (c for c in plan.present if c >= FIRST_PATTERN):
         pattern = plan.pattern(c)
 
         @pl.when(active & (code == c))
         def _pattern(pattern=pattern):
-            for k0, keys, lane0, lanes, masked in updates(pattern, bq, bkv, chunk):
-                update(k0, keys, slice(lane0, lane0 + lanes), masked)
+            fold_all([(k0, keys, slice(lane0, lane0 + lanes), masked, False)
+                      for k0, keys, lane0, lanes, masked in updates(pattern, bq, bkv, chunk)])
 
     @pl.when(j == extent - 1)
     def _finish():
@@ -267,9 +298,10 @@ def lane_dense_kernel(steps_ref, counts_ref, q_ref, k_ref, v_ref, o_ref, m_ref, 
 
 
 def lane_dense_attention(q, k, v, mask, *, block_q, block_kv, chunk=512, register=256, grain=None,
-                         interpret=True, updates=library_updates):
+                         interpret=True, updates=library_updates, lookahead=0, fold_lanes=None):
     """One head: q, k, v [L, D], ``mask`` a stlib mask with a predicate; ``grain``: the pattern grain
-    (None: the library's choice, 0: no patterns)."""
+    (None: the library's choice, 0: no patterns); ``lookahead``: pieces whose scores are issued
+    ahead; ``fold_lanes``: queries per fold of a FULL or RAGGED step (None: the whole q tile)."""
     (length, head_dim), scale = q.shape, q.shape[1] ** -0.5
     plan = plan_steps(stlib.block_layout(mask, block_q, block_kv), length, grain)
     if any(plan.pattern(c).padded for c in plan.present if c >= FIRST_PATTERN):
@@ -288,7 +320,8 @@ def lane_dense_attention(q, k, v, mask, *, block_q, block_kv, chunk=512, registe
                         pltpu.VMEM((head_dim, block_q), F32),  # o^T, unnormalised
                         pltpu.VMEM((block_q, head_dim), q.dtype)])  # q x scale x log2 e
     kernel = functools.partial(lane_dense_kernel, plan=plan, extent=extent, length=length, scale=scale, chunk=chunk,
-                               register=register, updates=updates)
+                               register=register, updates=updates, lookahead=lookahead,
+                               fold_lanes=fold_lanes or block_q)
     return pl.pallas_call(
         kernel, grid_spec=grid_spec, out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype), interpret=interpret,
         compiler_params=None if interpret else pltpu.CompilerParams(
@@ -306,7 +339,9 @@ def lane_dense_attention(q, k, v, mask, *, block_q, block_kv, chunk=512, registe
 # (FULL tiles and a diagonal pattern); no mask on 200 tokens fewer (FULL, and RAGGED where the array
 # ends); and a sliding tile in its 3-D tiled order on a video whose rows of tiles hold no padding
 # (mask-free patterns). Each output is compared with the plain reference and with
-# `impl="pallas_tile_lane_dense"` at the same blocks, chunk and register tile.
+# `impl="pallas_tile_lane_dense"` at the same blocks, chunk and register tile, and the kernel is run
+# again with each piece's scores issued one piece ahead and FULL and RAGGED steps in folds of half a
+# q tile (the two orders of the schedule section below), against the reference too.
 
 # %%
 if cfg.size == "small":
@@ -330,12 +365,15 @@ for name, (mask, grain) in cases.items():
     options = {"block_kv_compute": CHUNK, "block_kv_register": REGISTER, "pattern_grain": grain}
     library = stlib.attention(q, k, v, mask, impl="pallas_tile_lane_dense", block_q=BQ, block_kv=BKV,
                               options=options, interpret=cfg.interpret)
+    ahead = lane_dense_attention(q[0], k[0], v[0], mask, block_q=BQ, block_kv=BKV, chunk=CHUNK, register=REGISTER,
+                                 grain=grain, interpret=cfg.interpret, lookahead=1, fold_lanes=BQ // 2)[None]
     err = max_error(mine, q, k, v, mask)
     gap = float(jnp.max(jnp.abs(mine.astype(F32) - library.astype(F32))))
-    assert err < TOL and gap < TOL, (name, err, gap)
+    ahead_err = max_error(ahead, q, k, v, mask)
+    assert err < TOL and gap < TOL and ahead_err < TOL, (name, err, gap, ahead_err)
     regions = ", ".join(region_name(c).removeprefix("compute_") for c in plan.present)
-    print(f"PASSED  {name:<24} L = {length:,}: regions {regions}; == reference (max error {err:.1e}), "
-          f"== pallas_tile_lane_dense (max difference {gap:.1e})")
+    print(f"PASSED  {name:<24} L = {length:,}: regions {regions}; == reference (max error {err:.1e}; "
+          f"scores ahead in folds of {BQ // 2}: {ahead_err:.1e}), == pallas_tile_lane_dense (max difference {gap:.1e})")
 
 # %% [markdown]
 # ## The step planner, written in view
@@ -572,76 +610,82 @@ SL, SB = 8 * 1024, 1024
 sched_band = masks.band(SL, masks.band_width_for_density(SL, 0.25))
 sched_plan = plan_steps(stlib.block_layout(sched_band, SB, SB), SL)
 shape = jax.ShapeDtypeStruct((SL, 128), jnp.bfloat16)
-(mine,) = kernel_schedules(
-    lambda q, k, v: lane_dense_attention(q, k, v, sched_band, block_q=SB, block_kv=SB, interpret=False),
-    shape, shape, shape, chip="v6e", kernel_prefix="lane_dense_in_view",
-    compute_names=[region_name(c) for c in sched_plan.present])
-# the library in the order of the kernel above (lookahead 0, whole q tiles), with every chunk's scores issued
-# ahead, and as on v6e by default (scores ahead, folds of 256 queries: FOLD_LANES["v6e"])
+variants = {"in order": {}, "scores ahead": {"lookahead": 1}, "folds of 256": {"lookahead": 1, "fold_lanes": 256}}
+mine = {
+    name: kernel_schedules(
+        lambda q, k, v, kw=kw: lane_dense_attention(q, k, v, sched_band, block_q=SB, block_kv=SB, interpret=False,
+                                                    **kw),
+        shape, shape, shape, chip="v6e", kernel_prefix="lane_dense_in_view",
+        compute_names=[region_name(c) for c in sched_plan.present])[0]
+    for name, kw in variants.items()}
+# the library in the same three orders: lookahead 0 and whole q tiles; every later chunk's scores issued ahead
+# (1 of 2 here); and as on v6e by default, scores ahead in folds of 256 queries (FOLD_LANES["v6e"])
 library_config = KernelConfig(impl=lane_dense.NAME, mask="band (density 0.25)", num_heads=1, length=SL, block_q=SB,
                               block_kv=SB, options={"block_kv_compute": 512, "block_kv_register": 256, "lookahead": 0,
                                                     "block_q_compute": SB}, chip="v6e")
 ahead_config = dataclasses.replace(library_config, options={**library_config.options, "lookahead": None})
 folded_config = dataclasses.replace(ahead_config, options={**ahead_config.options, "block_q_compute": 256})
-(production,) = compiled_attributions(lane_dense.NAME, library_config)["kernels"]
-(ahead,) = compiled_attributions(lane_dense.NAME, ahead_config)["kernels"]
-(folded,) = compiled_attributions(lane_dense.NAME, folded_config)["kernels"]
-ours = per_step(mine)
-theirs, ahead_paths, folded_paths = ({n: b for n, b in k["paths"].items() if n in ours}
-                                     for k in (production, ahead, folded))
-print(f"{'path (bundles)':<18} {'in view':>8} {'library':>8} {'scores ahead':>13} {'folds of 256':>13}")
-for path in ours:
-    print(f"{path:<18} {ours[path]:>8,} {theirs.get(path, 0):>8,} {ahead_paths.get(path, 0):>13,} "
-          f"{folded_paths.get(path, 0):>13,}")
+library = {name: compiled_attributions(lane_dense.NAME, config)["kernels"][0]
+           for name, config in zip(variants, (library_config, ahead_config, folded_config))}
+ours = {name: per_step(att) for name, att in mine.items()}
+theirs = {name: {n: b for n, b in k["paths"].items() if n in ours[name]} for name, k in library.items()}
+print(f"{'path (bundles)':<18}" + "".join(f" {name + ', in view':>22} {'library':>8}" for name in variants))
+for path in ours["in order"]:
+    print(f"{path:<18}" + "".join(f" {ours[n].get(path, 0):>22,} {theirs[n].get(path, 0):>8,}" for n in variants))
 pairs = SB * SB / 1000
-print(f"FULL region per 1,000 score pairs: {ours['compute_full'] / pairs:.2f} bundles in view, "
-      f"{theirs['compute_full'] / pairs:.2f} in the library, {ahead_paths['compute_full'] / pairs:.2f} with the "
-      f"scores ahead, {folded_paths['compute_full'] / pairs:.2f} in folds of 256 queries")
-for who, ops in (("in view", mine.ops["compute_full"]), ("library", production["ops"]["compute_full"]),
-                 ("scores ahead", ahead["ops"]["compute_full"]), ("folds of 256", folded["ops"]["compute_full"])):
-    print(f"FULL region ops, {who}: " + ", ".join(f"{unit} {n:,}" for unit, n in sorted(ops.items())))
-gaps = {path: ours[path] / theirs[path] - 1 for path in ours if theirs.get(path)}
-widest = max(gaps, key=lambda path: abs(gaps[path]))
-print(f"largest gap: {widest}, {gaps[widest]:+.1%} (static schedules, not measurements)")
+for name in variants:
+    print(f"FULL region per 1,000 score pairs, {name}: {ours[name]['compute_full'] / pairs:.2f} bundles in view, "
+          f"{theirs[name]['compute_full'] / pairs:.2f} in the library")
+for name in variants:
+    for who, ops in (("in view", mine[name].ops["compute_full"]), ("library", library[name]["ops"]["compute_full"])):
+        print(f"FULL region ops, {name}, {who}: " + ", ".join(f"{unit} {n:,}" for unit, n in sorted(ops.items())))
+gaps = {(name, path): ours[name][path] / theirs[name][path] - 1
+        for name in variants for path in ours[name] if theirs[name].get(path)}
+widest = max(gaps, key=lambda key: abs(gaps[key]))
+print(f"largest gap: {widest[1]} {widest[0]}, {gaps[widest]:+.1%} (static schedules, not measurements)")
 
 # %% [markdown]
 # Read the table this way: the grid step is the step table and the DMAs, and each compute region is
-# the chunk loop; the last line gives the largest gap between the kernel above and the library in
-# the same order. With q scaled once per q tile into a VMEM scratch, as the library does, the
-# kernel above compiles to the library's schedule region for region, and its FULL region to the
-# same ops unit for unit: what the library adds to its speed is the order of the later columns,
-# nothing in the arithmetic. All are static schedules, not measurements.
+# the chunk loop; each pair of columns puts the kernel above beside the library in one order, and the
+# last line gives the largest gap between them. With q scaled once per q tile into a VMEM scratch,
+# as the library does, the kernel above compiles to the library's schedule region for region in
+# every order, and its FULL region to the same ops unit for unit. All are static schedules, not
+# measurements.
 #
 # ## The library's default: the next scores while this chunk waits
 #
-# The last column is the library as it runs by default. Its MXU, VALU and EUP op counts are those
-# of the middle column; only the order differs. A chunk's exponentials cannot start before the max
-# of its last score, and its p.v cannot start before its exponentials: in the kernel above, each
-# chunk's k q^T, max, exponentials and p.v follow one another, so the MXU waits while the EUP
-# exponentiates. The library issues the k q^T of the tile's later chunks before it folds the earlier
-# ones (`LaneDenseOptions.lookahead`, by default every chunk that fits VMEM, `fit_lookahead`), so the
-# scheduler has matrix work for the MXU while each chunk's exponentials run. The cost is VMEM: the
-# scores of all chunks are alive at once, `[block_kv, block_q]` f32 (26 MB at 2,560 x 2,560), which
-# `vmem_bytes` counts. At the case-study blocks the block sweep below compares chunks of 128, 256
-# and 512 keys with every chunk issued ahead.
+# The three orders do the same MXU and EUP work (the ops lines; folds trade a few VALU ops for
+# cross-lane XLU ones, and scores issued ahead add VMEM traffic); what changes is the order. A
+# chunk's exponentials cannot start before the max of its last score, and its p.v cannot start
+# before its exponentials: in order (`lookahead=0`), each chunk's k q^T, max, exponentials and p.v
+# follow one another, so the MXU waits while the EUP exponentiates. `fold_all` above issues the
+# k q^T of the next pieces before it folds the current one (`lookahead`; the library's
+# `LaneDenseOptions.lookahead`, by default every chunk that fits VMEM, `fit_lookahead`), so the
+# scheduler has matrix work for the MXU while each chunk's exponentials run. A masked piece's scores
+# are never issued ahead: its predicate's iota and compare temporaries beside every issued score
+# overflowed VMEM on the per-head SVG mix at 147,600 tokens. The cost is VMEM: the scores of all
+# chunks are alive at once, `[block_kv, block_q]` f32 (26 MB at 2,560 x 2,560), which `vmem_bytes`
+# counts. At the case-study blocks the block sweep below compares chunks of 128, 256 and 512 keys
+# with every chunk issued ahead.
 #
 # ## Folds of 256 queries: scores that fit the registers
 #
 # A chunk's scores `[chunk, block_q]` f32 are far more than the 64 vregs hold (256 x 2,048 is 512
 # vregs), so between the max and the exponential the compiler keeps them in VMEM: stores and loads
-# (the `vmem` ops of the FULL region above) beside the MXU's pops. The last column folds each
-# 256-query slice of the q tile through all the tile's chunks in turn
-# (`LaneDenseOptions.block_q_compute`, per chip `FOLD_LANES`): the same MXU and EUP work, a fold's
-# scores `[chunk, 256]` (32 vregs at chunks of 128), and the statistics of one slice (`m`, `l`, a
-# `[D, 256]` slice of o^T) used chunk after chunk. Nothing
-# about the softmax changes: each query's lane sees the same keys in the same order. Whether it pays
-# depends on the chip and the chunk: the block sweep (`python -m stlib.bench.block_sweep`, its
-# records in `data/`) compiled each chip's FULL step at the case-study shape with and without folds
-# when `FOLD_LANES` was chosen, and the folds won on v5e (2,048 x 2,048, chunks of 128) and v6e
-# (2,560 x 2,560, chunks of 256), the blocks tuned then, but cost TPU7x a few percent (2,048 x 2,048,
-# chunks of 512), where the whole tile stays the default. The table above shows the other side on v6e: at 1,024 x 1,024 with chunks of 512 the folds
-# cost more than they save (the last column against the one before it), so read the column before
-# you pick the option for other blocks.
+# (the `vmem` ops of the FULL region above) beside the MXU's pops. The last pair of columns folds
+# each 256-query slice of the q tile through all the tile's chunks in turn (`fold_lanes` above; the
+# library's `LaneDenseOptions.block_q_compute`, per chip `FOLD_LANES`): the same MXU and EUP work, a
+# fold's scores `[chunk, 256]` (32 vregs at chunks of 128), and the statistics of one slice (`m`,
+# `l`, a `[D, 256]` slice of o^T) used chunk after chunk. Nothing about the softmax changes: each
+# query's lane sees the same keys in the same order. MASKED steps and patterns keep whole lane runs
+# (folds cost the MASKED region 54% on v6e). Whether folds pay depends on the chip and the chunk:
+# the block sweep (`python -m stlib.bench.block_sweep`, its records in `data/`) compiled each chip's
+# FULL step at the case-study shape with and without folds when `FOLD_LANES` was chosen, and the
+# folds won on v5e (2,048 x 2,048, chunks of 128) and v6e (2,560 x 2,560, chunks of 256), the blocks
+# tuned then, but cost TPU7x a few percent (2,048 x 2,048, chunks of 512), where the whole tile stays
+# the default. The table above shows the other side on v6e: at 1,024 x 1,024 with chunks of 512 the
+# folds cost more than they save (the last pair of columns against the one before it), so read the
+# columns before you pick the option for other blocks.
 #
 # ## What the production kernel adds
 #
@@ -653,7 +697,8 @@ print(f"largest gap: {widest}, {gaps[widest]:+.1%} (static schedules, not measur
 #   read through a second prefetched index;
 # * padded rows of 3-D tiles: a per-key validity column for the patterns whose kv tile holds
 #   padding slots;
-# * the scores of later chunks issued ahead, and folds of 256 queries (above);
+# * how far ahead to issue scores (`fit_lookahead`: as many as fit VMEM) and the folds per chip
+#   (`FOLD_LANES`);
 # * the log-sum-exp output for the backward (exercise 1) and bf16 or f32 probabilities for p.v;
 # * the VMEM budget per chip (`vmem_limit_bytes`), block checks with messages, and tuned blocks per
 #   chip and pattern, chosen by the block sweep below.
