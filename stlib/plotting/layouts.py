@@ -7,6 +7,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.colors import ListedColormap
 from matplotlib.patches import Patch
+from matplotlib.ticker import MaxNLocator
 
 from stlib._intmath import cdiv
 from stlib.layout import BlockLayout, TileKind
@@ -216,10 +217,14 @@ def step_codes(plan, title: str, head: int = 0):
     ]
     colors = ["#f2f2f2", KIND_COLORS[2], "#8fb3d9", KIND_COLORS[1], *PALETTE[2 : 2 + len(plan.patterns)]]
     panels = 2 if plan.patterns else 1
+    height = 5.2 * codes.shape[0] / max(codes.shape[1], 1)  # the image's own aspect, no band of white
     fig, axes = plt.subplots(
-        1, panels, figsize=(5.2 * panels + 1.5, 4.8), squeeze=False, constrained_layout=True
-    )
+        1, panels, figsize=(5.2 * panels + 1.5, min(max(height, 3.0), 4.8) + 1.0), squeeze=False,
+        constrained_layout=True,
+    )  # fmt: skip
     ax = axes[0][0]
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # tiles are whole: no tick at 2.5
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.imshow(codes + 1, cmap=ListedColormap(colors), vmin=0, vmax=len(colors) - 1, interpolation="nearest")
     present = [0, *(c + 1 for c in plan.present)]
     counts = {c: int((codes + 1 == c).sum()) for c in present}
