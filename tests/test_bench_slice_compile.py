@@ -4,6 +4,7 @@ and on the committed ones."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from stlib import paths
@@ -34,11 +35,12 @@ def test_permute_bytes_reads_each_collective_permute_once():
 
 
 def test_a_ring_costs_the_longer_of_its_traffic_and_its_kernel():
-    ring = {"chip": "v6e", "mesh": {"heads": 4}, "permute_bytes": [50e6] * 6, "all_to_all_bytes": []}
+    ring = {"chip": "v6e", "mesh": {"ring": 4}, "permute_bytes": [50e6] * 6, "all_to_all_bytes": [],
+            "permute_offchip": 1.0}  # fmt: skip
     assert slice_compile.permute_seconds(ring) == pytest.approx(2 * 6 * 50e6 / 800e9)  # all to a neighbour
     record = {
         **ring, "case": "v6e-2x2-ring", "strategy": "ring", "devices": 4, "hops_issued": [0, 1, 2, 3],
-        "argument_bytes_per_device": 1, "global_input_bytes": 4, "compile_s": 1.0,
+        "argument_bytes_per_device": 1, "global_input_bytes": 4, "compile_s": 1.0, "shape": [40, 75600, 128],
     }  # fmt: skip
     sweep = [
         {"chip": "v6e", "family": family, "impl": block_sweep.NAME, "total_ms": ms, "shape": [10, 75600, 128]}
@@ -49,19 +51,53 @@ def test_a_ring_costs_the_longer_of_its_traffic_and_its_kernel():
     assert row["band 0.25 ms (model)"] == pytest.approx(max(row["traffic ms (model)"], 12.0))
     assert row["hops issued"] == 4 and row["permutes"] == 6
     ulysses = {**record, "case": "v6e-2x2-ulysses", "strategy": "ulysses", "permute_bytes": [],
-               "all_to_all_bytes": [100e6] * 4, "hops_issued": None}  # fmt: skip
+               "all_to_all_bytes": [100e6] * 4, "hops_issued": None, "all_to_all_offchip": 0.75}  # fmt: skip
     (row,) = slice_compile.table([ulysses], sweep)
     assert row["band 0.25 ms (model)"] == pytest.approx(row["traffic ms (model)"] + 12.0)  # no overlap
+    both = {**ulysses, "case": "v6e-2x2-ulysses-ring", "strategy": "ulysses-ring", "mesh": {"ulysses": 2, "ring": 2},
+            "permute_bytes": [50e6] * 2, "permute_offchip": 1.0, "all_to_all_offchip": 0.5}  # fmt: skip
+    (row,) = slice_compile.table([both], sweep)
+    exchanged, moved = slice_compile.all_to_all_seconds(both), slice_compile.permute_seconds(both)
+    assert row["band 0.25 ms (model)"] == pytest.approx((exchanged + max(moved, 12e-3)) * 1e3)
+    long = {**ulysses, "shape": [40, 219_600, 128]}  # a density's pairs grow with the square of L
+    (row,) = slice_compile.table([long], sweep)
+    assert row["kernel ms, band 0.25 (est.)"] == pytest.approx(12.0 * (219_600 / 75_600) ** 2)
 
 
 def test_the_traffic_model_counts_bytes_leaving_each_chip_both_ways():
-    record = {"chip": "v6e", "mesh": {"heads": 4}, "all_to_all_bytes": [100e6] * 4}
+    record = {
+        "chip": "v6e",
+        "mesh": {"heads": 4},
+        "all_to_all_bytes": [100e6] * 4,
+        "all_to_all_offchip": 0.75,
+    }
     # a chip sends 3/4 of each of 4 x 100 MB and receives as much, at 800 GB/s both ways together
     assert slice_compile.all_to_all_seconds(record) == pytest.approx(2 * 4 * 100e6 * 0.75 / 800e9)
-    tpu7x = {"chip": "tpu7x", "mesh": {"heads": 8}, "all_to_all_bytes": [100e6] * 4}  # 2 devices a chip
+    tpu7x = {
+        "chip": "tpu7x",
+        "mesh": {"heads": 8},
+        "all_to_all_bytes": [100e6] * 4,
+        "all_to_all_offchip": 0.75,
+    }
     assert slice_compile.all_to_all_seconds(tpu7x) == pytest.approx(2 * 2 * 4 * 100e6 * 0.75 / 1200e9)
+    on_chip = {"chip": "tpu7x", "mesh": {"ring": 2}, "permute_bytes": [100e6] * 2, "permute_offchip": 0.0}
+    assert slice_compile.permute_seconds(on_chip) == 0.0  # a ring of a chip's two devices crosses no ICI
     with pytest.raises(ValueError, match="no ICI bandwidth"):
         slice_compile.all_to_all_seconds({**record, "chip": "v5e"})
+
+
+def test_the_chip_shares_come_from_the_devices_chip_coordinates():
+    """TPU7x 2x2x1: 8 devices on 4 chips, two a chip, in device order."""
+    from jax.experimental import topologies
+    from jax.sharding import Mesh
+
+    devices = np.array(topologies.get_topology_desc(platform="tpu", topology_name="tpu7x:2x2x1").devices)
+    flat = Mesh(devices, ("x",))
+    assert slice_compile.all_to_all_offchip(slice_compile.chip_groups(flat, "x")) == pytest.approx(0.75)
+    two = Mesh(devices.reshape(4, 2), ("ulysses", "ring"))  # the ring: a chip's two devices
+    assert slice_compile.chip_groups(two, "ring").tolist() == [[0, 0], [1, 1], [2, 2], [3, 3]]
+    assert slice_compile.permute_offchip(slice_compile.chip_groups(two, "ring"), [0, 1]) == 0.0
+    assert slice_compile.all_to_all_offchip(slice_compile.chip_groups(two, "ulysses")) == pytest.approx(0.75)
 
 
 def test_the_crossing_density_lies_on_the_kernel_line():
@@ -72,23 +108,32 @@ def test_the_crossing_density_lies_on_the_kernel_line():
 
 
 def test_cases_are_named_and_unknown_names_refused():
-    names = [f"{s.name}-{strategy}" for s, strategy in slice_compile.cases()]
-    assert len(names) == len(slice_compile.SLICES) * len(slice_compile.DEFAULT_STRATEGIES)
-    assert "v6e-4x4-ulysses" in names and "v6e-2x2-ring" not in names  # the ring's cases run by name
-    assert [s.name for s, _ in slice_compile.cases(["v6e-2x2-heads"])] == ["v6e-2x2"]
-    assert slice_compile.cases(["tpu7x-2x2x1-ring"]) == [(slice_compile.SLICES[1], "ring")]
+    names = [case.name for case in slice_compile.cases()]
+    default = len(slice_compile.SLICES) * len(slice_compile.DEFAULT_STRATEGIES)
+    assert len(names) == 2 * default  # the model shape and one minute of video
+    assert "v6e-4x4-ulysses" in names and "v6e-4x4-ulysses-1min" in names
+    assert "v6e-2x2-ring" not in names  # the ring's cases run by name
+    assert [c.slice_.name for c in slice_compile.cases(["v6e-2x2-heads"])] == ["v6e-2x2"]
+    (ring,) = slice_compile.cases(["tpu7x-2x2x1-ring"])
+    assert (ring.slice_, ring.strategy, ring.grid) == (
+        slice_compile.SLICES[1],
+        "ring",
+        slice_compile.MODEL_GRID,
+    )
+    (both,) = slice_compile.cases(["v6e-4x4-ulysses-ring"])
+    assert both.mesh_axes() == ((2, 4, 2), ("batch", "ulysses", "ring"))
     with pytest.raises(ValueError, match="unknown cases"):
         slice_compile.cases(["v6e-8-heads"])
 
 
 def test_the_committed_records_give_each_device_its_share_and_a_table_row():
     records = slice_compile.read(paths.REPO / slice_compile.RECORDS)
-    assert {r["case"] for r in records} >= {f"{s.name}-{st}" for s, st in slice_compile.cases()}
+    assert {r["case"] for r in records} >= {case.name for case in slice_compile.cases()}
     for r in records:
         assert r["argument_bytes_per_device"] * r["devices"] == r["global_input_bytes"], r["case"]
         assert r["kernels_in_program"] == r["branches"] >= 1, r["case"]
-        assert len(r["all_to_all_bytes"]) == (4 if r["strategy"] == "ulysses" else 0), r["case"]
-        if r["strategy"] == "ring":  # k and v travel on every issued hop past the first
+        assert len(r["all_to_all_bytes"]) == (4 if "ulysses" in r["strategy"] else 0), r["case"]
+        if "ring" in r["strategy"]:  # k and v travel on every issued hop past the first
             assert len(r["permute_bytes"]) == 2 * (len(r["hops_issued"]) - 1), r["case"]
     rows = slice_compile.table(records, block_sweep.read(paths.REPO / block_sweep.RECORDS))
     ulysses = [row for row in rows if row["case"].endswith("ulysses")]

@@ -1,28 +1,31 @@
 """Wan 14B's attention across a TPU slice, compiled without a TPU, and what its communication costs.
 
 ``run`` compiles ``stlib.parallel_attention`` at the model shape (40 heads x 75,600 tokens x 128,
-bf16; a per-head SVG plan of 20 spatial and 20 temporal heads at density 0.25) for each slice of
-``SLICES`` and strategy, deviceless (libtpu), and records per case: the compile time, each
-device's share of the inputs (``memory_analysis``), the Pallas kernels compiled, and every
-all-to-all and collective-permute of the program with its bytes (read from the compiled HLO).
-"heads" and "ulysses" run the routed plan; "ring" runs the plan's exact mask in raster order with
-the sequence split over the devices (``stlib.ring``: a hop no device needs is not issued). ``table``
-puts the traffic beside the kernel's static estimate (the committed block sweep's best blocks) and
-says at which density the traffic takes as long as the sparse kernel.
+bf16; a per-head SVG plan of 20 spatial and 20 temporal heads at density 0.25), and at one minute
+of 720p video (61 latent frames: 219,600 tokens), for each slice of ``SLICES`` and strategy,
+deviceless (libtpu), and records per case: the compile time, each device's share of the inputs
+(``memory_analysis``), the Pallas kernels compiled, every all-to-all and collective-permute of the
+program with its bytes (read from the compiled HLO), and the share of each collective's bytes that
+leaves its chip (from the devices' chip coordinates: a TPU7x chip holds two devices). "heads" and
+"ulysses" run the routed plan; "ring" and "ulysses-ring" run the plan's exact masks in raster order
+with the sequence split over the devices (``stlib.ring.plan_mask``; a hop no device needs is not
+issued); "ulysses-ring" splits the slice's axis into Ulysses x a ring of ``RING_SIZE``. ``table``
+puts the traffic beside the kernel's static estimate (the committed block sweep's best blocks,
+scaled to the case's heads and pairs) and says at which density the traffic takes as long as the
+sparse kernel.
 
 The communication model (a model, not a measurement; a lower bound from each chip's injection
-bandwidth: no link contention, no latency, no routing over several hops): an all-to-all of an
-S-byte array per device moves, per chip, the bytes its devices send to other chips, (n_chips - 1)
-/ n_chips of the chip's devices_per_chip * S, and receives as many; a ring's collective-permute of
-S bytes per device sends all of them to a neighbour and receives as many (every neighbour counted
-on another chip: on TPU7x, two devices a chip, half are not); with the chip's ICI bandwidth
-counting both directions together (``Chip.ici_bandwidth``), either takes 2 * those bytes /
-bandwidth. An all-to-all waits for the kernel and the kernel for it (no overlap); a ring's next
-hop can move while the current one computes, so a ring costs the longer of its traffic and its
+bandwidth: no link contention, no latency, no routing over several hops): a collective of S bytes
+per device moves, per chip, its devices' S times the share of those bytes bound for another chip
+(an all-to-all over n devices on n_chips chips: (n_chips - 1) / n_chips; a ring's permute: 1 where
+the neighbour sits on another chip, 0 where it shares the chip), and receives as many; with the
+chip's ICI bandwidth counting both directions together (``Chip.ici_bandwidth``) that takes 2 x those
+bytes / bandwidth. An all-to-all waits for the kernel and the kernel for it (no overlap); a ring's
+next hop can move while the current one computes, so a ring costs the longer of its traffic and its
 kernel (overlap counted; the kernel estimate assumes its work evenly spread over the devices).
 
-    python -m stlib.bench.slice_compile run [--only v6e-2x2-ulysses ...]   # ~10 s a case, 2 min in all
-    python -m stlib.bench.slice_compile run --only v6e-2x2-ring            # tens of minutes on 2 cores
+    python -m stlib.bench.slice_compile run [--only v6e-2x2-ulysses ...]   # ~10-20 s a case, minutes in all
+    python -m stlib.bench.slice_compile run --only v6e-2x2-ring            # about 20 minutes on 2 cores
     python -m stlib.bench.slice_compile table
 """
 
@@ -42,6 +45,10 @@ from stlib.device import chip_spec
 RECORDS = "data/slice_compiles.jsonl"
 #: Wan 14B's self-attention at 720p, 81 frames: 40 heads over 21 x 45 x 80 latent tokens.
 MODEL_HEADS, MODEL_GRID, HEAD_DIM = 40, (21, 45, 80), 128
+#: One minute of 720p video: 61 latent frames, 219,600 tokens (cases named "...-1min").
+LONG_GRID = (61, 45, 80)
+#: "ulysses-ring" splits a slice's axis of N devices into N / RING_SIZE for Ulysses x a ring of this.
+RING_SIZE = 2
 #: The per-head SVG mix: the first half of the heads spatial, the second temporal, at this density.
 SVG_DENSITY = 0.25
 #: The sweep's family whose estimate stands for the SVG mix (an exact band of the same density).
@@ -75,25 +82,57 @@ SLICES = (
     # guidance) x 8 for heads or sequence, as maxdiffusion's data x context meshes
     Slice("v6e-4x4", "v6e", "v6e:4x4", (2, 8), ("batch", "heads")),
 )
-STRATEGY_NAMES = ("heads", "ulysses", "ring")
-#: What ``run`` compiles unless ``--only`` names cases: the ring's model-shape program for v6e 2x2
-#: did not finish compiling within 10 minutes, twice, on 2 cores shared with another compile (the
-#: temporal heads need every hop and every device's block differs: 16 tile-kernel branches of 40
-#: heads), so its cases are run by name.
+STRATEGY_NAMES = ("heads", "ulysses", "ring", "ulysses-ring")
+#: What ``run`` compiles unless ``--only`` names cases. The ring at the model shape compiles one
+#: tile kernel per distinct (hop, device) block: on v6e 2x2 every hop is issued (the temporal heads
+#: see every frame) and every device's block differs (18,900 tokens a device: the frames fall at a
+#: different place in each shard), 16 kernels of 40 heads, about 70 s each on this series' 2-core
+#: machine; a ring of 8 would be 64. So the rings run by name, and the long video's only as Ulysses
+#: and heads.
 DEFAULT_STRATEGIES = ("heads", "ulysses")
+#: The strategies compiled at ``LONG_GRID`` too.
+LONG_STRATEGIES = ("heads", "ulysses")
 
 
-def cases(only=None) -> list[tuple[Slice, str]]:
-    """(slice, strategy) pairs, named "<slice>-<strategy>": those of ``DEFAULT_STRATEGIES``, or
-    ``only`` (any of ``STRATEGY_NAMES``, e.g. "v6e-2x2-ring")."""
-    every = [(s, strategy) for s in SLICES for strategy in STRATEGY_NAMES]
+@dataclass(frozen=True)
+class Case:
+    """One compile: ``slice_`` with ``strategy`` on a video of ``grid`` (frames, height, width)."""
+
+    slice_: Slice
+    strategy: str
+    grid: tuple[int, int, int] = MODEL_GRID
+
+    @property
+    def name(self) -> str:
+        return f"{self.slice_.name}-{self.strategy}" + ("-1min" if self.grid == LONG_GRID else "")
+
+    def mesh_axes(self) -> tuple[tuple[int, ...], tuple[str, ...]]:
+        """(mesh shape, axis names): the slice's, its last axis split into ("ulysses", "ring") for
+        "ulysses-ring"."""
+        shape, names = self.slice_.mesh_shape, self.slice_.axis_names
+        if self.strategy != "ulysses-ring":
+            return shape, names
+        return (*shape[:-1], shape[-1] // RING_SIZE, RING_SIZE), (*names[:-1], "ulysses", "ring")
+
+
+def every_case() -> list[Case]:
+    """Every case ``run`` can compile: each slice and strategy at the model shape, and the
+    ``LONG_STRATEGIES`` at ``LONG_GRID``."""
+    model = [Case(s, strategy) for s in SLICES for strategy in STRATEGY_NAMES]
+    return model + [Case(s, strategy, LONG_GRID) for s in SLICES for strategy in LONG_STRATEGIES]
+
+
+def cases(only=None) -> list[Case]:
+    """The cases named "<slice>-<strategy>[-1min]": those of ``DEFAULT_STRATEGIES`` at both lengths,
+    or ``only`` (e.g. "v6e-2x2-ring"). Raises ValueError naming an unknown case."""
+    every = every_case()
     if not only:
-        return [(s, st) for s, st in every if st in DEFAULT_STRATEGIES]
-    names = {f"{s.name}-{st}" for s, st in every}
+        return [c for c in every if c.strategy in DEFAULT_STRATEGIES]
+    names = {c.name for c in every}
     unknown = sorted(set(only) - names)
     if unknown:
         raise ValueError(f"unknown cases {unknown}; choose among {sorted(names)}")
-    return [(s, st) for s, st in every if f"{s.name}-{st}" in only]
+    return [c for c in every if c.name in only]
 
 
 _ALL_TO_ALL = re.compile(r"= (\w+)\[([\d,]*)\][^ ]* all-to-all\(")
@@ -120,8 +159,9 @@ def permute_bytes(hlo_text: str) -> list[int]:
     return _collective_bytes(_PERMUTE, hlo_text)
 
 
-def compile_case(slice_: Slice, strategy: str, plan=None) -> dict:
-    """Compile the model-shape call for one slice and strategy; returns its record."""
+def compile_case(case: Case, plan=None) -> dict:
+    """Compile the call of one case (its plan: ``model_plan(case.grid)`` unless given); returns its
+    record."""
     import jax
     import jax.numpy as jnp
     from jax.experimental import topologies
@@ -129,24 +169,26 @@ def compile_case(slice_: Slice, strategy: str, plan=None) -> dict:
     from jax.sharding import PartitionSpec as P
 
     from stlib import registry
-    from stlib.parallel import device_branches, parallel_attention
-    from stlib.ring import ring_hops
+    from stlib.parallel import device_branches, head_slice, parallel_attention
+    from stlib.ring import plan_mask, ring_hops
 
-    plan = plan or model_plan()
+    slice_, strategy = case.slice_, case.strategy
+    plan = plan or model_plan(case.grid)
     topology = topologies.get_topology_desc(platform="tpu", topology_name=slice_.topology)
-    mesh = Mesh(np.array(topology.devices).reshape(slice_.mesh_shape), slice_.axis_names)
-    axis, batch_axis = slice_.axis_names[-1], (slice_.axis_names[0] if slice_.batch else None)
+    mesh_shape, axis_names = case.mesh_axes()
+    mesh = Mesh(np.array(topology.devices).reshape(mesh_shape), axis_names)
+    batch_axis = axis_names[0] if slice_.batch else None
     lead = (batch_axis,) if slice_.batch else ()
-    spec = P(*lead, axis, None, None) if strategy == "heads" else P(*lead, None, axis, None)
+    if strategy == "ulysses-ring":
+        axis, sequence = ("ulysses", "ring"), ("ring", "ulysses")  # the ring's stretches, Ulysses inside
+    else:
+        axis = sequence = axis_names[-1]
+    spec = P(*lead, axis, None, None) if strategy == "heads" else P(*lead, None, sequence, None)
     shape = ((slice_.batch,) if slice_.batch else ()) + (MODEL_HEADS, plan.grid.num_tokens, HEAD_DIM)
     arg = jax.ShapeDtypeStruct(shape, jnp.bfloat16, sharding=NamedSharding(mesh, spec))
-
     call = {"mesh": mesh, "axis_name": axis, "strategy": strategy, "batch_axis_name": batch_axis}
-    ring_mask = ring_mask_of(plan) if strategy == "ring" else None
 
     def fn(q, k, v):
-        if ring_mask is not None:  # the sequence split: the mask in the tokens' own (raster) order
-            return parallel_attention(q, k, v, ring_mask, **call)
         return parallel_attention(q, k, v, plan=plan, **call)
 
     start = time.perf_counter()
@@ -156,22 +198,33 @@ def compile_case(slice_: Slice, strategy: str, plan=None) -> dict:
     text = compiled.as_text()
     kernel = registry.choose(registry.AUTO, plan.mask, backend="tpu")
     global_bytes = 3 * int(np.prod(shape)) * 2
-    if ring_mask is None:
+    hops = None
+    if strategy in ("heads", "ulysses"):
         branches = len(device_branches(None, plan, MODEL_HEADS, slice_.axis_size).branches)
-        hops = None
     else:
-        issued = ring_hops(ring_mask, slice_.axis_size)
+        ring_size = mesh.shape[axis_names[-1]]
+        per = MODEL_HEADS // (slice_.axis_size // ring_size)
+        exact = plan_mask(plan)
+        slices = [head_slice(exact, g * per, (g + 1) * per) for g in range(slice_.axis_size // ring_size)]
+        issued = ring_hops(slices, ring_size)
         branches = len({b for hop in issued for b in hop.branches if b is not None})
         hops = [hop.offset for hop in issued]
+    collective_axes = {  # the mesh axis of each kind of collective the strategy issues
+        "heads": {},
+        "ulysses": {"ulysses": axis_names[-1]},
+        "ring": {"ring": axis_names[-1]},
+        "ulysses-ring": {"ulysses": "ulysses", "ring": "ring"},
+    }[strategy]
     return {
-        "case": f"{slice_.name}-{strategy}",
+        "case": case.name,
         "slice": slice_.name,
         "chip": slice_.chip,
         "topology": slice_.topology,
-        "devices": int(np.prod(slice_.mesh_shape)),
-        "mesh": dict(zip(slice_.axis_names, slice_.mesh_shape)),
+        "devices": int(np.prod(mesh_shape)),
+        "mesh": dict(zip(axis_names, mesh_shape)),
         "strategy": strategy,
         "shape": list(shape),
+        "grid": list(case.grid),
         "impl": kernel.name,
         "branches": branches,
         "hops_issued": hops,
@@ -189,27 +242,59 @@ def compile_case(slice_: Slice, strategy: str, plan=None) -> dict:
         "temp_bytes_per_device": int(memory.temp_size_in_bytes),
         "all_to_all_bytes": all_to_all_bytes(text),
         "permute_bytes": permute_bytes(text),
+        "all_to_all_offchip": None
+        if "ulysses" not in collective_axes
+        else all_to_all_offchip(chip_groups(mesh, collective_axes["ulysses"])),
+        "permute_offchip": None
+        if "ring" not in collective_axes
+        else permute_offchip(chip_groups(mesh, collective_axes["ring"]), hops or ()),
     }
 
 
-def ring_mask_of(plan):
-    """The mask a ring runs for ``plan``: its heads' exact masks in raster order (the ring splits
-    the tokens as they come; the routed plan's per-kind orders and rounded tiles are for "heads"
-    and "ulysses")."""
-    from stlib.masks import per_head
+def chip_groups(mesh, axis: str) -> np.ndarray:
+    """int [groups, n]: the chip of each device of ``mesh`` (numbered by its chip coordinates: a
+    TPU7x chip holds two devices), the groups of the collective over ``axis`` (of n devices) as rows."""
+    devices = np.moveaxis(np.asarray(mesh.devices), mesh.axis_names.index(axis), -1)
+    coords = [tuple(d.coords) for d in devices.reshape(-1)]
+    numbers = {c: n for n, c in enumerate(dict.fromkeys(coords))}
+    return np.array([numbers[c] for c in coords]).reshape(-1, mesh.shape[axis])
 
-    return per_head(list(plan.exact_masks))
+
+def all_to_all_offchip(chips: np.ndarray) -> float:
+    """The share of an all-to-all's bytes bound for another chip, for ``chip_groups``' rows: each
+    device sends 1 / n of its operand to each device of its row (itself included).
+
+    >>> all_to_all_offchip(np.array([[0, 0, 1, 1]])), all_to_all_offchip(np.array([[0, 1, 2, 3]]))
+    (0.5, 0.75)
+    """
+    return float((chips[:, :, None] != chips[:, None, :]).mean())
 
 
-def model_plan():
-    """The per-head SVG plan of the model: ``MODEL_HEADS`` heads, half spatial then half temporal,
-    at ``SVG_DENSITY``, with the TPU tile kernel's default blocks."""
+def permute_offchip(chips: np.ndarray, offsets) -> float:
+    """The share of a ring's permute bytes bound for another chip, for ``chip_groups``' rows (each a
+    ring): over the hop ``offsets`` past 0 and the devices j, how often (j + offset) mod n sits on
+    another chip than j; 0.0 where no hop moves anything.
+
+    >>> chips = np.array([[0, 0, 1, 1]])  # a ring of 4 over two TPU7x chips
+    >>> permute_offchip(chips, [0, 1]), permute_offchip(chips, [2]), permute_offchip(chips, [0])
+    (0.5, 1.0, 0.0)
+    """
+    n = chips.shape[1]
+    moving = [o % n for o in offsets if o % n]
+    if not moving:
+        return 0.0
+    return float(np.mean([chips != np.roll(chips, -o, axis=1) for o in moving]))
+
+
+def model_plan(grid=MODEL_GRID):
+    """The per-head SVG plan of the model on ``grid`` (frames, height, width): ``MODEL_HEADS`` heads,
+    half spatial then half temporal, at ``SVG_DENSITY``, with the TPU tile kernel's default blocks."""
     from stlib import registry
     from stlib.geometry import VideoGrid
     from stlib.masks import full
     from stlib.routing import svg_plan
 
-    grid = VideoGrid(*MODEL_GRID)
+    grid = VideoGrid(*grid)
     kinds = ["spatial"] * (MODEL_HEADS // 2) + ["temporal"] * (MODEL_HEADS // 2)
     kernel = registry.choose(registry.AUTO, full(grid.num_tokens), backend="tpu")  # a masked call's choice
     config = kernel.config(None, grid.num_tokens, interpret=False)
@@ -221,10 +306,16 @@ def run(only=None, path=None) -> list[dict]:
     under ``stlib.paths.home()``), with the run's provenance."""
     from stlib.bench.records import record_each
 
-    plan = model_plan()
+    plans = {}
+
+    def compile_one(case: Case) -> dict:
+        if case.grid not in plans:
+            plans[case.grid] = model_plan(case.grid)
+        return compile_case(case, plans[case.grid])
+
     return record_each(
         cases(only),
-        lambda case: compile_case(*case, plan),
+        compile_one,
         path or paths.home() / RECORDS,
         "slice compiles",
         report=lambda r: json.dumps({k: r[k] for k in ("case", "compile_s", "argument_bytes_per_device")}),
@@ -246,24 +337,32 @@ def _chip_with_ici(record: dict):
 
 
 def all_to_all_seconds(record: dict) -> float:
-    """The communication model's time for one record's all-to-alls (module docstring)."""
+    """The communication model's time for one record's all-to-alls (module docstring): per chip, its
+    devices' bytes times the share bound for another chip (``all_to_all_offchip``), each way."""
     chip = _chip_with_ici(record)
-    per_chip = chip.devices_per_chip
-    n_chips = max(record["mesh"]["heads"] // per_chip, 1)  # chips along the all-to-all's axis
-    moved = sum(record["all_to_all_bytes"]) * per_chip * (n_chips - 1) / n_chips
+    moved = sum(record["all_to_all_bytes"]) * chip.devices_per_chip * record["all_to_all_offchip"]
     return 2 * moved / chip.ici_bandwidth
 
 
 def permute_seconds(record: dict) -> float:
-    """The communication model's time for one record's collective-permutes (module docstring)."""
+    """The communication model's time for one record's collective-permutes (module docstring): per
+    chip, its devices' bytes times the share bound for another chip (``permute_offchip``), each way."""
     chip = _chip_with_ici(record)
-    return 2 * sum(record.get("permute_bytes", ())) * chip.devices_per_chip / chip.ici_bandwidth
+    permutes = record.get("permute_bytes") or ()
+    moved = sum(permutes) * chip.devices_per_chip * (record["permute_offchip"] if permutes else 0.0)
+    return 2 * moved / chip.ici_bandwidth
 
 
-def kernel_seconds(sweep_records, chip: str, family: str, heads: int) -> float | None:
+def attention_devices(record: dict) -> int:
+    """The devices one call's attention spreads over: every mesh axis but the batch's."""
+    return int(np.prod([size for name, size in record["mesh"].items() if name != "batch"]))
+
+
+def kernel_seconds(sweep_records, chip: str, family: str, heads: int, length: int) -> float | None:
     """The tile kernel's best static estimate (seconds, glue included) for ``family`` on ``chip``
-    in the committed block sweep (10 heads x 75,600 x 128), scaled to ``heads`` heads per device
-    (grid steps are per head); None where the sweep has no such record."""
+    in the committed block sweep (10 heads x 75,600 x 128), scaled to ``heads`` heads at ``length``
+    tokens by the pairs (heads x length^2: a density's pairs grow with the square of the length; a
+    model, the sweep compiled one length); None where the sweep has no such record."""
     from stlib.bench.block_sweep import NAME
 
     times = [
@@ -273,8 +372,10 @@ def kernel_seconds(sweep_records, chip: str, family: str, heads: int) -> float |
     ]
     if not times:
         return None
-    (swept_heads, *_) = next(r["shape"] for r in sweep_records if r["chip"] == chip and r["family"] == family)
-    return min(times) * 1e-3 * heads / swept_heads
+    swept_heads, swept_length, _ = next(
+        r["shape"] for r in sweep_records if r["chip"] == chip and r["family"] == family
+    )
+    return min(times) * 1e-3 * heads / swept_heads * (length / swept_length) ** 2
 
 
 #: ``table``'s entry where the traffic is below the kernel's time at every density.
@@ -291,27 +392,28 @@ def crossing_density(comm: float, band: float, dense: float) -> float:
 
 def table(records=None, sweep_records=None) -> list[dict]:
     """One row per compiled case: its collectives and their modelled time beside the per-device
-    kernel estimate (dense and band 0.25 from the block sweep; each device does the work of
-    40 / devices heads at full length, whatever the strategy), the modelled attention time at band
-    0.25 (traffic plus kernel; a ring: the longer of the two), and the density at which the traffic
-    equals the kernel's time (``crossing_density``; ``NEVER`` where it is below the kernel at every
-    density)."""
+    kernel estimate (dense and band 0.25 from the block sweep, ``kernel_seconds``; each device does
+    the work of 40 / devices heads at full length, whatever the strategy), the modelled attention
+    time at band 0.25 (all-to-alls plus the longer of a ring's permutes and the kernel: the ring's
+    next hop moves while the current one computes), and the density at which the traffic equals the
+    kernel's time (``crossing_density``; ``NEVER`` where it is below the kernel at every density)."""
     from stlib.bench import block_sweep
 
     records = read() if records is None else records
     sweep_records = block_sweep.read() if sweep_records is None else sweep_records
     rows = []
     for r in records:
-        heads = MODEL_HEADS // r["mesh"]["heads"]
-        permutes = r.get("permute_bytes", [])
-        comm = (all_to_all_seconds(r) if r["all_to_all_bytes"] else 0.0) + (
-            permute_seconds(r) if permutes else 0.0
-        )
-        dense = kernel_seconds(sweep_records, r["chip"], "dense", heads)
-        band = kernel_seconds(sweep_records, r["chip"], SVG_FAMILY, heads)
-        overlapped = r["strategy"] == "ring"
+        heads = MODEL_HEADS // attention_devices(r)
+        length = r["shape"][-2]
+        permutes = r.get("permute_bytes") or []
+        exchanged = all_to_all_seconds(r) if r["all_to_all_bytes"] else 0.0
+        moved = permute_seconds(r) if permutes else 0.0
+        comm = exchanged + moved
+        dense = kernel_seconds(sweep_records, r["chip"], "dense", heads, length)
+        band = kernel_seconds(sweep_records, r["chip"], SVG_FAMILY, heads, length)
         row = {
             "case": r["case"],
+            "tokens": length,
             "devices": r["devices"],
             "heads' work per device": heads,
             "input share": r["argument_bytes_per_device"] / r["global_input_bytes"],
@@ -320,11 +422,10 @@ def table(records=None, sweep_records=None) -> list[dict]:
             "hops issued": "-" if r.get("hops_issued") is None else len(r["hops_issued"]),
             "traffic MB per device": (sum(r["all_to_all_bytes"]) + sum(permutes)) / 1e6,
             "traffic ms (model)": comm * 1e3,
+            "of it ring permutes ms (model)": moved * 1e3,
             "kernel ms, dense (est.)": None if dense is None else dense * 1e3,
             "kernel ms, band 0.25 (est.)": None if band is None else band * 1e3,
-            "band 0.25 ms (model)": None
-            if band is None
-            else (max(comm, band) if overlapped else comm + band) * 1e3,
+            "band 0.25 ms (model)": None if band is None else (exchanged + max(moved, band)) * 1e3,
             "compile s": r["compile_s"],
         }
         if comm and dense is not None and band is not None:
@@ -332,6 +433,83 @@ def table(records=None, sweep_records=None) -> list[dict]:
             row["density where traffic = kernel"] = crossing if crossing >= 0 else NEVER
         rows.append(row)
     return rows
+
+
+def modelled_ms(row: dict, density: float) -> float | None:
+    """The modelled time of one ``table`` row's call at ``density`` (ms): its all-to-alls, then the
+    longer of its ring permutes and the kernel (its line through the band 0.25 and dense estimates);
+    None without kernel estimates."""
+    band, dense = row["kernel ms, band 0.25 (est.)"], row["kernel ms, dense (est.)"]
+    if band is None or dense is None:
+        return None
+    kernel = band + (density - 0.25) * (dense - band) / 0.75
+    moved = row["of it ring permutes ms (model)"]
+    return row["traffic ms (model)"] - moved + max(moved, kernel)
+
+
+#: The densities ``fastest`` compares the strategies at.
+DENSITIES = (0.05, 0.1, 0.25, 0.5, 1.0)
+#: The strategies that take q, k, v split over the sequence, as a DiT's sequence-parallel layers hand
+#: them over ("heads" needs them split over the heads: from a sequence split, that is Ulysses).
+SEQUENCE_SPLIT = ("ulysses", "ring", "ulysses-ring")
+
+
+def fastest(rows, densities=DENSITIES, strategies=SEQUENCE_SPLIT) -> list[dict]:
+    """Per slice and sequence length: the case whose ``modelled_ms`` is lowest at each density, among
+    the cases of ``strategies`` compiled for that slice and length (a model over static estimates).
+
+    >>> rows = [{"case": c, "tokens": 8, "traffic ms (model)": t, "of it ring permutes ms (model)": p,
+    ...          "kernel ms, band 0.25 (est.)": 10.0, "kernel ms, dense (est.)": 40.0}
+    ...         for c, t, p in (("s-ulysses", 2.0, 0.0), ("s-ring", 20.0, 20.0))]
+    >>> [(r["density"], r["fastest"], r["ms"]) for r in fastest(rows, (0.25, 1.0))]
+    [(0.25, 's-ulysses', 12.0), (1.0, 's-ring', 40.0)]
+    """
+    out = []
+    groups: dict = {}
+    for row in rows:
+        slice_name, strategy = _split_case(row["case"])
+        if strategy in strategies:
+            groups.setdefault((slice_name, row["tokens"]), []).append(row)
+    for (slice_name, tokens), group in groups.items():
+        for density in densities:
+            timed = [
+                (modelled_ms(r, density), r["case"]) for r in group if modelled_ms(r, density) is not None
+            ]
+            if timed:
+                ms, case = min(timed)
+                out.append(
+                    {"slice": slice_name, "tokens": tokens, "density": density, "fastest": case, "ms": ms}
+                )
+    return out
+
+
+def format_fastest(picks: list[dict]) -> str:
+    """``fastest``'s picks as a Markdown table: a row per slice and length, a column per density, each
+    cell the fastest strategy and its modelled ms."""
+    densities = list(dict.fromkeys(p["density"] for p in picks))
+    lines = [
+        "| slice | tokens | " + " | ".join(f"density {d:g}" for d in densities) + " |",
+        "|---|---|" + "---|" * len(densities),
+    ]
+    for key in dict.fromkeys((p["slice"], p["tokens"]) for p in picks):
+        cells = {p["density"]: p for p in picks if (p["slice"], p["tokens"]) == key}
+        row = [
+            f"{cells[d]['fastest'].removeprefix(key[0] + '-').removesuffix('-1min')} {cells[d]['ms']:.3g}"
+            if d in cells
+            else "-"
+            for d in densities
+        ]
+        lines.append(f"| {key[0]} | {key[1]:,} | " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def _split_case(case: str) -> tuple[str, str]:
+    """(slice, strategy) of a case's name ("v6e-2x2-ulysses-ring-1min" -> ("v6e-2x2", "ulysses-ring"))."""
+    name = case.removesuffix("-1min")
+    for strategy in sorted(STRATEGY_NAMES, key=len, reverse=True):
+        if name.endswith("-" + strategy):
+            return name.removesuffix("-" + strategy), strategy
+    raise ValueError(f"case {case!r} names none of the strategies {STRATEGY_NAMES}")
 
 
 def format_table(rows) -> str:
@@ -349,6 +527,8 @@ def format_table(rows) -> str:
 def _cell(value) -> str:
     if value is None:
         return "-"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
     if isinstance(value, float):
         return f"{value:.3g}" if abs(value) < 100 else f"{value:,.0f}"
     return str(value)

@@ -1,6 +1,6 @@
 """Figures of attention over a slice: which tile table each device runs, which (q shard, kv shard)
-blocks a ring computes and which hops it skips, and what Ulysses' all-to-alls cost beside the kernel
-(a model over static estimates, never a measurement)."""
+blocks a ring computes and which hops it skips, and what the all-to-alls and a ring's permutes cost
+beside the kernel (a model over static estimates, never a measurement)."""
 
 from __future__ import annotations
 
@@ -36,48 +36,70 @@ def device_tables(device_layouts: list, title: str):
     return fig
 
 
+def _traffic_kind(row: dict) -> str:
+    if row.get("all-to-alls") and row.get("permutes"):
+        return "all-to-alls + ring permutes (model)"
+    return "all-to-alls (model)" if row.get("all-to-alls") else "ring permutes, overlapped (model)"
+
+
 def communication_vs_kernel(rows: list[dict], title: str):
     """Per case of ``stlib.bench.slice_compile.table`` with traffic (Ulysses' all-to-alls, a ring's
-    permutes): the kernel's estimated time per device against density (a line through its band 0.25
-    and dense estimates) and the modelled traffic time (horizontal), with the density where they
-    meet marked where they do (labels stacked so they do not overlap)."""
+    permutes), one panel per sequence length (``tokens``): the kernel's estimated time per device
+    against density (a line through its band 0.25 and dense estimates) and the modelled traffic time
+    (horizontal), with the density where they meet marked where they do (labels stacked so they do
+    not overlap)."""
     cases = [
         r
         for r in rows
         if (r.get("all-to-alls") or r.get("permutes")) and r.get("kernel ms, dense (est.)") is not None
     ]
-    fig, ax = plt.subplots(figsize=(7.4, 4.4), constrained_layout=True)
-    density = np.linspace(0.0, 1.0, 201)
-    for i, r in enumerate(cases):
-        color = PALETTE[i % len(PALETTE)]
-        band, dense = r["kernel ms, band 0.25 (est.)"], r["kernel ms, dense (est.)"]
-        kernel = band + (density - 0.25) * (dense - band) / 0.75
-        ax.plot(density, kernel, color=color, lw=1.8, label=f"{r['case']}: kernel per device (est.)")
-        ax.plot([0.25, 1.0], [band, dense], "o", color=color, ms=4)
-        kind = "all-to-alls (model)" if r.get("all-to-alls") else "ring permutes, overlapped (model)"
-        ax.axhline(r["traffic ms (model)"], color=color, ls="--", lw=1.2, label=f"{r['case']}: {kind}")
-        crossing = r.get("density where traffic = kernel")
-        if isinstance(crossing, float) and 0 <= crossing <= 1:
-            ax.plot([crossing], [r["traffic ms (model)"]], "x", color=color, ms=8, mew=2)
-            ax.annotate(
-                f"d = {crossing:.3f}",
-                (crossing, r["traffic ms (model)"]),
-                textcoords="axes fraction",
-                # a column of labels, one line each, a leader to its point: right of the curves' steep
-                # start, above the traffic lines and below the kernel lines
-                xytext=(0.3, 0.42 - 0.06 * i),
-                arrowprops={"arrowstyle": "-", "lw": 0.6, "color": color},
-                fontsize=8,
-                color=color,
-            )
-    ax.set_yscale("log")  # the traffic sits an order of magnitude below the kernel: a log axis shows both
-    ax.set(
-        xlabel="attention density (fraction of pairs)",
-        ylabel="ms per call per device (log)",
-        xlim=(0, 1),
-        title=title,
+    lengths = sorted({r["tokens"] for r in cases})
+    fig, axes = plt.subplots(
+        1,
+        max(len(lengths), 1),
+        figsize=(6.2 * max(len(lengths), 1), 4.8),
+        squeeze=False,
+        constrained_layout=True,
     )
-    ax.legend(fontsize=7, loc="center right")
+    density = np.linspace(0.0, 1.0, 201)
+    for ax, length in zip(axes[0], lengths):
+        here = [r for r in cases if r["tokens"] == length]
+        for i, r in enumerate(here):
+            color = PALETTE[i % len(PALETTE)]
+            band, dense = r["kernel ms, band 0.25 (est.)"], r["kernel ms, dense (est.)"]
+            kernel = band + (density - 0.25) * (dense - band) / 0.75
+            ax.plot(density, kernel, color=color, lw=1.8, label=f"{r['case']}: kernel per device (est.)")
+            ax.plot([0.25, 1.0], [band, dense], "o", color=color, ms=4)
+            ax.axhline(
+                r["traffic ms (model)"],
+                color=color,
+                ls="--",
+                lw=1.2,
+                label=f"{r['case']}: {_traffic_kind(r)}",
+            )
+            crossing = r.get("density where traffic = kernel")
+            if isinstance(crossing, float) and 0 <= crossing <= 1:
+                ax.plot([crossing], [r["traffic ms (model)"]], "x", color=color, ms=8, mew=2)
+                ax.annotate(
+                    f"d = {crossing:.3f}",
+                    (crossing, r["traffic ms (model)"]),
+                    textcoords="axes fraction",
+                    # a column of labels, one line each, a leader to its point: right of the curves'
+                    # steep start, above the traffic lines and below the kernel lines
+                    xytext=(0.3, 0.5 - 0.06 * i),
+                    arrowprops={"arrowstyle": "-", "lw": 0.6, "color": color},
+                    fontsize=8,
+                    color=color,
+                )
+        ax.set_yscale("log")  # the traffic sits an order of magnitude below the kernel: a log axis shows both
+        ax.set(
+            xlabel="attention density (fraction of pairs)",
+            ylabel="ms per call per device (log)",
+            xlim=(0, 1),
+            title=f"{length:,} tokens",
+        )
+        ax.legend(fontsize=6.5, loc="lower right")
+    fig.suptitle(title, fontsize=10)
     return fig
 
 
