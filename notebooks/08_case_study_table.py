@@ -632,13 +632,44 @@ print("\n" + tpu_measure.format_backward_sweep(
 #   candidates ran 2.45-2.81 times their bundles-only estimate: the band at 2,048 x 2,048 and
 #   2,560 x 2,560 blocks, and the sliding tile at 1,920 x 3,840 (82.60 ms measured, 41.27
 #   estimated). Among the forwards, every one of them has the larger programs (the last column), as if
-#   instructions past an instruction memory were fetched while the kernel runs; but the backward
-#   sweep's measurements (last lines) break that rule: the band's backward runs at pace at its tuned
-#   blocks and about four times slower at every other, with programs of either size. Until the cause
-#   is known, the tuner trusts the clock over the estimate: `python -m stlib.bench.block_sweep tune`
-#   ranks a chip by its measured times where every candidate was timed, which on v5e moved the
-#   sliding tile from the estimate's choice to one row of tiles each way (29.4 ms). v6e and TPU7x
-#   were not measured.
+#   instructions past an instruction memory were fetched while the kernel runs; the next cells put
+#   that to the chip. The backward sweep's measurements (last lines) do not follow it: the band's
+#   backward runs at pace at its tuned blocks and about four times slower at every other, with
+#   programs of either size, so the tuner trusts the clock over the estimate: `python -m
+#   stlib.bench.block_sweep tune` ranks a chip by its measured times where every candidate was timed,
+#   which on v5e moved the sliding tile from the estimate's choice to one row of tiles each way
+#   (29.4 ms). v6e and TPU7x were not measured.
 # * **On v5e the tile kernel without a mask is as fast as Splash** (its best blocks 160.07 ms against
 #   Splash's best 177.19 ms), not twice as slow as the estimate said; its training steps over dense
 #   Splash's fused one, measured, are printed last above.
+
+# %% [markdown]
+# ### Is it the size of the program?
+#
+# `python -m stlib.bench.program_size_probe run` put the question to the same v5e: it kept a slow
+# candidate's blocks and changed one option that changes the program, not the work, and changed fast
+# candidates the same way. No pattern regions (`pattern_grain=0`: the band's edge tiles run MASKED),
+# no scores issued ahead (`lookahead=0`), whole q tiles instead of folds, coarser patterns. Each
+# measured forward (median of 5) stands beside its own static estimate, bundles only, and its program
+# size, compiled here.
+
+# %%
+from stlib.bench import program_size_probe
+
+probe_rows = program_size_probe.rows(program_size_probe.read(cfg.data / Path(program_size_probe.RECORDS).name))
+print(program_size_probe.format_rows(probe_rows))
+at_pace = [r["program_bundles"] for r in probe_rows if r["ratio"] < tpu_measure.SLOW]
+slow = [r["program_bundles"] for r in probe_rows if r["ratio"] >= tpu_measure.SLOW]
+print(f"at pace: programs of {min(at_pace):,}-{max(at_pace):,} bundles; slow: {min(slow):,}-{max(slow):,}")
+
+# %% [markdown]
+# The chip's answer: the time follows the size of the program, not what it computes. The band at
+# 2,048 x 2,048 runs at pace without its pattern regions (a smaller program doing more masked work)
+# and slow with coarser patterns (a larger one); the band at 2,560 x 2,560 without patterns, no
+# pattern region at all but a large MASKED one, is still slow, if less so; issuing no scores ahead
+# changes neither size nor time. In the probes and in the sweep above, every forward at pace holds
+# at most 61,547 bundles and every slow one at least 71,140: a limit between the two, as if the core
+# held 2^16 = 65,536 bundles of instructions and fetched the rest while it runs. This is a reading of
+# measurements, not a documented fact of the chip, and it holds for the forward kernels; the
+# backward's sweep above does not follow it. The estimate does not model it: the tuner's measured
+# ranking keeps such blocks out on v5e, and a chip not measured may have another limit.
