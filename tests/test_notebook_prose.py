@@ -1,10 +1,13 @@
-"""The notebooks' prose says what their cells print: every decimal number in a markdown cell of a
-committed executed notebook (``notebooks/executed/``, the last main job's run) appears in that
-notebook's outputs, unless it is on the short list below of numbers that come from elsewhere (a
-publication, a version, an input the prose names), each with its reason.
+"""The notebooks' prose says what their cells print: every decimal number, and every integer written
+with thousands commas, in a markdown cell of a committed executed notebook (``notebooks/executed/``,
+the last main job's run) appears in that notebook's outputs (an integer with or without its commas),
+unless it is on the short lists below of numbers that come from elsewhere (a publication, a version,
+an input the prose names, an answer's arithmetic), each with its reason.
 
-Integers are not checked (token counts, block sizes and shapes are inputs the prose names);
-decimals are what a cell measures, estimates or computes, and what goes stale when a cell changes.
+Small integers written without commas are not checked (block sizes, counts and shapes the prose
+names); decimals are what a cell measures, estimates or computes, and what goes stale when a cell
+changes; an integer with commas (tokens, bytes, bundles) is one the prose took from a cell or from
+an input, and the lists say which inputs.
 """
 
 from __future__ import annotations
@@ -21,21 +24,56 @@ EXECUTED = paths.REPO / "notebooks" / "executed"
 #: a decimal number: digits (with thousands commas), a point, digits; not part of a longer token
 DECIMAL = re.compile(r"(?<![\w.])\d[\d,]*\.\d+(?![\w.]*\d)")
 
+#: an integer written with thousands commas: 1,024 or 1,397,248; not part of a decimal or a longer token
+INTEGER = re.compile(r"(?<![\w.,])\d{1,3}(?:,\d{3})+(?![\w.,]*\d)")
+
+#: Shapes every notebook may name without printing them: inputs, not results.
+INPUTS = {
+    "75,600": "the case study's tokens, 21 x 45 x 80",
+    "3,600": "tokens of one latent frame at 720p, 45 x 80",
+    "8,192": "a sequence length a cell chooses",
+    "4,096": "a sequence length a cell chooses",
+}
+
 #: Numbers a notebook's prose may state without printing them, by notebook, with the reason.
 CITED: dict[str, dict[str, str]] = {
     "00": {
         "78.70": "dense Splash on v6e, the case study's published time (REFERENCE.md)",
         "2.2": "Wan 2.2, a model version",
         "2.18": "answer 1's arithmetic, (111,600 / 75,600)^2",
+        "111,600": "answer 1's arithmetic, 31 x 45 x 80",
         "4.7": "answer 3's arithmetic, 920 / 197 from the hardware table",
+        "29,700": "answer 2's arithmetic, (12 d + 4 f + 2048) / 4",
+        "5,120": "Wan 14B's width, 40 heads of 128 (the model's published configuration)",
     },
     "01": {"0.18": "answer 2's arithmetic, 46 of 256 tiles"},
+    "03": {
+        "10,800": "an answer's arithmetic, three frames of 3,600 keys",
+        "3,712": "an answer's arithmetic, 3,600 rounded up to a multiple of 128",
+    },
     "04": {
         "3.1": "answer 1's arithmetic, the sum of the four counts",
         "2.6": "answer 1's sum of the first three",
     },
-    "05": {"0.25": "the band's density, an input the notebook chooses"},
-    "11": {"0.02": "a round bound above every crossing density the table prints"},
+    "05": {
+        "0.25": "the band's density, an input the notebook chooses",
+        "1,515,520": "answer 1's arithmetic, 592 x 640 words of 4 bytes",
+        "349,281": "answer 1's arithmetic, 591 x 591 words",
+        "1,397,248": "answer 1's arithmetic, 349,281 words padded to a multiple of 128, 4 bytes each",
+        "77,824": "answer 1's arithmetic, a [1, 148, 74] table padded to 152 x 128 words",
+    },
+    "06": {"10,240": "an answer's arithmetic, the band's width at density 0.25"},
+    "07": {"56,700": "the arithmetic of the prose, 75,600 x 0.75"},
+    "09": {
+        "3,328": "the public design's q tile (REFERENCE.md)",
+        "2,816": "the public design's kv tile (REFERENCE.md)",
+        "1,728": "a grid the prose names, 3 x 24 x 24",
+    },
+    "10": {"8,128": "the arithmetic of the prose, 8,192 - 64"},
+    "11": {
+        "0.02": "a round bound above every crossing density the table prints",
+        "1,200": "TPU7x's ICI bandwidth in GB/s, the chip table's",
+    },
 }
 
 
@@ -62,9 +100,11 @@ def unprinted_numbers(notebook, cited: dict[str, str]) -> list[str]:
     for cell in notebook.cells:
         if cell.cell_type != "markdown":
             continue
-        for match in DECIMAL.finditer(cell.source):
+        integers = [m for m in INTEGER.finditer(cell.source) if m.group() not in INPUTS]
+        for match in sorted([*DECIMAL.finditer(cell.source), *integers], key=lambda m: m.start()):
             number = match.group()
-            if number not in printed and number not in cited:
+            shown = number in printed or ("." not in number and number.replace(",", "") in printed)
+            if not shown and number not in cited:
                 context = cell.source[max(0, match.start() - 60) : match.end() + 20].replace("\n", " ")
                 found.append(f"{number!r} in '...{context}...'")
     return found
@@ -79,6 +119,10 @@ def test_a_stale_number_is_found():
     ]
     found = unprinted_numbers(notebook, {"2.1": "a version"})
     assert len(found) == 1 and found[0].startswith("'78.7'")
+    notebook.cells[1] = nbformat.v4.new_markdown_cell("It ran 1,160 steps of 75,600 tokens, not 1,216.")
+    notebook.cells[0].outputs[0]["text"] = "steps 1160\n"
+    found = unprinted_numbers(notebook, {})
+    assert len(found) == 1 and found[0].startswith("'1,216'")  # 1,160 printed bare; 75,600 an input
 
 
 @pytest.mark.parametrize("path", executed_notebooks(), ids=lambda p: p.name[:2])
