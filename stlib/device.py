@@ -51,6 +51,12 @@ class Chip:
     scoped_vmem_default: int  # bytes a kernel may use without ``vmem_limit_bytes``
     schedule_form: str = "delay4"  # how the bundle dump writes a branch's delay shadow
     ici_bandwidth: float | None = None  # bytes/s per chip, both directions together (Cloud TPU docs)
+    #: The largest kernel program (bundles, ``kernel_estimate.program_bundles``) that runs at its
+    #: schedule's pace, where measured (None: not measured). A reading of measurements, not a
+    #: documented fact: on a v5e every kernel of at most 63,603 bundles ran at 0.82-0.97x its
+    #: bundles-only estimate and every one of 71,140 or more at 1.7-3.8x
+    #: (``stlib.bench.program_size_probe``); the limit is the power of two between them.
+    program_bundles_limit: int | None = None
 
     @functools.cached_property
     def _info(self):
@@ -103,7 +109,15 @@ SUBLANES, LANES = 8, 128
 CHIP_TABLE: dict[str, Chip] = {
     chip.name: chip
     for chip in (
-        Chip("v5e", "v5e", "v5e:2x2", ("tpu v5 lite", "tpu v5e", "tpu v5litepod"), 1, 16 * _MIB),
+        Chip(
+            "v5e",
+            "v5e",
+            "v5e:2x2",
+            ("tpu v5 lite", "tpu v5e", "tpu v5litepod"),
+            1,
+            16 * _MIB,
+            program_bundles_limit=2**16,
+        ),
         Chip("v6e", "v6e", "v6e:2x2", ("tpu v6 lite", "tpu v6e"), 1, 32 * _MIB, ici_bandwidth=800e9),
         Chip(
             "tpu7x",

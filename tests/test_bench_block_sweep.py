@@ -9,6 +9,7 @@ import pytest
 
 from stlib import tuned
 from stlib.bench import block_sweep
+from stlib.device import chip_spec
 from stlib.kernels import tile_lane_dense as ld
 
 RECORDS = Path(__file__).resolve().parents[1] / block_sweep.RECORDS
@@ -228,3 +229,21 @@ def test_a_chip_measured_in_full_is_ranked_by_its_clock_and_one_measured_in_part
     assert block_sweep.winners(records, timed[:1])["v5e"]["tiled_rows"] == (1, 2)
     other_source = [timed[0], {**timed[1], "source": "an older kernel"}]
     assert block_sweep.winners(records, other_source)["v5e"]["tiled_rows"] == (1, 2)
+
+
+def test_a_program_past_the_chips_limit_never_wins_however_few_its_cycles():
+    """On v5e (a measured program limit) the candidate with the fewest cycles but a program past the
+    limit loses to the next; on v6e (no limit measured) the same records pick it."""
+    name = block_sweep.NAME
+
+    def sized(chip, blocks, cycles, bundles):
+        program = {"kernel": {"compute_full": {"bundles": bundles, "count": 1, "cycles": bundles}}}
+        return [
+            {**record(chip, f, name, blocks, cycles), "breakdown": program}
+            for f in block_sweep.DEFAULT_FAMILIES
+        ]
+
+    limit = chip_spec("v5e").program_bundles_limit
+    for chip, want in (("v5e", (1024, 2048, 256)), ("v6e", (2048, 2048, 256))):
+        records = sized(chip, (2048, 2048, 256), 5, limit + 1) + sized(chip, (1024, 2048, 256), 9, limit)
+        assert block_sweep.winners(records)[chip]["blocks"] == want, chip

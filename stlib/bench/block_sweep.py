@@ -14,6 +14,7 @@ from pathlib import Path
 
 from stlib import paths, registry, tuned
 from stlib.configs import CASE_STUDY
+from stlib.device import chip_spec
 from stlib.geometry import tile_rows, tiled_order
 from stlib.registry import Role
 
@@ -238,13 +239,32 @@ def measured_scores(records, measurements) -> dict:
     return out
 
 
+def fits(record: dict) -> bool:
+    """Whether a sweep record's largest kernel program is within its chip's
+    ``Chip.program_bundles_limit`` (every record fits a chip without one; a record without its
+    breakdown says no size, and fits).
+
+    >>> fits({"chip": "v5e", "breakdown": {"k": {"step": {"bundles": 70_000, "count": 1}}}})
+    False
+    """
+    from stlib.analysis.kernel_estimate import program_bundles
+
+    limit = chip_spec(record["chip"]).program_bundles_limit
+    return (
+        limit is None
+        or "breakdown" not in record
+        or max(program_bundles(k) for k in record["breakdown"].values()) <= limit
+    )
+
+
 def winners(records, measurements=()) -> dict[str, dict]:
     """Per chip: {"blocks": (block_q, block_kv, block_kv_compute) with the fewest static cycles summed
     over ``DEFAULT_FAMILIES`` (one default serves both), "tiled_rows": (rows of 3-D tiles per q
     block, per kv block) of the best sliding-tile candidate}; either is left out where the chip's
     sweep lacks its families, a chip with neither altogether. Where ``measurements`` time every
     candidate of a chip on that chip (``measured_scores``), the measured ms rank them instead: the
-    clock outranks the estimate.
+    clock outranks the estimate. A candidate whose program exceeds its chip's
+    ``Chip.program_bundles_limit`` never wins: its schedule does not say its time.
 
     >>> rec = lambda family, bq, bkv, cycles: {"chip": "v5e", "family": family, "impl": NAME,
     ...     "block_q": bq, "block_kv": bkv, "block_kv_compute": 128, "cycles": cycles, "source": "s"}
@@ -258,7 +278,7 @@ def winners(records, measurements=()) -> dict[str, dict]:
     measured = measured_scores(records, measurements)
     out = {}
     for chip in dict.fromkeys(r["chip"] for r in records):
-        mine = [r for r in records if r["chip"] == chip and r["impl"] == NAME and "cycles" in r]
+        mine = [r for r in records if r["chip"] == chip and r["impl"] == NAME and "cycles" in r and fits(r)]
         score = {id(r): measured.get(config_key(r), r["cycles"]) for r in mine}
         totals: dict = {}
         for r in mine:
