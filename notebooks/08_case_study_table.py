@@ -633,12 +633,11 @@ print("\n" + tpu_measure.format_backward_sweep(
 #   2,560 x 2,560 blocks, and the sliding tile at 1,920 x 3,840 (82.60 ms measured, 41.27
 #   estimated). Among the forwards, every one of them has the larger programs (the last column), as if
 #   instructions past an instruction memory were fetched while the kernel runs; the next cells put
-#   that to the chip. The backward sweep's measurements (last lines) do not follow it: the band's
-#   backward runs at pace at its tuned blocks and about four times slower at every other, with
-#   programs of either size, so the tuner trusts the clock over the estimate: `python -m
-#   stlib.bench.block_sweep tune` ranks a chip by its measured times where every candidate was timed,
-#   which on v5e moved the sliding tile from the estimate's choice to one row of tiles each way
-#   (29.4 ms). v6e and TPU7x were not measured.
+#   that to the chip. The band's backward (last lines) runs at pace at its tuned blocks and about
+#   four times slower at every other. Where the chip has been timed, the tuner trusts the clock over
+#   the estimate: `python -m stlib.bench.block_sweep tune` ranks a chip by its measured times where
+#   every candidate was timed, which on v5e moved the sliding tile from the estimate's choice to one
+#   row of tiles each way (29.4 ms). v6e and TPU7x were not measured.
 # * **On v5e the tile kernel without a mask is as fast as Splash** (its best blocks 160.07 ms against
 #   Splash's best 177.19 ms), not twice as slow as the estimate said; its training steps over dense
 #   Splash's fused one, measured, are printed last above.
@@ -655,21 +654,32 @@ print("\n" + tpu_measure.format_backward_sweep(
 
 # %%
 from stlib.bench import program_size_probe
+from stlib.device import chip_spec
 
 probe_rows = program_size_probe.rows(program_size_probe.read(cfg.data / Path(program_size_probe.RECORDS).name))
 print(program_size_probe.format_rows(probe_rows))
-at_pace = [r["program_bundles"] for r in probe_rows if r["ratio"] < tpu_measure.SLOW]
-slow = [r["program_bundles"] for r in probe_rows if r["ratio"] >= tpu_measure.SLOW]
-print(f"at pace: programs of {min(at_pace):,}-{max(at_pace):,} bundles; slow: {min(slow):,}-{max(slow):,}")
+backward_probe = program_size_probe.backward_rows(
+    read_records(cfg.data / Path(tpu_measure.BACKWARD_SWEEP_RECORDS).name))
+print("\nthe band's backward at each candidate of the backward sweep (the backward's blocks cut to the forward's):")
+print(program_size_probe.format_rows(backward_probe))
+for name, rows in (("forwards", probe_rows), ("backwards", backward_probe)):
+    at_pace = [r["program_bundles"] for r in rows if r["ratio"] < tpu_measure.SLOW]
+    slow = [r["program_bundles"] for r in rows if r["ratio"] >= tpu_measure.SLOW]
+    print(f"{name} at pace: programs of {min(at_pace):,}-{max(at_pace):,} bundles; slow: {min(slow):,}-{max(slow):,}")
+print(f"v5e's program_bundles_limit in the chip table: {chip_spec('v5e').program_bundles_limit:,} bundles")
 
 # %% [markdown]
 # The chip's answer: the time follows the size of the program, not what it computes. The band at
 # 2,048 x 2,048 runs at pace without its pattern regions (a smaller program doing more masked work)
 # and slow with coarser patterns (a larger one); the band at 2,560 x 2,560 without patterns, no
-# pattern region at all but a large MASKED one, is still slow, if less so; issuing no scores ahead
-# changes neither size nor time. In the probes and in the sweep above, every forward at pace holds
-# at most 61,547 bundles and every slow one at least 71,140: a limit between the two, as if the core
-# held 2^16 = 65,536 bundles of instructions and fetched the rest while it runs. This is a reading of
-# measurements, not a documented fact of the chip, and it holds for the forward kernels; the
-# backward's sweep above does not follow it. The estimate does not model it: the tuner's measured
-# ranking keeps such blocks out on v5e, and a chip not measured may have another limit.
+# pattern region at all but a large MASKED one, is still slow, if less so; the band at 1,024 x 2,048,
+# at pace, turns slow when 64-key register tiles make its program larger; issuing no scores ahead
+# changes neither size nor time. The backward follows the same line: the band's backward ran at
+# pace only at the blocks whose program is small (63,603 bundles), and about 3.8 times its schedule
+# at every other (its blocks are cut to the forward's, so four candidates are two programs). In the
+# probes and the sweep above, every kernel at pace holds at most 63,603 bundles and every slow one at
+# least 71,140: a limit between the two, as if the core held 2^16 = 65,536 bundles of instructions
+# and fetched the rest while it runs. That is a reading of measurements, not a documented fact of
+# the chip. The chip table keeps it (`Chip.program_bundles_limit`, v5e only) and the block sweep's
+# tuner never picks a candidate past it; the estimate itself does not model it, and a chip not
+# measured may have another limit.

@@ -15,7 +15,8 @@ runs slow; if the time follows the blocks whatever the program, it is not the si
 
 Records: ``data/tpu_program_size_probe.jsonl``, one per probe and chip (the measured forward, median
 of the trials). ``table`` puts each beside its static estimate on that chip: bundles-only ms
-(``Estimate.bundles_only_seconds``) and program bundles, compiled here (deviceless).
+(``Estimate.bundles_only_seconds``) and program bundles, compiled here (deviceless); ``backward_rows``
+does the same for the backward sweep's measurements of the band (``tpu_measure.backward_sweep``).
 """
 
 from __future__ import annotations
@@ -153,15 +154,50 @@ def rows(records: dict[tuple, dict]) -> list[dict]:
     return out
 
 
+def backward_rows(measurements: list[dict], mask: str = BAND) -> list[dict]:
+    """Per TPU measurement of the backward sweep on ``mask`` (``tpu_measure.backward_sweep``'s
+    records): the measured backward beside the static estimate of that backward on its chip (compiled
+    here): bundles-only ms, program bundles of its largest kernel, and measured / bundles-only."""
+    from stlib.analysis.static import static_estimate
+    from stlib.configs import CASE_STUDY
+
+    out = []
+    for m in measurements:
+        if m["mask"] != mask:
+            continue
+        est = static_estimate(
+            IMPL,
+            mask,
+            m["chip"],
+            num_heads=CASE_STUDY.num_heads,
+            head_dim=CASE_STUDY.head_dim,
+            length=CASE_STUDY.num_tokens,
+            options={"backward_blocks": list(m["backward_blocks"])},
+            backward=True,
+        )
+        bare_ms = est.bundles_only_seconds * 1e3
+        out.append(
+            {
+                "chip": m["chip"],
+                "probe": "backward " + "x".join(map(str, m["backward_blocks"])),
+                "measured_ms": m["backward_ms"],
+                "bundles_only_ms": bare_ms,
+                "program_bundles": max(k.program_bundles for k in est.kernels),
+                "ratio": m["backward_ms"] / bare_ms,
+            }
+        )
+    return out
+
+
 def format_rows(table_rows: list[dict]) -> str:
-    """``rows`` as a fixed-width table, in ``PROBES``' order."""
+    """``rows`` (or ``backward_rows``) as a fixed-width table, in ``PROBES``' order."""
     order = {p.label: n for n, p in enumerate(PROBES)}
     header = (
         f"{'chip':<5} {'probe':<34} {'measured ms':>11} {'bundles-only ms':>15} {'program bundles':>15} "
         f"{'measured / bundles-only':>23}"
     )
     lines = [header]
-    for row in sorted(table_rows, key=lambda r: (r["chip"], order[r["probe"]])):
+    for row in sorted(table_rows, key=lambda r: (r["chip"], order.get(r["probe"], len(order)))):
         lines.append(
             f"{row['chip']:<5} {row['probe']:<34} {row['measured_ms']:>11.2f} {row['bundles_only_ms']:>15.2f} "
             f"{row['program_bundles']:>15,} {row['ratio']:>23.2f}"
