@@ -29,7 +29,8 @@
 # 3. **Ring**: the sequence stays split. Each kv shard travels to the devices whose queries see it
 #    (`ppermute`), the partial outputs merge by their log-sum-exp, and a sparse mask lets the ring
 #    skip the hops that no device needs. Any number of heads works.
-# 4. What that traffic costs beside the sparse kernel, at Wan 14B's shape, compiled for real slices
+# 4. What that traffic costs beside the sparse kernel, at Wan 14B's shape and at one minute of video
+#    (219,600 tokens), for heads, Ulysses, the ring and Ulysses x ring, compiled for real slices
 #    (v6e 2x2, TPU7x 2x2x1, v6e 4x4) without a TPU.
 # 5. The model: a Wan-style block in flax nnx whose self-attention is `stlib.attention_fn`, sharded.
 #
@@ -422,44 +423,60 @@ def check_bytes(all_to_all_bytes):
 exercises.verify("11.all_to_all_bytes", check_bytes, all_to_all_bytes)
 
 # %% [markdown]
-# ## At Wan 14B's shape: the slices and what Ulysses' traffic costs
+# ## At Wan 14B's shape and at one minute of video: the slices and what the traffic costs
 #
 # `python -m stlib.bench.slice_compile run` compiles 40 heads x 75,600 x 128 bf16 with a routed
 # per-head SVG plan (20 spatial, 20 temporal heads at density 0.25) on three slices: v6e 2x2
 # (4 chips), TPU7x 2x2x1 (4 chips, 8 TensorCores) and v6e 4x4 (16 chips over 4 hosts). 40 heads do
 # not divide over 16 devices, so the 4x4 slice takes a 2-D mesh: a batch of 2 (classifier-free
-# guidance) x 8 for heads or sequence, like maxdiffusion's data x context meshes. Its records are
-# committed. The table below reads them.
+# guidance) x 8 for heads or sequence, like maxdiffusion's data x context meshes. It compiles heads
+# and Ulysses at one minute of 720p video too (61 latent frames: 219,600 tokens, the cases ending in
+# `-1min`). The ring, and Ulysses beside a ring of 2 (`ulysses-ring`: the axis split into
+# Ulysses x ring, the plan's exact masks riding the ring head by head), are compiled by name
+# (`run --only v6e-2x2-ring ...`): a ring compiles one tile kernel per distinct block it attends,
+# and at this shape the blocks differ from device to device (18,900 tokens a device on 4: the
+# frames fall at a different place in every shard), 16 kernels of 40 heads on v6e 2x2, tens of
+# minutes of compiling on this series' 2-core machine. The records are committed; the table reads
+# them.
 #
-# The traffic model: an all-to-all of S bytes per device moves, per chip, (n_chips - 1) / n_chips of
-# its devices' bytes each way. At the chip's ICI bandwidth (both directions together, v6e 800 GB/s,
-# TPU7x 1,200 GB/s) that takes 2 x bytes / bandwidth, with no overlap with the kernel. It is a lower
-# bound: it counts each chip's injection bandwidth only, and leaves out link contention, latency and
-# routes over several hops. The kernel times are the block sweep's static estimates (notebook 08),
-# scaled to the heads' work per device. Every number here is a static estimate or a model. None is
-# a measurement. (`slice_compile` also compiles and models the ring, whose permutes overlap the
-# kernel, for the cases named with `--only ...-ring`; at this shape such a compile did not finish
-# within ten minutes on this series' 2-core machine, and the table shows the records committed.)
+# The traffic model: a collective of S bytes per device moves, per chip, its devices' S times the
+# share bound for another chip (an all-to-all over n chips: (n - 1) / n; a ring's permute: all of it
+# where the neighbour is on another chip, none where the two devices share a TPU7x chip), and
+# receives as many. At the chip's ICI bandwidth (both directions together, v6e 800 GB/s, TPU7x
+# 1,200 GB/s) that takes 2 x bytes / bandwidth. An all-to-all waits for the kernel and the kernel for
+# it; a ring's next hop moves while the current one computes, so its permutes cost only what
+# exceeds the kernel. It is a lower bound: it counts each chip's injection bandwidth only, and leaves
+# out link contention, latency and routes over several hops. The kernel times are the block sweep's
+# static estimates (notebook 08), scaled to the heads' work per device and, at 219,600 tokens, by the
+# square of the length (a density's pairs). Every number here is a static estimate or a model. None
+# is a measurement.
 
 # %%
 rows = slice_compile.table(slice_compile.read(cfg.data / "slice_compiles.jsonl"),
                            block_sweep.read(cfg.data / "tile_block_sweep.jsonl"))
 print(slice_compile.format_table(rows))
 fig = plotting.communication_vs_kernel(
-    rows, "Ulysses all-to-alls (model, a lower bound) vs the sparse kernel per device (static estimates)\n"
-    "40 heads x 75,600 x 128 bf16; kernel line through the band 0.25 and dense estimates")
+    rows, "all-to-alls and ring permutes (model, a lower bound) vs the sparse kernel per device (static estimates)\n"
+    "40 heads x 128 bf16; kernel line through the band 0.25 and dense estimates")
 plotting.save(fig, cfg.figure("11_ulysses_traffic"))
+print("\nthe fastest strategy on a sequence split, per density (modelled ms per call):")
+print(slice_compile.format_fastest(slice_compile.fastest(rows)))
 
 # %% [markdown]
-# Read the table this way. Heads sharding moves nothing, and each device holds 1 / N of q, k, v
-# (the input share column). Ulysses moves four arrays of a device's share (the all-to-all and
-# traffic columns).
-# Modelled on the ICI, that traffic is a small fraction of even the sparse kernel's estimated time
-# at density 0.25. The last column gives the density at which it would match the kernel's time
-# (the kernel's line through its dense and band 0.25 estimates, solved for the traffic): on every
-# slice it is below 0.02, far below any pattern the series uses. Ulysses pays
-# where the sequence must arrive split, as it does between the sequence-parallel parts of a DiT
-# block. Heads sharding is free when the heads already are.
+# Read the tables this way. Heads sharding moves nothing, and each device holds 1 / N of q, k, v
+# (the input share column), but its inputs must arrive split over the heads. The other strategies
+# take them split over the sequence, as the linear layers of a sequence-parallel DiT block hand them
+# over: Ulysses moves four arrays of a device's share (the all-to-all and traffic columns), the ring
+# moves k and v once per issued hop past the first (the permutes and hops columns), and Ulysses x
+# ring does both over half the devices each. Modelled on the ICI, every strategy's traffic is a
+# small fraction of the sparse kernel's estimated time at density 0.25; the density column gives
+# where it would match the kernel (the kernel's line through its dense and band 0.25 estimates,
+# solved for the traffic), below 0.02 on every slice at 75,600 tokens and nowhere at 219,600, where
+# the kernel's work grows with the square of the length and the traffic only with it. The last table
+# says which sequence-split strategy the model puts first at each density; the margins are a few
+# percent of the call, inside what a lower bound on the traffic can tell apart. The temporal heads
+# see their own position in every frame, so the ring issues every hop for them: at this plan's mix
+# the ring skips nothing, and its advantage is that its permutes hide behind the kernel.
 
 # %% [markdown]
 # ## The model: a Wan-style block in flax nnx
@@ -504,7 +521,9 @@ print(f"PASSED  WanBlock ({params:,} parameters, {H} heads, sliding tile {tile_m
 #   transfers. A zig-zag split evens out a frame-causal mask's work over the devices.
 # * Per-head masks must follow their heads. One SPMD program holds one branch per distinct
 #   per-device head slice. Laying heads out so the slices coincide (the exercise) compiles one kernel.
-# * At Wan 14B's shape the all-to-all traffic is a small fraction of the sparse kernel's estimated
-#   time on v6e and TPU7x. It would only match the kernel at a density far below any pattern here.
+# * At Wan 14B's shape, and more so at one minute of video, the traffic of Ulysses, the ring and
+#   Ulysses x ring is a small fraction of the sparse kernel's estimated time on v6e and TPU7x; a
+#   ring's permutes hide behind its kernel. It would only match the kernel at a density far below
+#   any pattern here.
 # * `stlib.attention_fn` drops into flax's `MultiHeadAttention`. The block trains (gradients through
 #   `impl="xla"` here; the Pallas kernels' backward is the subject of the training notebook).

@@ -140,18 +140,21 @@ def rows(records: dict[tuple, dict]) -> list[dict]:
             block_sizes={"block_q": probe.blocks[0], "block_kv": probe.blocks[1]},
             options=probe.call_options(chip),
         )
-        bare_ms = est.bundles_only_seconds * 1e3
-        out.append(
-            {
-                "chip": chip,
-                "probe": label,
-                "measured_ms": r["median_ms"],
-                "bundles_only_ms": bare_ms,
-                "program_bundles": max(k.program_bundles for k in est.kernels),
-                "ratio": r["median_ms"] / bare_ms,
-            }
-        )
+        out.append(_row(chip, label, r["median_ms"], est))
     return out
+
+
+def _row(chip: str, label: str, measured_ms: float, est) -> dict:
+    """One table row: a measured time beside its static estimate's bundles-only ms and program size."""
+    bare_ms = est.bundles_only_seconds * 1e3
+    return {
+        "chip": chip,
+        "probe": label,
+        "measured_ms": measured_ms,
+        "bundles_only_ms": bare_ms,
+        "program_bundles": max(k.program_bundles for k in est.kernels),
+        "ratio": measured_ms / bare_ms,
+    }
 
 
 def backward_rows(measurements: list[dict], mask: str = BAND) -> list[dict]:
@@ -175,17 +178,8 @@ def backward_rows(measurements: list[dict], mask: str = BAND) -> list[dict]:
             options={"backward_blocks": list(m["backward_blocks"])},
             backward=True,
         )
-        bare_ms = est.bundles_only_seconds * 1e3
-        out.append(
-            {
-                "chip": m["chip"],
-                "probe": "backward " + "x".join(map(str, m["backward_blocks"])),
-                "measured_ms": m["backward_ms"],
-                "bundles_only_ms": bare_ms,
-                "program_bundles": max(k.program_bundles for k in est.kernels),
-                "ratio": m["backward_ms"] / bare_ms,
-            }
-        )
+        label = "backward " + "x".join(map(str, m["backward_blocks"]))
+        out.append(_row(m["chip"], label, m["backward_ms"], est))
     return out
 
 
