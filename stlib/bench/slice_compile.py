@@ -449,20 +449,23 @@ def modelled_ms(row: dict, density: float) -> float | None:
 
 #: The densities ``fastest`` compares the strategies at.
 DENSITIES = (0.05, 0.1, 0.25, 0.5, 1.0)
+#: Cases whose modelled times lie within this fraction of the fastest's tie with it.
+TIE = 1e-3
 #: The strategies that take q, k, v split over the sequence, as a DiT's sequence-parallel layers hand
 #: them over ("heads" needs them split over the heads: from a sequence split, that is Ulysses).
 SEQUENCE_SPLIT = ("ulysses", "ring", "ulysses-ring")
 
 
 def fastest(rows, densities=DENSITIES, strategies=SEQUENCE_SPLIT) -> list[dict]:
-    """Per slice and sequence length: the case whose ``modelled_ms`` is lowest at each density, among
-    the cases of ``strategies`` compiled for that slice and length (a model over static estimates).
+    """Per slice and sequence length: the cases whose ``modelled_ms`` is lowest at each density (those
+    within ``TIE`` of it, fastest first), among the cases of ``strategies`` compiled for that slice
+    and length (a model over static estimates).
 
     >>> rows = [{"case": c, "tokens": 8, "traffic ms (model)": t, "of it ring permutes ms (model)": p,
     ...          "kernel ms, band 0.25 (est.)": 10.0, "kernel ms, dense (est.)": 40.0}
     ...         for c, t, p in (("s-ulysses", 2.0, 0.0), ("s-ring", 20.0, 20.0))]
     >>> [(r["density"], r["fastest"], r["ms"]) for r in fastest(rows, (0.25, 1.0))]
-    [(0.25, 's-ulysses', 12.0), (1.0, 's-ring', 40.0)]
+    [(0.25, ['s-ulysses'], 12.0), (1.0, ['s-ring'], 40.0)]
     """
     out = []
     groups: dict = {}
@@ -472,20 +475,20 @@ def fastest(rows, densities=DENSITIES, strategies=SEQUENCE_SPLIT) -> list[dict]:
             groups.setdefault((slice_name, row["tokens"]), []).append(row)
     for (slice_name, tokens), group in groups.items():
         for density in densities:
-            timed = [
-                (modelled_ms(r, density), r["case"]) for r in group if modelled_ms(r, density) is not None
-            ]
+            timed = [(modelled_ms(r, density), r["case"]) for r in group]
+            timed = [(t, case) for t, case in timed if t is not None]
             if timed:
-                ms, case = min(timed)
+                ms = min(t for t, _ in timed)
+                tied = [case for t, case in sorted(timed) if t <= ms * (1 + TIE)]
                 out.append(
-                    {"slice": slice_name, "tokens": tokens, "density": density, "fastest": case, "ms": ms}
+                    {"slice": slice_name, "tokens": tokens, "density": density, "fastest": tied, "ms": ms}
                 )
     return out
 
 
 def format_fastest(picks: list[dict]) -> str:
     """``fastest``'s picks as a Markdown table: a row per slice and length, a column per density, each
-    cell the fastest strategy and its modelled ms."""
+    cell the fastest strategy (tied ones joined by "=") and its modelled ms."""
     densities = list(dict.fromkeys(p["density"] for p in picks))
     lines = [
         "| slice | tokens | " + " | ".join(f"density {d:g}" for d in densities) + " |",
@@ -494,7 +497,7 @@ def format_fastest(picks: list[dict]) -> str:
     for key in dict.fromkeys((p["slice"], p["tokens"]) for p in picks):
         cells = {p["density"]: p for p in picks if (p["slice"], p["tokens"]) == key}
         row = [
-            f"{cells[d]['fastest'].removeprefix(key[0] + '-').removesuffix('-1min')} {cells[d]['ms']:.3g}"
+            " = ".join(_split_case(case)[1] for case in cells[d]["fastest"]) + f" {cells[d]['ms']:.3g}"
             if d in cells
             else "-"
             for d in densities
