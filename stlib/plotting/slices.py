@@ -42,55 +42,68 @@ def _traffic_kind(row: dict) -> str:
     return "all-to-alls (model)" if row.get("all-to-alls") else "ring permutes, overlapped (model)"
 
 
+#: Line style of a case's traffic by its kind (the kernel's line is solid, one per slice).
+_TRAFFIC_STYLES = {
+    "all-to-alls (model)": "--",
+    "ring permutes, overlapped (model)": ":",
+    "all-to-alls + ring permutes (model)": "-.",
+}
+
+
 def communication_vs_kernel(rows: list[dict], title: str):
     """Per case of ``stlib.bench.slice_compile.table`` with traffic (Ulysses' all-to-alls, a ring's
     permutes), one panel per sequence length (``tokens``): the kernel's estimated time per device
-    against density (a line through its band 0.25 and dense estimates) and the modelled traffic time
-    (horizontal), with the density where they meet marked where they do (labels stacked so they do
-    not overlap)."""
+    against density, one solid line per slice (through its band 0.25 and dense estimates: every
+    strategy of a slice runs the same work per device), and each case's modelled traffic time as a
+    horizontal line styled by its kind, with the density where they meet marked where they do
+    (labels in a column, each with a leader to its point; the legend below the panels)."""
     cases = [
         r
         for r in rows
         if (r.get("all-to-alls") or r.get("permutes")) and r.get("kernel ms, dense (est.)") is not None
     ]
     lengths = sorted({r["tokens"] for r in cases})
-    fig, axes = plt.subplots(
-        1,
-        max(len(lengths), 1),
-        figsize=(6.2 * max(len(lengths), 1), 4.8),
-        squeeze=False,
-        constrained_layout=True,
-    )
+    slices = list(dict.fromkeys(r["case"].removesuffix("-1min").rsplit("-", 1)[0] for r in cases))
+    color_of = {name: PALETTE[i % len(PALETTE)] for i, name in enumerate(slices)}
+    panels = max(len(lengths), 1)
+    fig, axes = plt.subplots(1, panels, figsize=(6.4 * panels, 5.6), squeeze=False, constrained_layout=True)
     density = np.linspace(0.0, 1.0, 201)
     for ax, length in zip(axes[0], lengths):
         here = [r for r in cases if r["tokens"] == length]
-        for i, r in enumerate(here):
-            color = PALETTE[i % len(PALETTE)]
+        drawn = set()
+        labels = 0
+        for r in here:
+            slice_name = next(name for name in slices if r["case"].startswith(name + "-"))
+            color = color_of[slice_name]
             band, dense = r["kernel ms, band 0.25 (est.)"], r["kernel ms, dense (est.)"]
-            kernel = band + (density - 0.25) * (dense - band) / 0.75
-            ax.plot(density, kernel, color=color, lw=1.8, label=f"{r['case']}: kernel per device (est.)")
-            ax.plot([0.25, 1.0], [band, dense], "o", color=color, ms=4)
+            if slice_name not in drawn:
+                drawn.add(slice_name)
+                kernel = band + (density - 0.25) * (dense - band) / 0.75
+                ax.plot(density, kernel, color=color, lw=1.8, label=f"{slice_name}: kernel per device (est.)")
+                ax.plot([0.25, 1.0], [band, dense], "o", color=color, ms=4)
+            kind = _traffic_kind(r)
             ax.axhline(
                 r["traffic ms (model)"],
                 color=color,
-                ls="--",
-                lw=1.2,
-                label=f"{r['case']}: {_traffic_kind(r)}",
+                ls=_TRAFFIC_STYLES[kind],
+                lw=1.3,
+                label=f"{r['case']}: {kind}",
             )
             crossing = r.get("density where traffic = kernel")
             if isinstance(crossing, float) and 0 <= crossing <= 1:
                 ax.plot([crossing], [r["traffic ms (model)"]], "x", color=color, ms=8, mew=2)
                 ax.annotate(
-                    f"d = {crossing:.3f}",
+                    f"{r['case'].removeprefix(slice_name + '-')}: d = {crossing:.3f}",
                     (crossing, r["traffic ms (model)"]),
                     textcoords="axes fraction",
-                    # a column of labels, one line each, a leader to its point: right of the curves'
-                    # steep start, above the traffic lines and below the kernel lines
-                    xytext=(0.3, 0.5 - 0.06 * i),
+                    # a column of labels right of the curves' steep start, between the traffic lines
+                    # and the kernel lines, one line each with a leader to its point
+                    xytext=(0.62, 0.64 - 0.045 * labels),
                     arrowprops={"arrowstyle": "-", "lw": 0.6, "color": color},
-                    fontsize=8,
+                    fontsize=7.5,
                     color=color,
                 )
+                labels += 1
         ax.set_yscale("log")  # the traffic sits an order of magnitude below the kernel: a log axis shows both
         ax.set(
             xlabel="attention density (fraction of pairs)",
@@ -98,7 +111,7 @@ def communication_vs_kernel(rows: list[dict], title: str):
             xlim=(0, 1),
             title=f"{length:,} tokens",
         )
-        ax.legend(fontsize=6.5, loc="lower right")
+        ax.legend(fontsize=6.5, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)
     fig.suptitle(title, fontsize=10)
     return fig
 
