@@ -390,8 +390,10 @@ ring_arg = jax.ShapeDtypeStruct((8, small_grid.num_tokens, 128), jnp.bfloat16,
 for name, m in {"the spatial heads": masks.spatial(small_grid, 0), "the per-head mix": small_mix}.items():
     text = jax.jit(lambda q, k, v, m=m: stlib.parallel_attention(
         q, k, v, m, mesh=tpu_mesh, axis_name="x", strategy="ring")).lower(ring_arg, ring_arg, ring_arg).compile().as_text()
+    ahead, starts = slice_compile.permutes_ahead(text)
     print(f"v6e:2x2 ring with {name}: {len(re.findall(r'collective-permute(?:-start)?[(]', text))} kv-shard "
-          f"transfers (collective-permutes) in the compiled program")
+          f"transfers (collective-permutes) in the compiled program, {ahead} of {starts} started before its "
+          "first kernel")
 
 # %% [markdown]
 # ### Exercise 2: what one all-to-all moves
@@ -468,15 +470,20 @@ print(slice_compile.format_fastest(slice_compile.fastest(rows)))
 # take them split over the sequence, as the linear layers of a sequence-parallel DiT block hand them
 # over: Ulysses moves four arrays of a device's share (the all-to-all and traffic columns), the ring
 # moves k and v once per issued hop past the first (the permutes and hops columns), and Ulysses x
-# ring does both over half the devices each. Modelled on the ICI, every strategy's traffic is a
-# small fraction of the sparse kernel's estimated time at density 0.25; the density column gives
-# where it would match the kernel (the kernel's line through its dense and band 0.25 estimates,
-# solved for the traffic), below 0.02 on every slice at 75,600 tokens and nowhere at 219,600, where
-# the kernel's work grows with the square of the length and the traffic only with it. The last table
-# says which sequence-split strategy the model puts first at each density; the margins are a few
-# percent of the call, inside what a lower bound on the traffic can tell apart. The temporal heads
-# see their own position in every frame, so the ring issues every hop for them: at this plan's mix
-# the ring skips nothing, and its advantage is that its permutes hide behind the kernel.
+# ring does both over fewer devices each. The temporal heads see their own position in every frame,
+# so the ring issues every hop for them: at this plan's mix the ring skips nothing (a same-frame
+# mask would move nothing, as the small programs above show). Modelled on the ICI, every strategy's
+# traffic is a small fraction of the sparse kernel's estimated time at density 0.25. The density
+# column gives where it would match the kernel (the kernel's line through its dense and band 0.25
+# estimates, solved for the traffic): at most 0.036 at 75,600 tokens (the ring's six permutes), and
+# nowhere at 219,600 tokens, where the kernel's work grows with the square of the length and the
+# traffic only with it. The last table says which sequence-split strategy the model puts first at
+# each density: where the ring was compiled its permutes hide behind the kernel and it leads; on
+# TPU7x, Ulysses x ring keeps its ring on one chip's two TensorCores and ties Ulysses. The margins
+# are a few percent of the call, within what a lower bound on the traffic can tell apart. The
+# overlap is the compiler's: in the small ring programs above every transfer starts before the first
+# kernel runs (the last number of their lines), so each hop's kv shard moves while the earlier hops
+# compute.
 
 # %% [markdown]
 # ## The model: a Wan-style block in flax nnx

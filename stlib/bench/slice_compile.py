@@ -159,6 +159,24 @@ def permute_bytes(hlo_text: str) -> list[int]:
     return _collective_bytes(_PERMUTE, hlo_text)
 
 
+_ENTRY_OP = re.compile(r"= [^=\n]*? (collective-permute-start|conditional|custom-call)\(")
+
+
+def permutes_ahead(hlo_text: str) -> tuple[int, int]:
+    """(the collective-permutes of a compiled program's entry computation that start before its first
+    kernel or branch runs, all of them): how far a ring's transfers run ahead of its compute.
+
+    >>> ops = ["collective-permute-start(%x)", "conditional(%i)", "collective-permute-start(%y)"]
+    >>> permutes_ahead("ENTRY %main {" + "".join(f" %{n} = bf16[2] {op}" + chr(10) for n, op in enumerate(ops)))
+    (1, 2)
+    """
+    entry = hlo_text[hlo_text.index("ENTRY") :]
+    ops = _ENTRY_OP.findall(entry)
+    starts = [n for n, op in enumerate(ops) if op == "collective-permute-start"]
+    first = next((n for n, op in enumerate(ops) if op != "collective-permute-start"), len(ops))
+    return sum(n < first for n in starts), len(starts)
+
+
 def compile_case(case: Case, plan=None) -> dict:
     """Compile the call of one case (its plan: ``model_plan(case.grid)`` unless given); returns its
     record."""
