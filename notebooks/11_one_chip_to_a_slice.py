@@ -471,11 +471,11 @@ print(slice_compile.format_fastest(slice_compile.fastest(rows)))
 # over: Ulysses moves four arrays of a device's share (the all-to-all and traffic columns), the ring
 # moves k and v once per issued hop past the first (the permutes and hops columns), and Ulysses x
 # ring does both over fewer devices each. The temporal heads see their own position in every frame,
-# so the ring issues every hop for them: at this plan's mix the ring skips nothing (a same-frame
-# mask would move nothing, as the small programs above show). Modelled on the ICI, every strategy's
+# so the ring issues every hop for them: at this plan's mix the ring skips nothing (the spatial heads
+# alone skip a hop, as the ring written in view above shows). Modelled on the ICI, every strategy's
 # traffic is a small fraction of the sparse kernel's estimated time at density 0.25. The density
 # column gives where it would match the kernel (the kernel's line through its dense and band 0.25
-# estimates, solved for the traffic): at most 0.036 at 75,600 tokens (the ring's six permutes), and
+# estimates, solved for the traffic): at most 0.0358 at 75,600 tokens (the ring's six permutes), and
 # nowhere at 219,600 tokens, where the kernel's work grows with the square of the length and the
 # traffic only with it. The last table says which sequence-split strategy the model puts first at
 # each density: where the ring was compiled its permutes hide behind the kernel and it leads; on

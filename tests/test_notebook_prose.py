@@ -63,7 +63,10 @@ CITED: dict[str, dict[str, str]] = {
         "77,824": "answer 1's arithmetic, a [1, 148, 74] table padded to 152 x 128 words",
     },
     "06": {"10,240": "an answer's arithmetic, the band's width at density 0.25"},
-    "07": {"56,700": "the arithmetic of the prose, 75,600 x 0.75"},
+    "07": {
+        "56,700": "the arithmetic of the prose, 75,600 x 0.75",
+        "147,600": "a long video's tokens (41 x 45 x 80) where the library's fold_all met a VMEM overflow",
+    },
     "09": {
         "3,328": "the public design's q tile (REFERENCE.md)",
         "2,816": "the public design's kv tile (REFERENCE.md)",
@@ -71,8 +74,8 @@ CITED: dict[str, dict[str, str]] = {
     },
     "10": {"8,128": "the arithmetic of the prose, 8,192 - 64"},
     "11": {
-        "0.02": "a round bound above every crossing density the table prints",
         "1,200": "TPU7x's ICI bandwidth in GB/s, the chip table's",
+        "18,900": "the arithmetic of the prose, 75,600 tokens over 4 devices",
     },
 }
 
