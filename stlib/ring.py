@@ -8,6 +8,12 @@ mask (``Mask.block_view``), and a sparse video mask leaves most of them empty: a
 empty on every device and for every head is not issued at all (no transfer, no kernel), and a device
 whose block is empty on an issued hop runs no kernel on it. Devices whose blocks allow the same
 pairs share one compiled branch (``lax.switch`` on the axis index), as ``parallel`` does for heads.
+Each issued hop is one collective-permute straight from the shard's owner by the hop's offset, not
+a shard passed on device by device (a ring that skips hops has no one to pass it along): hop o and
+hop N - o are equally far, one each way round, and the interconnect routes each. In the programs
+compiled for a v6e 2x2 slice (the tests, notebook 11) every hop's transfer starts before the first
+kernel runs (``stlib.bench.slice_compile.permutes_ahead``), so later hops move while earlier ones
+compute.
 
 The backward rides the same hops: the kv shard comes over again, the kernel's own backward gives
 the hop's dq (kept) and dk, dv (sent back to their owner by the inverse ``ppermute`` and summed

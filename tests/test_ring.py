@@ -20,7 +20,7 @@ from jax.sharding import PartitionSpec as P
 
 import stlib
 from stlib import masks
-from stlib.bench.slice_compile import all_to_all_bytes, permute_bytes
+from stlib.bench.slice_compile import all_to_all_bytes, permute_bytes, permutes_ahead
 from stlib.parallel import parallel_attention
 from stlib.registry import Role, by_role
 from stlib.ring import plan_mask, ring_hops
@@ -182,6 +182,7 @@ def test_a_ring_compiles_for_a_v6e_slice():
     text = compiled.as_text()
     assert compiled.memory_analysis().argument_size_in_bytes == 3 * 5 * grid.num_tokens * 128 * 2 // 4
     assert len(PERMUTE.findall(text)) == 6  # the temporal heads need every hop
+    assert permutes_ahead(text) == (6, 6)  # every transfer under way before the first kernel
     assert any(name in text for name in kernel.estimator.kernel_names)
     grad = jax.jit(jax.grad(lambda *a: fn(*a).astype(jnp.float32).sum(), argnums=(0, 1, 2)))
     assert "tpu_custom_call" in grad.lower(shape, shape, shape).compile().as_text()
