@@ -101,7 +101,7 @@ from jax.sharding import PartitionSpec as P
 
 import stlib
 from stlib import exercises, masks, notebook, parallel, plotting, ring
-from stlib.bench import block_sweep, slice_compile
+from stlib.bench import block_sweep, collectives, slice_compile
 
 cfg = notebook.setup(SIZE, solutions=SOLUTIONS)
 tolerance = notebook.tolerance
@@ -381,7 +381,7 @@ for strategy, spec in (("heads", P("x", None, None)), ("ulysses", P(None, "x", N
     arg = jax.ShapeDtypeStruct((8, small_grid.num_tokens, 128), jnp.bfloat16, sharding=NamedSharding(tpu_mesh, spec))
     compiled = jax.jit(lambda q, k, v, strategy=strategy: stlib.parallel_attention(
         q, k, v, small_mix, mesh=tpu_mesh, axis_name="x", strategy=strategy, grid=small_grid)).lower(arg, arg, arg).compile()
-    moved = slice_compile.all_to_all_bytes(compiled.as_text())
+    moved = collectives.all_to_all_bytes(compiled.as_text())
     share = compiled.memory_analysis().argument_size_in_bytes / (3 * 8 * small_grid.num_tokens * 128 * 2)
     print(f"v6e:2x2 {strategy:8s}: each device holds {share:.2f} of q, k, v; {len(moved)} all-to-alls of "
           f"{[f'{b / 1e6:.2f} MB' for b in moved]}")
@@ -390,7 +390,7 @@ ring_arg = jax.ShapeDtypeStruct((8, small_grid.num_tokens, 128), jnp.bfloat16,
 for name, m in {"the spatial heads": masks.spatial(small_grid, 0), "the per-head mix": small_mix}.items():
     text = jax.jit(lambda q, k, v, m=m: stlib.parallel_attention(
         q, k, v, m, mesh=tpu_mesh, axis_name="x", strategy="ring")).lower(ring_arg, ring_arg, ring_arg).compile().as_text()
-    ahead, starts = slice_compile.permutes_ahead(text)
+    ahead, starts = collectives.permutes_ahead(text)
     print(f"v6e:2x2 ring with {name}: {len(re.findall(r'collective-permute(?:-start)?[(]', text))} kv-shard "
           f"transfers (collective-permutes) in the compiled program, {ahead} of {starts} started before its "
           "first kernel")

@@ -12,7 +12,7 @@ Each issued hop is one collective-permute straight from the shard's owner by the
 a shard passed on device by device (a ring that skips hops has no one to pass it along): hop o and
 hop N - o are equally far, one each way round, and the interconnect routes each. In the programs
 compiled for a v6e 2x2 slice (the tests, notebook 11) every hop's transfer starts before the first
-kernel runs (``stlib.bench.slice_compile.permutes_ahead``), so later hops move while earlier ones
+kernel runs (``stlib.bench.collectives.permutes_ahead``), so later hops move while earlier ones
 compute.
 
 The backward rides the same hops: the kv shard comes over again, the kernel's own backward gives

@@ -1,6 +1,6 @@
 """The slice-compile records and their communication table (``stlib.bench.slice_compile``): the
-HLO reader, the traffic model and the density where traffic meets the kernel, on hand-made records
-and on the committed ones."""
+HLO reader and the chip shares (``stlib.bench.collectives``), the traffic model and the density
+where traffic meets the kernel, on hand-made records and on the committed ones."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from stlib import paths
-from stlib.bench import block_sweep, slice_compile
+from stlib.bench import block_sweep, collectives, slice_compile
 
 HLO = """
   %all_to_all.16 = bf16[1,8,192,128]{3,2,0,1:T(8,128)(2,1)S(1)} all-to-all(%bitcast.61), channel_id=1
@@ -18,8 +18,8 @@ HLO = """
 
 
 def test_all_to_all_bytes_reads_each_all_to_all_of_the_hlo():
-    assert slice_compile.all_to_all_bytes(HLO) == [8 * 192 * 128 * 2, 10 * 75600 * 128 * 4]
-    assert slice_compile.all_to_all_bytes("%fusion = bf16[8]{0} fusion(%p)") == []
+    assert collectives.all_to_all_bytes(HLO) == [8 * 192 * 128 * 2, 10 * 75600 * 128 * 4]
+    assert collectives.all_to_all_bytes("%fusion = bf16[8]{0} fusion(%p)") == []
 
 
 PERMUTES = """
@@ -30,8 +30,8 @@ PERMUTES = """
 
 
 def test_permute_bytes_reads_each_collective_permute_once():
-    assert slice_compile.permute_bytes(PERMUTES) == [5 * 512 * 128 * 2, 4 * 256 * 4]  # starts, not dones
-    assert slice_compile.permute_bytes(HLO) == []
+    assert collectives.permute_bytes(PERMUTES) == [5 * 512 * 128 * 2, 4 * 256 * 4]  # starts, not dones
+    assert collectives.permute_bytes(HLO) == []
 
 
 def test_a_ring_costs_the_longer_of_its_traffic_and_its_kernel():
@@ -93,11 +93,11 @@ def test_the_chip_shares_come_from_the_devices_chip_coordinates():
 
     devices = np.array(topologies.get_topology_desc(platform="tpu", topology_name="tpu7x:2x2x1").devices)
     flat = Mesh(devices, ("x",))
-    assert slice_compile.all_to_all_offchip(slice_compile.chip_groups(flat, "x")) == pytest.approx(0.75)
+    assert collectives.all_to_all_offchip(collectives.chip_groups(flat, "x")) == pytest.approx(0.75)
     two = Mesh(devices.reshape(4, 2), ("ulysses", "ring"))  # the ring: a chip's two devices
-    assert slice_compile.chip_groups(two, "ring").tolist() == [[0, 0], [1, 1], [2, 2], [3, 3]]
-    assert slice_compile.permute_offchip(slice_compile.chip_groups(two, "ring"), [0, 1]) == 0.0
-    assert slice_compile.all_to_all_offchip(slice_compile.chip_groups(two, "ulysses")) == pytest.approx(0.75)
+    assert collectives.chip_groups(two, "ring").tolist() == [[0, 0], [1, 1], [2, 2], [3, 3]]
+    assert collectives.permute_offchip(collectives.chip_groups(two, "ring"), [0, 1]) == 0.0
+    assert collectives.all_to_all_offchip(collectives.chip_groups(two, "ulysses")) == pytest.approx(0.75)
 
 
 def test_the_crossing_density_lies_on_the_kernel_line():

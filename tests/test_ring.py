@@ -20,7 +20,7 @@ from jax.sharding import PartitionSpec as P
 
 import stlib
 from stlib import masks
-from stlib.bench.slice_compile import all_to_all_bytes, permute_bytes, permutes_ahead
+from stlib.bench.collectives import all_to_all_bytes, permute_bytes, permutes_ahead
 from stlib.parallel import parallel_attention
 from stlib.registry import Role, by_role
 from stlib.ring import plan_mask, ring_hops

@@ -3,29 +3,24 @@
 ``run`` compiles ``stlib.parallel_attention`` at the model shape (40 heads x 75,600 tokens x 128,
 bf16; a per-head SVG plan of 20 spatial and 20 temporal heads at density 0.25), and at one minute
 of 720p video (61 latent frames: 219,600 tokens), for each slice of ``SLICES`` and strategy,
-deviceless (libtpu), and records per case: the compile time, each device's share of the inputs
-(``memory_analysis``), the Pallas kernels compiled, every all-to-all and collective-permute of the
-program with its bytes (read from the compiled HLO), and the share of each collective's bytes that
-leaves its chip (from the devices' chip coordinates: a TPU7x chip holds two devices). "heads" and
-"ulysses" run the routed plan; "ring" and "ulysses-ring" run the plan's exact masks in raster order
-with the sequence split over the devices (``stlib.ring.plan_mask``; a hop no device needs is not
-issued); "ulysses-ring" splits the slice's axis into Ulysses x a ring of ``RING_SIZE``. ``table``
-puts the traffic beside the kernel's static estimate (the committed block sweep's best blocks,
-scaled to the case's heads and pairs) and says at which density the traffic takes as long as the
-sparse kernel.
+deviceless, and records per case: the compile time, each device's share of the inputs, the Pallas
+kernels compiled, every all-to-all and collective-permute with its bytes and the share of them that
+leaves its chip (``stlib.bench.collectives``). "heads" and "ulysses" run the routed plan; "ring" and
+"ulysses-ring" (Ulysses x a ring of ``RING_SIZE``) its exact masks in raster order, the sequence
+split over the devices (``stlib.ring.plan_mask``). ``table`` puts the traffic beside the kernel's
+static estimate (the block sweep's best, scaled to the case's heads and pairs) and says at which
+density the traffic takes as long as the sparse kernel.
 
-The communication model (a model, not a measurement; a lower bound from each chip's injection
-bandwidth: no link contention, no latency, no routing over several hops): a collective of S bytes
-per device moves, per chip, its devices' S times the share of those bytes bound for another chip
-(an all-to-all over n devices on n_chips chips: (n_chips - 1) / n_chips; a ring's permute: 1 where
-the neighbour sits on another chip, 0 where it shares the chip), and receives as many; with the
-chip's ICI bandwidth counting both directions together (``Chip.ici_bandwidth``) that takes 2 x those
-bytes / bandwidth. An all-to-all waits for the kernel and the kernel for it (no overlap); a ring's
-next hop can move while the current one computes, so a ring costs the longer of its traffic and its
-kernel (overlap counted; the kernel estimate assumes its work evenly spread over the devices).
+The communication model (a lower bound from each chip's injection bandwidth: no link contention,
+no latency, no routing over several hops; never a measurement): a collective of S bytes per device
+moves, per chip, its devices' S times the share bound for another chip, and receives as many; at
+the chip's ICI bandwidth, both directions together (``Chip.ici_bandwidth``), that takes 2 x those
+bytes / bandwidth. An all-to-all waits for the kernel and the kernel for it; a ring's next hop moves
+while the current one computes, so its permutes cost only what exceeds the kernel (whose estimate
+assumes its work evenly spread over the devices).
 
     python -m stlib.bench.slice_compile run [--only v6e-2x2-ulysses ...]   # ~10-20 s a case, minutes in all
-    python -m stlib.bench.slice_compile run --only v6e-2x2-ring            # about 20 minutes on 2 cores
+    python -m stlib.bench.slice_compile run --only v6e-2x2-ring            # tens of minutes on 2 cores
     python -m stlib.bench.slice_compile table
 """
 
@@ -83,12 +78,10 @@ SLICES = (
     Slice("v6e-4x4", "v6e", "v6e:4x4", (2, 8), ("batch", "heads")),
 )
 STRATEGY_NAMES = ("heads", "ulysses", "ring", "ulysses-ring")
-#: What ``run`` compiles unless ``--only`` names cases. The ring at the model shape compiles one
-#: tile kernel per distinct (hop, device) block: on v6e 2x2 every hop is issued (the temporal heads
-#: see every frame) and every device's block differs (18,900 tokens a device: the frames fall at a
-#: different place in each shard), 16 kernels of 40 heads, about 70 s each on this series' 2-core
-#: machine; a ring of 8 would be 64. So the rings run by name, and the long video's only as Ulysses
-#: and heads.
+#: What ``run`` compiles unless ``--only`` names cases. A ring compiles one tile kernel per distinct
+#: (hop, device) block: on v6e 2x2 every hop is issued and every device's block differs (the frames
+#: fall at a different place in each shard), 16 kernels of 40 heads, 49 minutes on 2 busy cores; a
+#: ring of 8 would be 64. So the rings run by name, and the long video only as heads and Ulysses.
 DEFAULT_STRATEGIES = ("heads", "ulysses")
 #: The strategies compiled at ``LONG_GRID`` too.
 LONG_STRATEGIES = ("heads", "ulysses")
@@ -135,48 +128,6 @@ def cases(only=None) -> list[Case]:
     return [c for c in every if c.name in only]
 
 
-_ALL_TO_ALL = re.compile(r"= (\w+)\[([\d,]*)\][^ ]* all-to-all\(")
-#: A collective-permute's result: its array, or the (operand, result, contexts) tuple of the async
-#: "-start" form, whose first array is the one sent.
-_PERMUTE = re.compile(r"= \(?(\w+)\[([\d,]*)\][^=\n]*? collective-permute(?:-start)?\(")
-_ITEMSIZE = {"bf16": 2, "f16": 2, "f32": 4, "s32": 4, "u32": 4, "s8": 1, "u8": 1, "pred": 1}
-
-
-def _collective_bytes(pattern: re.Pattern, hlo_text: str) -> list[int]:
-    return [
-        int(np.prod([int(d) for d in dims.split(",") if d])) * _ITEMSIZE[dtype]
-        for dtype, dims in pattern.findall(hlo_text)
-    ]
-
-
-def all_to_all_bytes(hlo_text: str) -> list[int]:
-    """The bytes per device of every all-to-all in a compiled program's HLO text."""
-    return _collective_bytes(_ALL_TO_ALL, hlo_text)
-
-
-def permute_bytes(hlo_text: str) -> list[int]:
-    """The bytes per device each collective-permute of a compiled program's HLO text sends."""
-    return _collective_bytes(_PERMUTE, hlo_text)
-
-
-_ENTRY_OP = re.compile(r"= [^=\n]*? (collective-permute-start|conditional|custom-call)\(")
-
-
-def permutes_ahead(hlo_text: str) -> tuple[int, int]:
-    """(the collective-permutes of a compiled program's entry computation that start before its first
-    kernel or branch runs, all of them): how far a ring's transfers run ahead of its compute.
-
-    >>> ops = ["collective-permute-start(%x)", "conditional(%i)", "collective-permute-start(%y)"]
-    >>> permutes_ahead("ENTRY %main {" + "".join(f" %{n} = bf16[2] {op}" + chr(10) for n, op in enumerate(ops)))
-    (1, 2)
-    """
-    entry = hlo_text[hlo_text.index("ENTRY") :]
-    ops = _ENTRY_OP.findall(entry)
-    starts = [n for n, op in enumerate(ops) if op == "collective-permute-start"]
-    first = next((n for n, op in enumerate(ops) if op != "collective-permute-start"), len(ops))
-    return sum(n < first for n in starts), len(starts)
-
-
 def compile_case(case: Case, plan=None) -> dict:
     """Compile the call of one case (its plan: ``model_plan(case.grid)`` unless given); returns its
     record."""
@@ -187,6 +138,13 @@ def compile_case(case: Case, plan=None) -> dict:
     from jax.sharding import PartitionSpec as P
 
     from stlib import registry
+    from stlib.bench.collectives import (
+        all_to_all_bytes,
+        all_to_all_offchip,
+        chip_groups,
+        permute_bytes,
+        permute_offchip,
+    )
     from stlib.parallel import device_branches, head_slice, parallel_attention
     from stlib.ring import plan_mask, ring_hops
 
@@ -267,41 +225,6 @@ def compile_case(case: Case, plan=None) -> dict:
         if "ring" not in collective_axes
         else permute_offchip(chip_groups(mesh, collective_axes["ring"]), hops or ()),
     }
-
-
-def chip_groups(mesh, axis: str) -> np.ndarray:
-    """int [groups, n]: the chip of each device of ``mesh`` (numbered by its chip coordinates: a
-    TPU7x chip holds two devices), the groups of the collective over ``axis`` (of n devices) as rows."""
-    devices = np.moveaxis(np.asarray(mesh.devices), mesh.axis_names.index(axis), -1)
-    coords = [tuple(d.coords) for d in devices.reshape(-1)]
-    numbers = {c: n for n, c in enumerate(dict.fromkeys(coords))}
-    return np.array([numbers[c] for c in coords]).reshape(-1, mesh.shape[axis])
-
-
-def all_to_all_offchip(chips: np.ndarray) -> float:
-    """The share of an all-to-all's bytes bound for another chip, for ``chip_groups``' rows: each
-    device sends 1 / n of its operand to each device of its row (itself included).
-
-    >>> all_to_all_offchip(np.array([[0, 0, 1, 1]])), all_to_all_offchip(np.array([[0, 1, 2, 3]]))
-    (0.5, 0.75)
-    """
-    return float((chips[:, :, None] != chips[:, None, :]).mean())
-
-
-def permute_offchip(chips: np.ndarray, offsets) -> float:
-    """The share of a ring's permute bytes bound for another chip, for ``chip_groups``' rows (each a
-    ring): over the hop ``offsets`` past 0 and the devices j, how often (j + offset) mod n sits on
-    another chip than j; 0.0 where no hop moves anything.
-
-    >>> chips = np.array([[0, 0, 1, 1]])  # a ring of 4 over two TPU7x chips
-    >>> permute_offchip(chips, [0, 1]), permute_offchip(chips, [2]), permute_offchip(chips, [0])
-    (0.5, 1.0, 0.0)
-    """
-    n = chips.shape[1]
-    moving = [o % n for o in offsets if o % n]
-    if not moving:
-        return 0.0
-    return float(np.mean([chips != np.roll(chips, -o, axis=1) for o in moving]))
 
 
 def model_plan(grid=MODEL_GRID):
