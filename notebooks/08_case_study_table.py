@@ -673,13 +673,13 @@ print(f"v5e's program_bundles_limit in the chip table: {chip_spec('v5e').program
 # 2,048 x 2,048 runs at pace without its pattern regions (a smaller program doing more masked work)
 # and slow with coarser patterns (a larger one); the band at 2,560 x 2,560 without patterns, no
 # pattern region at all but a large MASKED one, is still slow, if less so; the band at 1,024 x 2,048,
-# at pace, turns slow when 64-key register tiles make its program larger; issuing no scores ahead
-# changes neither size nor time. The backward follows the same line: the band's backward ran at
-# pace only at the blocks whose program is small (63,603 bundles), and about 3.8 times its schedule
-# at every other (its blocks are cut to the forward's, so four candidates are two programs). In the
-# probes and the sweep above, every kernel at pace holds at most 63,603 bundles and every slow one at
-# least 71,140: a limit between the two, as if the core held 2^16 = 65,536 bundles of instructions
-# and fetched the rest while it runs. That is a reading of measurements, not a documented fact of
-# the chip. The chip table keeps it (`Chip.program_bundles_limit`, v5e only) and the block sweep's
-# tuner never picks a candidate past it; the estimate itself does not model it, and a chip not
-# measured may have another limit.
+# at pace, turns slow when 96- or 64-key register tiles make its program larger; issuing no scores
+# ahead changes neither size nor time. The backward follows the same line: the band's backward ran
+# at pace only at the blocks whose program is small (63,603 bundles), and about 3.8 times its
+# schedule at every other (its blocks are cut to the forward's, so four candidates are two
+# programs). In the probes and the sweep above, every kernel at pace holds at most 63,603 bundles and
+# every slow one at least 67,704: a limit between the two, as if the core held 2^16 = 65,536 bundles
+# of instructions and fetched the rest while it runs. That is a reading of measurements, not a
+# documented fact of the chip. The chip table keeps it (`Chip.program_bundles_limit`, v5e only) and
+# the block sweep's tuner never picks a candidate past it; the estimate itself does not model it,
+# and a chip not measured may have another limit.

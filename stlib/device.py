@@ -54,7 +54,7 @@ class Chip:
     #: The largest kernel program (bundles, ``kernel_estimate.program_bundles``) that runs at its
     #: schedule's pace, where measured (None: not measured). A reading of measurements, not a
     #: documented fact: on a v5e every kernel of at most 63,603 bundles ran at 0.82-0.97x its
-    #: bundles-only estimate and every one of 71,140 or more at 1.7-3.8x
+    #: bundles-only estimate and every one of 67,704 or more at 1.7-3.9x
     #: (``stlib.bench.program_size_probe``); the limit is the power of two between them.
     program_bundles_limit: int | None = None
 

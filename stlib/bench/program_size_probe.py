@@ -59,6 +59,7 @@ PROBES = (
     Probe("band 2048x1024", BAND, (2048, 1024, 256)),
     Probe("band 1024x2048 (at pace)", BAND, (1024, 2048, 256)),
     Probe("band 1024x2048, no patterns", BAND, (1024, 2048, 256), (("pattern_grain", 0),)),
+    Probe("band 1024x2048, register 96", BAND, (1024, 2048, 256), (("block_kv_register", 96),)),
     Probe("band 1024x2048, register 64", BAND, (1024, 2048, 256), (("block_kv_register", 64),)),
     Probe("sliding 1920x3840 (slow)", SLIDING, (1920, 3840, 384)),
     Probe("sliding 1920x3840, no lookahead", SLIDING, (1920, 3840, 384), (("lookahead", 0),)),
