@@ -209,8 +209,10 @@ def library_updates(pattern, block_q, block_kv, chunk):
     return pattern.updates(block_q, block_kv, chunk)
 
 
-def lane_dense_kernel(steps_ref, counts_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref, qs_ref, *,
+def lane_dense_kernel(steps_ref, counts_ref, q_ref, k_ref, v_ref, *refs,
                       plan, extent, length, scale, chunk, register, updates, lookahead, fold_lanes):
+    valid_ref = refs[0] if plan.key_validity else None  # int32 [bkv, 1]: 0 at a padding slot
+    o_ref, m_ref, l_ref, acc_ref, qs_ref = refs[-5:]
     i, j = pl.program_id(0), pl.program_id(1)  # q tile, slot in its row of the step table
     bq, bkv = q_ref.shape[0], k_ref.shape[0]
     tail = length % bkv  # real keys of the last kv tile (0: the array ends at a tile edge)
@@ -225,10 +227,11 @@ def lane_dense_kernel(steps_ref, counts_ref, q_ref, k_ref, v_ref, o_ref, m_ref, 
         acc_ref[...] = jnp.zeros(acc_ref.shape, F32)
         qs_ref[...] = (q_ref[...].astype(F32) * (scale * LOG2_E)).astype(qs_ref.dtype)  # once per q tile
 
-    def piece_mask(k0, keys, lanes, masked, ends):
+    def piece_mask(k0, keys, lanes, masked, ends, padded):
         """(allowed [keys, n] or None, real-key column [keys, 1] or None) of one piece: ``masked``, the
         mask's predicate on this piece only; ``ends``, in the tile where the array ends, whose rows
-        past it are no keys."""
+        past it are no keys; ``padded``, in a kv tile holding padding slots of a tiled order, read
+        from the validity column."""
         allowed = real = None
         if masked:
             shape = (keys, lanes.stop - lanes.start)
@@ -237,11 +240,15 @@ def lane_dense_kernel(steps_ref, counts_ref, q_ref, k_ref, v_ref, o_ref, m_ref, 
             allowed = plan.layout.mask.mask_function(queries, key_ids, 0)
         if ends and tail:  # rows past the end hold stale data: masked, and v zeroed (0 x NaN is NaN)
             real = ki * bkv + k0 + jax.lax.broadcasted_iota(jnp.int32, (keys, 1), 0) < length  # [keys, 1]
+        if padded:  # a padding slot is no key either
+            slots = valid_ref[pl.ds(k0, keys), :] != 0  # [keys, 1]
+            real = slots if real is None else real & slots
+        if real is not None:
             allowed = real if allowed is None else allowed & real
         return allowed, real
 
     def fold_all(pieces):
-        """Fold ``pieces`` (k0, keys, lanes, masked, ends) in order. The scores of a mask-free piece
+        """Fold ``pieces`` (k0, keys, lanes, masked, ends, padded) in order. The scores of a mask-free piece
         are issued ``lookahead`` pieces ahead, so the MXU computes the next k q^T while this piece's
         max and exponentials run; a masked piece's scores wait for its turn (its predicate's
         temporaries beside every issued score would crowd VMEM)."""
@@ -249,15 +256,15 @@ def lane_dense_kernel(steps_ref, counts_ref, q_ref, k_ref, v_ref, o_ref, m_ref, 
 
         def issue(n, ahead=False):
             if n < len(pieces) and n not in issued and not (ahead and pieces[n][3]):
-                k0, keys, lanes, _, _ = pieces[n]
+                k0, keys, lanes, *_ = pieces[n]
                 issued[n] = scores(k_ref[pl.ds(k0, keys), :], qs_ref[lanes, :])
 
         for n in range(lookahead):
             issue(n, ahead=True)
-        for n, (k0, keys, lanes, masked, ends) in enumerate(pieces):
+        for n, (k0, keys, lanes, masked, ends, padded) in enumerate(pieces):
             issue(n)
             issue(n + lookahead, ahead=True)
-            allowed, real = piece_mask(k0, keys, lanes, masked, ends)
+            allowed, real = piece_mask(k0, keys, lanes, masked, ends, padded)
             v = v_ref[pl.ds(k0, keys), :]
             if real is not None:
                 v = jnp.where(real, v, jnp.zeros((), v.dtype))
@@ -269,25 +276,25 @@ def lane_dense_kernel(steps_ref, counts_ref, q_ref, k_ref, v_ref, o_ref, m_ref, 
     if StepKind.FULL in plan.present:
         @pl.when(active & (code == StepKind.FULL))
         def _full():
-            fold_all([(k0, chunk, lanes, False, False) for lanes in folds for k0 in range(0, bkv, chunk)])
+            fold_all([(k0, chunk, lanes, False, False, False) for lanes in folds for k0 in range(0, bkv, chunk)])
 
     if StepKind.RAGGED in plan.present:
         @pl.when(active & (code == StepKind.RAGGED))
         def _ragged():  # only the chunks that hold real keys, the last sliced to 16-row groups
-            fold_all([(k0, min(chunk, -(-(tail - k0) // 16) * 16), lanes, False, True)
+            fold_all([(k0, min(chunk, -(-(tail - k0) // 16) * 16), lanes, False, True, False)
                       for lanes in folds for k0 in range(0, tail, chunk)])
 
     if StepKind.MASKED in plan.present:
         @pl.when(active & (code == StepKind.MASKED))
         def _masked():
-            fold_all([(k0, chunk, slice(0, bq), True, True) for k0 in range(0, bkv, chunk)])
+            fold_all([(k0, chunk, slice(0, bq), True, True, False) for k0 in range(0, bkv, chunk)])
 
     for c in (c for c in plan.present if c >= FIRST_PATTERN):
         pattern = plan.pattern(c)
 
         @pl.when(active & (code == c))
         def _pattern(pattern=pattern):
-            fold_all([(k0, keys, slice(lane0, lane0 + lanes), masked, False)
+            fold_all([(k0, keys, slice(lane0, lane0 + lanes), masked, False, pattern.padded)
                       for k0, keys, lane0, lanes, masked in updates(pattern, bq, bkv, chunk)])
 
     @pl.when(j == extent - 1)
@@ -304,16 +311,19 @@ def lane_dense_attention(q, k, v, mask, *, block_q, block_kv, chunk=512, registe
     ahead; ``fold_lanes``: queries per fold of a FULL or RAGGED step (None: the whole q tile)."""
     (length, head_dim), scale = q.shape, q.shape[1] ** -0.5
     plan = plan_steps(stlib.block_layout(mask, block_q, block_kv), length, grain)
-    if any(plan.pattern(c).padded for c in plan.present if c >= FIRST_PATTERN):
-        raise ValueError("a kv tile holds padding slots: pallas_tile_lane_dense masks them by a validity column")
     entries, counts = plan.tables()  # [1, nq, W]: kv tile << CODE_BITS | code; [1, nq]
     nq, extent = entries.shape[1:]
     q_map = lambda i, j, *_: (i, 0)
     kv_map = lambda i, j, steps_ref, counts_ref: (steps_ref[i * extent + j] >> CODE_BITS, 0)
+    in_specs = [pl.BlockSpec((block_q, head_dim), q_map), pl.BlockSpec((block_kv, head_dim), kv_map),
+                pl.BlockSpec((block_kv, head_dim), kv_map)]
+    operands = [q, k, v]
+    if plan.key_validity:  # a kv tile holds padding slots: one int32 per key, fetched with its kv tile
+        in_specs.append(pl.BlockSpec((block_kv, 1), kv_map))
+        operands.append(jnp.asarray(plan.key_valid_column()))
     grid_spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=2, grid=(nq, extent),
-        in_specs=[pl.BlockSpec((block_q, head_dim), q_map), pl.BlockSpec((block_kv, head_dim), kv_map),
-                  pl.BlockSpec((block_kv, head_dim), kv_map)],
+        in_specs=in_specs,
         out_specs=pl.BlockSpec((block_q, head_dim), q_map),
         scratch_shapes=[pltpu.VMEM((8, block_q), F32),  # m: one running max per query, along the lanes
                         pltpu.VMEM((8, block_q), F32),  # l: the running sum
@@ -327,7 +337,7 @@ def lane_dense_attention(q, k, v, mask, *, block_q, block_kv, chunk=512, registe
         compiler_params=None if interpret else pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary"), vmem_limit_bytes=100 * 2**20),
         name="lane_dense_in_view",
-    )(jnp.asarray(entries.reshape(-1)), jnp.asarray(counts.reshape(-1)), q, k, v)
+    )(jnp.asarray(entries.reshape(-1)), jnp.asarray(counts.reshape(-1)), *operands)
 
 
 # %% [markdown]
@@ -476,10 +486,13 @@ fig = plotting.step_codes(sta_plan, "Sliding tile 3x8x16, window 3, 3-D tiled or
 plotting.save(fig, cfg.figure("07_step_codes"))
 
 # %% [markdown]
-# The library runs padded rows of tiles too (the 45 rows of the case study leave the last row of
-# tiles 5 rows short of 8). Checked against the reference in this notebook's mode: at the small
-# size a 8 x 14 x 80 video in 2 x 4 x 16 tiles (128 tokens, rows of 640), at the full size the case
-# study itself.
+# Padded rows of tiles (the 45 rows of the case study leave the last row of tiles 5 rows short of 8)
+# put padding slots into some kv tiles. The kernel above masks them as the library does: a pattern
+# whose kv tile holds padding slots (`Pattern.padded`) reads an int32 validity column, one entry per
+# key fetched with its kv tile (`StepPlan.key_valid_column`), and masks those keys' scores and
+# zeroes their v; nothing else changes. Checked against the reference and the library in this
+# notebook's mode: at the small size a 8 x 14 x 80 video in 2 x 4 x 16 tiles (128 tokens, rows of
+# 640), at the full size the case study itself.
 
 # %%
 if cfg.size == "small":
@@ -487,12 +500,27 @@ if cfg.size == "small":
 else:
     demo_grid, demo_tile = case.grid, (3, 8, 16)
 demo_mask = masks.sliding_tile(demo_grid, demo_tile, (3, 3, 3))
+demo_order = stlib.tiled_order(demo_grid, demo_tile)
 dq, dk, dv = stlib.random_qkv((1, demo_grid.num_tokens, 128), cfg.workload.dtype, seed=3)
 out = stlib.video_attention(dq, dk, dv, demo_grid, demo_mask, impl="pallas_tile_lane_dense",
-                            orders=stlib.tiled_order(demo_grid, demo_tile), interpret=cfg.interpret)
+                            orders=demo_order, interpret=cfg.interpret)
 err = max_error(out, dq, dk, dv, demo_mask)
 assert err < tolerance(cfg.workload.dtype), err
 print(f"PASSED  pallas_tile_lane_dense in rows of 3-D tiles == reference on {demo_grid} (max error {err:.2e})")
+# the kernel in view on the same padded order: q, k, v gathered into it (zeros at the padding slots),
+# blocks of one row of tiles each way, a chunk of one tile, the output restored to raster order
+row = int(np.prod(demo_tile)) * (demo_grid.width // demo_tile[2])
+padded_mask = demo_mask.permute(demo_order)
+padded_plan = plan_steps(stlib.block_layout(padded_mask, row, row), padded_mask.length)
+qo, ko, vo = (demo_order.apply(x)[0] for x in (dq, dk, dv))
+mine = demo_order.restore(lane_dense_attention(qo, ko, vo, padded_mask, block_q=row, block_kv=row,
+                                               chunk=int(np.prod(demo_tile)), register=128,
+                                               interpret=cfg.interpret)[None])
+err, gap = max_error(mine, dq, dk, dv, demo_mask), float(jnp.max(jnp.abs(mine.astype(F32) - out.astype(F32))))
+assert err < tolerance(cfg.workload.dtype) and gap < tolerance(cfg.workload.dtype), (err, gap)
+padded = sum(padded_plan.pattern(c).padded for c in padded_plan.present if c >= FIRST_PATTERN)
+print(f"PASSED  the kernel in view on the padded order ({padded} of {len(padded_plan.patterns)} patterns mask "
+      f"padding keys by the validity column) == reference (max error {err:.2e}), == the library ({gap:.1e})")
 
 # %% [markdown]
 # ### Exercise 1: the log-sum-exp, from base-2 statistics
@@ -695,8 +723,6 @@ print(f"largest gap: {widest[1]} {widest[0]}, {gaps[widest]:+.1%} (static schedu
 #   the same mask;
 # * masks without a predicate (an explicit or routed mask): a deduplicated int8 table of tile masks,
 #   read through a second prefetched index;
-# * padded rows of 3-D tiles: a per-key validity column for the patterns whose kv tile holds
-#   padding slots;
 # * how far ahead to issue scores (`fit_lookahead`: as many as fit VMEM) and the folds per chip
 #   (`FOLD_LANES`);
 # * the log-sum-exp output for the backward (exercise 1) and bf16 or f32 probabilities for p.v;
