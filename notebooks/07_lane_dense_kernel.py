@@ -93,7 +93,9 @@ from stlib.analysis.cache import compiled_attributions
 from stlib.analysis.inview import kernel_schedules, per_step
 from stlib.bench import block_sweep
 from stlib.kernels import tile_lane_dense as lane_dense
+from stlib.kernels.mask_info import carried_index
 from stlib.kernels.tile_lane_dense import CODE_BITS, FIRST_PATTERN, StepKind, plan_steps, region_name
+from stlib.passes import MaskPlanMode, plan_mask
 from stlib.reference import MASK_VALUE
 
 cfg = notebook.setup(SIZE, solutions=SOLUTIONS)
@@ -209,10 +211,13 @@ def library_updates(pattern, block_q, block_kv, chunk):
     return pattern.updates(block_q, block_kv, chunk)
 
 
-def lane_dense_kernel(steps_ref, counts_ref, q_ref, k_ref, v_ref, *refs,
-                      plan, extent, length, scale, chunk, register, updates, lookahead, fold_lanes):
-    valid_ref = refs[0] if plan.key_validity else None  # int32 [bkv, 1]: 0 at a padding slot
-    o_ref, m_ref, l_ref, acc_ref, qs_ref = refs[-5:]
+def lane_dense_kernel(steps_ref, counts_ref, *refs,
+                      plan, table, extent, length, scale, chunk, register, updates, lookahead, fold_lanes):
+    refs = list(refs[1:] if table else refs)  # a mask table's index is read by the index map alone
+    q_ref, k_ref, v_ref = refs[:3]
+    mask_ref = refs.pop(3) if table else None  # int8 [bkv, bq]: this step's tile mask, keys down
+    valid_ref = refs.pop(3) if plan.key_validity else None  # int32 [bkv, 1]: 0 at a padding slot
+    o_ref, m_ref, l_ref, acc_ref, qs_ref = refs[3:]
     i, j = pl.program_id(0), pl.program_id(1)  # q tile, slot in its row of the step table
     bq, bkv = q_ref.shape[0], k_ref.shape[0]
     tail = length % bkv  # real keys of the last kv tile (0: the array ends at a tile edge)
@@ -229,11 +234,13 @@ def lane_dense_kernel(steps_ref, counts_ref, q_ref, k_ref, v_ref, *refs,
 
     def piece_mask(k0, keys, lanes, masked, ends, padded):
         """(allowed [keys, n] or None, real-key column [keys, 1] or None) of one piece: ``masked``, the
-        mask's predicate on this piece only; ``ends``, in the tile where the array ends, whose rows
-        past it are no keys; ``padded``, in a kv tile holding padding slots of a tiled order, read
-        from the validity column."""
+        mask on this piece only (its predicate, or for a mask without one its tile table); ``ends``,
+        in the tile where the array ends, whose rows past it are no keys; ``padded``, in a kv tile
+        holding padding slots of a tiled order, read from the validity column."""
         allowed = real = None
-        if masked:
+        if masked and table:
+            allowed = mask_ref[pl.ds(k0, keys), lanes] != 0  # [keys, n]
+        elif masked:
             shape = (keys, lanes.stop - lanes.start)
             queries = i * bq + lanes.start + jax.lax.broadcasted_iota(jnp.int32, shape, 1)
             key_ids = ki * bkv + k0 + jax.lax.broadcasted_iota(jnp.int32, shape, 0)
@@ -313,23 +320,34 @@ def lane_dense_attention(q, k, v, mask, *, block_q, block_kv, chunk=512, registe
     plan = plan_steps(stlib.block_layout(mask, block_q, block_kv), length, grain)
     entries, counts = plan.tables()  # [1, nq, W]: kv tile << CODE_BITS | code; [1, nq]
     nq, extent = entries.shape[1:]
+    tables = [entries.reshape(-1), counts.reshape(-1)]
+    # a mask without a predicate: its MASKED tiles' masks, deduplicated into an int8 table [P, bq, bkv],
+    # and per step the table entry to fetch (carried over skipped slots, so they fetch nothing new)
+    mask_plan = plan_mask(mask, plan.layout, plan.codes == StepKind.MASKED)
+    table = mask_plan.mode == MaskPlanMode.TABLE
+    if table:
+        entry_of = np.take_along_axis(mask_plan.index[0], entries[0] >> CODE_BITS, axis=1)  # [nq, W]
+        tables.append(carried_index(np.where(np.arange(extent) < counts[0][:, None], entry_of, -1)).reshape(-1))
     q_map = lambda i, j, *_: (i, 0)
-    kv_map = lambda i, j, steps_ref, counts_ref: (steps_ref[i * extent + j] >> CODE_BITS, 0)
+    kv_map = lambda i, j, steps_ref, *_: (steps_ref[i * extent + j] >> CODE_BITS, 0)
     in_specs = [pl.BlockSpec((block_q, head_dim), q_map), pl.BlockSpec((block_kv, head_dim), kv_map),
                 pl.BlockSpec((block_kv, head_dim), kv_map)]
     operands = [q, k, v]
+    if table:  # the step's tile mask, transposed to keys x queries like the scores
+        in_specs.append(pl.BlockSpec((None, block_kv, block_q), lambda i, j, *tabs: (tabs[2][i * extent + j], 0, 0)))
+        operands.append(jnp.asarray(np.ascontiguousarray(mask_plan.table.transpose(0, 2, 1))))
     if plan.key_validity:  # a kv tile holds padding slots: one int32 per key, fetched with its kv tile
         in_specs.append(pl.BlockSpec((block_kv, 1), kv_map))
         operands.append(jnp.asarray(plan.key_valid_column()))
     grid_spec = pltpu.PrefetchScalarGridSpec(
-        num_scalar_prefetch=2, grid=(nq, extent),
+        num_scalar_prefetch=len(tables), grid=(nq, extent),
         in_specs=in_specs,
         out_specs=pl.BlockSpec((block_q, head_dim), q_map),
         scratch_shapes=[pltpu.VMEM((8, block_q), F32),  # m: one running max per query, along the lanes
                         pltpu.VMEM((8, block_q), F32),  # l: the running sum
                         pltpu.VMEM((head_dim, block_q), F32),  # o^T, unnormalised
                         pltpu.VMEM((block_q, head_dim), q.dtype)])  # q x scale x log2 e
-    kernel = functools.partial(lane_dense_kernel, plan=plan, extent=extent, length=length, scale=scale, chunk=chunk,
+    kernel = functools.partial(lane_dense_kernel, plan=plan, table=table, extent=extent, length=length, scale=scale, chunk=chunk,
                                register=register, updates=updates, lookahead=lookahead,
                                fold_lanes=fold_lanes or block_q)
     return pl.pallas_call(
@@ -337,18 +355,21 @@ def lane_dense_attention(q, k, v, mask, *, block_q, block_kv, chunk=512, registe
         compiler_params=None if interpret else pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary"), vmem_limit_bytes=100 * 2**20),
         name="lane_dense_in_view",
-    )(jnp.asarray(entries.reshape(-1)), jnp.asarray(counts.reshape(-1)), *operands)
+    )(*(jnp.asarray(t) for t in tables), *operands)
 
 
 # %% [markdown]
 # ## Checked against the reference and against the library
 #
-# Five masks, chosen so that between them every region runs (each line names the regions its step
+# Six masks, chosen so that between them every region runs (each line names the regions its step
 # table holds): the 0.25 band (mixed patterns on its edges); the same band with patterns off on 200
 # tokens fewer (its edge tiles MASKED, the last kv tile cut by the array's end); causal attention
 # (FULL tiles and a diagonal pattern); no mask on 200 tokens fewer (FULL, and RAGGED where the array
-# ends); and a sliding tile in its 3-D tiled order on a video whose rows of tiles hold no padding
-# (mask-free patterns). Each output is compared with the plain reference and with
+# ends); a sliding tile in its 3-D tiled order on a video whose rows of tiles hold no padding
+# (mask-free patterns); and the band with its runs of 256 tokens shuffled into an order without a
+# formula, a mask with no predicate to evaluate, whose MASKED tiles read a deduplicated int8 table of
+# tile masks (`stlib.passes.plan_mask`), one block of it fetched per step through a third prefetched
+# index, carried over skipped slots like the kv tile. Each output is compared with the plain reference and with
 # `impl="pallas_tile_lane_dense"` at the same blocks, chunk and register tile, and the kernel is run
 # again with each piece's scores issued one piece ahead and FULL and RAGGED steps in folds of half a
 # q tile (the two orders of the schedule section below), against the reference too.
@@ -363,8 +384,16 @@ else:
 band = masks.band(L, masks.band_width_for_density(L, 0.25))
 sliding = masks.sliding_tile(video, tile, (3, 3, 3)).permute(stlib.tiled_order(video, tile))
 band_short = masks.band(L - 200, masks.band_width_for_density(L - 200, 0.25))
+# the band with its runs of 256 tokens shuffled: an order with no formula, so the mask has no predicate a
+# kernel could evaluate (not traceable): its MASKED tiles read an int8 table of tile masks instead (on at
+# most 8,192 tokens: a table of every masked tile of a long sequence is more than a library tabulates)
+LS = min(L, 8192)
+runs = np.random.default_rng(0).permutation(LS // 256)
+shuffled = stlib.geometry.TokenOrder("runs of 256 shuffled", (runs[:, None] * 256 + np.arange(256)).reshape(-1), LS)
+band_shuffled = masks.band(LS, masks.band_width_for_density(LS, 0.25)).permute(shuffled)
 cases = {"band 0.25": (band, None), "band 0.25, patterns off": (band_short, 0), "causal": (masks.causal(L), None),
-         "no mask": (masks.full(L - 200), None), "sliding tile, 3-D tiled": (sliding, None)}
+         "no mask": (masks.full(L - 200), None), "sliding tile, 3-D tiled": (sliding, None),
+         "band, runs shuffled": (band_shuffled, None)}
 TOL = tolerance(dtype)
 for name, (mask, grain) in cases.items():
     length = mask.length
@@ -402,7 +431,7 @@ for name, (mask, grain) in cases.items():
 #   ... in order of frequency, and the rest stay MASKED.
 #
 # The library's version adds the grain choice and the padding slots of a padded 3-D tiled order
-# (kv tiles that hold them are masked by key); the check compares codes and patterns on the five
+# (kv tiles that hold them are masked by key); the check compares codes and patterns on the six
 # masks above.
 
 # %%
@@ -721,8 +750,6 @@ print(f"largest gap: {widest[1]} {widest[0]}, {gaps[widest]:+.1%} (static schedu
 #
 # * heads (grid (H, q tiles, slots)) and per-head step tables, one shared table when every head has
 #   the same mask;
-# * masks without a predicate (an explicit or routed mask): a deduplicated int8 table of tile masks,
-#   read through a second prefetched index;
 # * how far ahead to issue scores (`fit_lookahead`: as many as fit VMEM) and the folds per chip
 #   (`FOLD_LANES`);
 # * the log-sum-exp output for the backward (exercise 1) and bf16 or f32 probabilities for p.v;
