@@ -130,8 +130,10 @@ for case in checks:
 # %% [markdown]
 # ## The benchmark
 #
-# `stlib.bench.run_case_study` times every case (`stlib.bench.time_function`: compile excluded,
-# one warm-up, then the median, min and max of the trials: 3 off a TPU, 5 on one) and appends one record per case to
+# `stlib.bench.run_case_study` times every case (`stlib.bench.time_interleaved`: compile excluded,
+# one warm-up, then rounds of one call per case in a shuffled order, 3 off a TPU, 5 on one, so a
+# slow spell of a shared machine falls on one call of several cases; the median, min and max of
+# each case's calls) and appends one record per case to
 # `data/case_study.jsonl`. Off a TPU it then records the work of every case at the *full*
 # case-study shape in `data/case_study_work.jsonl` (grid steps, computed and masked tiles, executed
 # and useful flops, bytes, the v5e / v6e roofline); nothing is compiled for a TPU here, the

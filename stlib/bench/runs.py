@@ -19,7 +19,7 @@ import stlib
 from stlib import masks, paths
 from stlib.bench.cases import case_function, case_inputs, case_study_cases, case_work, estimate_fields
 from stlib.bench.progress import Progress
-from stlib.bench.records import Compiled, Recorder, compile_function, time_function
+from stlib.bench.records import Compiled, Recorder, compile_function, time_function, time_interleaved
 from stlib.configs import CASE_STUDY, DENSITIES, PUBLISHED, SMALL_CPU
 from stlib.device import backend, compile_for_tpu, on_tpu, resolve_interpret
 from stlib.registry import Role, by_role
@@ -71,7 +71,8 @@ def run_case_study(
     size: str | None = None,
     estimates: bool = False,
 ) -> Path:
-    """Time every case on this backend (interpret mode off a TPU), record times and work.
+    """Time every case on this backend (interpret mode off a TPU: ``trials`` rounds, each case once a
+    round in a shuffled order, ``stlib.bench.time_interleaved``), record times and work.
     ``size``: "full" (the case-study shape), "small" (the CPU stand-in) or None (full on a TPU).
     Raises ValueError for any other ``size``."""
     if size not in (None, "full", "small"):
@@ -89,13 +90,20 @@ def run_case_study(
         )
     q, k, v = stlib.random_qkv(workload.qkv_shape, workload.dtype, seed=0)
     scale = workload.head_dim**-0.5
-    tracker = Progress(len(cases), "case study")
-    for case in cases:
+    bound = {}  # each case compiled once and bound to its own inputs, timed below all together
+    for n, case in enumerate(cases):
         qq, kk, vv = case_inputs(case, q, k, v)
         compiled = _COMPILED.pop(_case_key(case, scale, interpret, (qq, kk, vv)), None)  # compiled by a check
         compiled = compiled or compile_function(case_function(case, scale, interpret), qq, kk, vv)
-        timing = time_function(compiled, qq, kk, vv, trials=trials)
-        del compiled
+        bound[n] = Compiled(functools.partial(compiled.executable, qq, kk, vv), compiled.compile_ms)
+    tracker = Progress(len(cases), "case study")
+    # rounds of one call per case in a shuffled order: a slow spell of a shared machine falls on one
+    # call of several cases, not on every call of one (the median then keeps the figure's shape)
+    timings = time_interleaved(
+        bound, rounds=trials, trials=1, progress=lambda n: tracker.step(cases[n].label)
+    )
+    for n, case in enumerate(cases):
+        timing = timings[n]
         work = case_work(case, workload)
         if estimates and not interpret and workload is CASE_STUDY:
             work.update(estimate_fields(case))
@@ -111,9 +119,10 @@ def run_case_study(
                 **work,
             }
         )
-        tracker.step(
+        print(
             f"{case.label:<30} {case.pattern:<13} density {record['density']:.3f}  "
-            f"median {timing.median_ms:9.2f} ms{' (interpret)' if interpret else ''}"
+            f"median {timing.median_ms:9.2f} ms{' (interpret)' if interpret else ''}",
+            flush=True,
         )
     if interpret:
         record_full_scale_work(out_dir, compile_check=compile_check, estimates=estimates)
