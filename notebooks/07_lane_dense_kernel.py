@@ -370,9 +370,9 @@ def lane_dense_attention(q, k, v, mask, *, block_q, block_kv, chunk=512, registe
 # formula, a mask with no predicate to evaluate, whose MASKED tiles read a deduplicated int8 table of
 # tile masks (`stlib.passes.plan_mask`), one block of it fetched per step through a third prefetched
 # index, carried over skipped slots like the kv tile. Each output is compared with the plain reference and with
-# `impl="pallas_tile_lane_dense"` at the same blocks, chunk and register tile, and the kernel is run
-# again with each piece's scores issued one piece ahead and FULL and RAGGED steps in folds of half a
-# q tile (the two orders of the schedule section below), against the reference too.
+# `impl="pallas_tile_lane_dense"` at the same blocks, chunk and register tile; the band and no mask
+# run again with each piece's scores issued one piece ahead and FULL and RAGGED steps in folds of half
+# a q tile (the two orders of the schedule section below), against the reference too.
 
 # %%
 if cfg.size == "small":
@@ -404,15 +404,19 @@ for name, (mask, grain) in cases.items():
     options = {"block_kv_compute": CHUNK, "block_kv_register": REGISTER, "pattern_grain": grain}
     library = stlib.attention(q, k, v, mask, impl="pallas_tile_lane_dense", block_q=BQ, block_kv=BKV,
                               options=options, interpret=cfg.interpret)
-    ahead = lane_dense_attention(q[0], k[0], v[0], mask, block_q=BQ, block_kv=BKV, chunk=CHUNK, register=REGISTER,
-                                 grain=grain, interpret=cfg.interpret, lookahead=1, fold_lanes=BQ // 2)[None]
     err = max_error(mine, q, k, v, mask)
     gap = float(jnp.max(jnp.abs(mine.astype(F32) - library.astype(F32))))
-    ahead_err = max_error(ahead, q, k, v, mask)
-    assert err < TOL and gap < TOL and ahead_err < TOL, (name, err, gap, ahead_err)
+    assert err < TOL and gap < TOL, (name, err, gap)
     regions = ", ".join(region_name(c).removeprefix("compute_") for c in plan.present)
-    print(f"PASSED  {name:<24} L = {length:,}: regions {regions}; == reference (max error {err:.1e}; "
-          f"scores ahead in folds of {BQ // 2}: {ahead_err:.1e}), == pallas_tile_lane_dense (max difference {gap:.1e})")
+    ahead_note = ""
+    if name in ("band 0.25", "no mask"):  # patterns with pieces ahead; FULL and RAGGED in folds
+        ahead = lane_dense_attention(q[0], k[0], v[0], mask, block_q=BQ, block_kv=BKV, chunk=CHUNK, register=REGISTER,
+                                     grain=grain, interpret=cfg.interpret, lookahead=1, fold_lanes=BQ // 2)[None]
+        ahead_err = max_error(ahead, q, k, v, mask)
+        assert ahead_err < TOL, (name, ahead_err)
+        ahead_note = f"; scores ahead in folds of {BQ // 2}: {ahead_err:.1e}"
+    print(f"PASSED  {name:<24} L = {length:,}: regions {regions}; == reference (max error {err:.1e}{ahead_note}), "
+          f"== pallas_tile_lane_dense (max difference {gap:.1e})")
 
 # %% [markdown]
 # ## The step planner, written in view
