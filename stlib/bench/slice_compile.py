@@ -411,7 +411,7 @@ def fastest(rows, densities=DENSITIES, strategies=SEQUENCE_SPLIT) -> list[dict]:
     out = []
     groups: dict = {}
     for row in rows:
-        slice_name, strategy = split_case(row["case"])
+        slice_name, strategy = _split_case(row["case"])
         if strategy in strategies:
             groups.setdefault((slice_name, row["tokens"]), []).append(row)
     for (slice_name, tokens), group in groups.items():
@@ -438,7 +438,7 @@ def format_fastest(picks: list[dict]) -> str:
     for key in dict.fromkeys((p["slice"], p["tokens"]) for p in picks):
         cells = {p["density"]: p for p in picks if (p["slice"], p["tokens"]) == key}
         row = [
-            " = ".join(split_case(case)[1] for case in cells[d]["fastest"]) + f" {cells[d]['ms']:.3g}"
+            " = ".join(_split_case(case)[1] for case in cells[d]["fastest"]) + f" {cells[d]['ms']:.3g}"
             if d in cells
             else "-"
             for d in densities
@@ -447,7 +447,7 @@ def format_fastest(picks: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def split_case(case: str) -> tuple[str, str]:
+def _split_case(case: str) -> tuple[str, str]:
     """(slice, strategy) of a case's name ("v6e-2x2-ulysses-ring-1min" -> ("v6e-2x2", "ulysses-ring"))."""
     name = case.removesuffix("-1min")
     for strategy in sorted(STRATEGY_NAMES, key=len, reverse=True):

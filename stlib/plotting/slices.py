@@ -62,11 +62,8 @@ def communication_vs_kernel(rows: list[dict], title: str):
         for r in rows
         if (r.get("all-to-alls") or r.get("permutes")) and r.get("kernel ms, dense (est.)") is not None
     ]
-    from stlib.bench.slice_compile import split_case
-
     lengths = sorted({r["tokens"] for r in cases})
-    slice_of = {r["case"]: split_case(r["case"])[0] for r in cases}
-    slices = list(dict.fromkeys(slice_of.values()))
+    slices = list(dict.fromkeys(r["case"].removesuffix("-1min").rsplit("-", 1)[0] for r in cases))
     color_of = {name: PALETTE[i % len(PALETTE)] for i, name in enumerate(slices)}
     panels = max(len(lengths), 1)
     fig, axes = plt.subplots(1, panels, figsize=(6.4 * panels, 5.6), squeeze=False, constrained_layout=True)
@@ -76,7 +73,7 @@ def communication_vs_kernel(rows: list[dict], title: str):
         drawn = set()
         labels = 0
         for r in here:
-            slice_name = slice_of[r["case"]]
+            slice_name = next(name for name in slices if r["case"].startswith(name + "-"))
             color = color_of[slice_name]
             band, dense = r["kernel ms, band 0.25 (est.)"], r["kernel ms, dense (est.)"]
             if slice_name not in drawn:
