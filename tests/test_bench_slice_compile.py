@@ -39,7 +39,7 @@ def test_a_ring_costs_the_longer_of_its_traffic_and_its_kernel():
             "permute_offchip": 1.0}  # fmt: skip
     assert slice_compile.permute_seconds(ring) == pytest.approx(2 * 6 * 50e6 / 800e9)  # all to a neighbour
     record = {
-        **ring, "case": "v6e-2x2-ring", "strategy": "ring", "devices": 4, "hops_issued": [0, 1, 2, 3],
+        **ring, "case": "v6e-2x2-ring", "slice": "v6e-2x2", "strategy": "ring", "devices": 4, "hops_issued": [0, 1, 2, 3],
         "argument_bytes_per_device": 1, "global_input_bytes": 4, "compile_s": 1.0, "shape": [40, 75600, 128],
     }  # fmt: skip
     sweep = [

@@ -354,6 +354,8 @@ def table(records=None, sweep_records=None) -> list[dict]:
         band = kernel_seconds(sweep_records, r["chip"], SVG_FAMILY, heads, length)
         row = {
             "case": r["case"],
+            "slice": r["slice"],
+            "strategy": r["strategy"],
             "tokens": length,
             "devices": r["devices"],
             "heads' work per device": heads,
@@ -398,29 +400,29 @@ SEQUENCE_SPLIT = ("ulysses", "ring", "ulysses-ring")
 
 
 def fastest(rows, densities=DENSITIES, strategies=SEQUENCE_SPLIT) -> list[dict]:
-    """Per slice and sequence length: the cases whose ``modelled_ms`` is lowest at each density (those
-    within ``TIE`` of it, fastest first), among the cases of ``strategies`` compiled for that slice
+    """Per slice and sequence length: the strategies whose ``modelled_ms`` is lowest at each density
+    (those within ``TIE`` of it, fastest first), among the cases of ``strategies`` compiled for that slice
     and length (a model over static estimates).
 
-    >>> rows = [{"case": c, "tokens": 8, "traffic ms (model)": t, "of it ring permutes ms (model)": p,
-    ...          "kernel ms, band 0.25 (est.)": 10.0, "kernel ms, dense (est.)": 40.0}
-    ...         for c, t, p in (("s-ulysses", 2.0, 0.0), ("s-ring", 20.0, 20.0))]
+    >>> rows = [{"case": f"s-{s}", "slice": "s", "strategy": s, "tokens": 8, "traffic ms (model)": t,
+    ...          "of it ring permutes ms (model)": p, "kernel ms, band 0.25 (est.)": 10.0,
+    ...          "kernel ms, dense (est.)": 40.0}
+    ...         for s, t, p in (("ulysses", 2.0, 0.0), ("ring", 20.0, 20.0))]
     >>> [(r["density"], r["fastest"], r["ms"]) for r in fastest(rows, (0.25, 1.0))]
-    [(0.25, ['s-ulysses'], 12.0), (1.0, ['s-ring'], 40.0)]
+    [(0.25, ['ulysses'], 12.0), (1.0, ['ring'], 40.0)]
     """
     out = []
     groups: dict = {}
     for row in rows:
-        slice_name, strategy = _split_case(row["case"])
-        if strategy in strategies:
-            groups.setdefault((slice_name, row["tokens"]), []).append(row)
+        if row["strategy"] in strategies:
+            groups.setdefault((row["slice"], row["tokens"]), []).append(row)
     for (slice_name, tokens), group in groups.items():
         for density in densities:
-            timed = [(modelled_ms(r, density), r["case"]) for r in group]
-            timed = [(t, case) for t, case in timed if t is not None]
+            timed = [(modelled_ms(r, density), r["strategy"]) for r in group]
+            timed = [(t, strategy) for t, strategy in timed if t is not None]
             if timed:
                 ms = min(t for t, _ in timed)
-                tied = [case for t, case in sorted(timed) if t <= ms * (1 + TIE)]
+                tied = [strategy for t, strategy in sorted(timed) if t <= ms * (1 + TIE)]
                 out.append(
                     {"slice": slice_name, "tokens": tokens, "density": density, "fastest": tied, "ms": ms}
                 )
@@ -438,22 +440,11 @@ def format_fastest(picks: list[dict]) -> str:
     for key in dict.fromkeys((p["slice"], p["tokens"]) for p in picks):
         cells = {p["density"]: p for p in picks if (p["slice"], p["tokens"]) == key}
         row = [
-            " = ".join(_split_case(case)[1] for case in cells[d]["fastest"]) + f" {cells[d]['ms']:.3g}"
-            if d in cells
-            else "-"
+            " = ".join(cells[d]["fastest"]) + f" {cells[d]['ms']:.3g}" if d in cells else "-"
             for d in densities
         ]
         lines.append(f"| {key[0]} | {key[1]:,} | " + " | ".join(row) + " |")
     return "\n".join(lines)
-
-
-def _split_case(case: str) -> tuple[str, str]:
-    """(slice, strategy) of a case's name ("v6e-2x2-ulysses-ring-1min" -> ("v6e-2x2", "ulysses-ring"))."""
-    name = case.removesuffix("-1min")
-    for strategy in sorted(STRATEGY_NAMES, key=len, reverse=True):
-        if name.endswith("-" + strategy):
-            return name.removesuffix("-" + strategy), strategy
-    raise ValueError(f"case {case!r} names none of the strategies {STRATEGY_NAMES}")
 
 
 def format_table(rows) -> str:

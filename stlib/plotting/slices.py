@@ -63,7 +63,7 @@ def communication_vs_kernel(rows: list[dict], title: str):
         if (r.get("all-to-alls") or r.get("permutes")) and r.get("kernel ms, dense (est.)") is not None
     ]
     lengths = sorted({r["tokens"] for r in cases})
-    slices = list(dict.fromkeys(r["case"].removesuffix("-1min").rsplit("-", 1)[0] for r in cases))
+    slices = list(dict.fromkeys(r["slice"] for r in cases))
     color_of = {name: PALETTE[i % len(PALETTE)] for i, name in enumerate(slices)}
     panels = max(len(lengths), 1)
     fig, axes = plt.subplots(1, panels, figsize=(6.4 * panels, 5.6), squeeze=False, constrained_layout=True)
@@ -73,7 +73,7 @@ def communication_vs_kernel(rows: list[dict], title: str):
         drawn = set()
         labels = 0
         for r in here:
-            slice_name = next(name for name in slices if r["case"].startswith(name + "-"))
+            slice_name = r["slice"]
             color = color_of[slice_name]
             band, dense = r["kernel ms, band 0.25 (est.)"], r["kernel ms, dense (est.)"]
             if slice_name not in drawn:
@@ -93,7 +93,7 @@ def communication_vs_kernel(rows: list[dict], title: str):
             if isinstance(crossing, float) and 0 <= crossing <= 1:
                 ax.plot([crossing], [r["traffic ms (model)"]], "x", color=color, ms=8, mew=2)
                 ax.annotate(
-                    f"{r['case'].removeprefix(slice_name + '-')}: d = {crossing:.3f}",
+                    f"{r['strategy']}: d = {crossing:.3f}",
                     (crossing, r["traffic ms (model)"]),
                     textcoords="axes fraction",
                     # a column of labels right of the curves' steep start, between the traffic lines
