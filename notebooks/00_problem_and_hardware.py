@@ -23,7 +23,8 @@
 # 78.70 ms, tile-aligned sparse kernel 32.76 ms) and sets it against what the TPUs of the hardware
 # table below (v5e, v6e, TPU7x) can do.
 #
-# Every number here comes from `stlib`; the notebook only explains.
+# Every number a cell prints comes from `stlib`; the notebook explains, and the answers at the end
+# work a few more by hand.
 
 # %% tags=["parameters"]
 SIZE = None  # "full", "small" or None (automatic: case-study sizes on a TPU, small elsewhere); env STLIB_SIZE wins
@@ -84,8 +85,8 @@ cfg = notebook.setup(SIZE)
 #
 # Wan 2.1 / 2.2 generate 81 frames at 720 x 1280. The causal VAE keeps the first frame and
 # compresses the rest 4x in time and 8x in space; 2 x 2 patchification halves each spatial side
-# again. Every token attends to every other token in every one of the 40 blocks, at every one of
-# the ~40 denoising steps.
+# again. Every token attends to every other token in every block of the model (Wan 14B has 40),
+# at every denoising step.
 
 # %%
 grid_720p = configs.wan_latent_grid(81, 720, 1280)
@@ -178,7 +179,8 @@ except ImportError:
 # (everything allowed: computed without a mask) or **PARTIAL** (computed with the mask). The
 # **occupancy** is the non-empty fraction of the tiles, the **work efficiency** allowed pairs over
 # computed pairs. A **step table** (in SMEM, **scalar prefetch**) tells each grid step which tile
-# to compute; a **compacted grid** has a step only for non-empty tiles. **Token reordering**
+# to compute; a **compacted grid** runs only non-empty tiles: one step each (a flat grid), or a row
+# of steps per q tile padded to the widest row (a rows grid, notebook 03). **Token reordering**
 # permutes the tokens (raster order t, y, x; **token-major** y, x, t; **3-D tiled**) so that a mask
 # becomes FULL and EMPTY tiles. **Sparse VideoGen** (SVG) routes each head to a spatial or a
 # temporal pattern; **Sliding Tile Attention** (STA) lets a 3-D tile of tokens see the tiles around
@@ -222,10 +224,7 @@ print(f"published dense Splash on one v6e: {configs.PUBLISHED['dense_splash_ms']
       f"the sparse kernel's 32.76 ms is {v6e_floor / configs.PUBLISHED['tile_aligned_sparse_ms']:.2f}x the dense floor's speed")
 
 # %%
-points = [
-    {"label": "dense attention, case study", "flops": flops, "bytes": nbytes},
-    {"label": "one 128 x 128 tile (q, k, v re-read)", "flops": 4 * 128 * 128 * 128, "bytes": 3 * 128 * 128 * 2},
-]
+points = [{"label": "dense attention, case study", "flops": flops, "bytes": nbytes}]  # a grid step's: next section
 fig = plotting.roofline_chart(list(CHIPS), points, "Dense attention, each byte counted once, sits right of the ridge")
 plotting.save(fig, cfg.figure("00_roofline"))
 

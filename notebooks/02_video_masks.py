@@ -88,7 +88,7 @@ small = stlib.VideoGrid(4, 6, 8)
 gallery = {
     "spatial: same frame (SVG)": masks.spatial(small, frame_window=0),
     "spatial band (w = 20) + frame-0 anchor": masks.spatial_band(small, width=20, anchor=True),
-    "temporal: same location (SVG)": masks.temporal(small, spatial_window=1),
+    "temporal: location ± 1, every frame (SVG)": masks.temporal(small, spatial_window=1),
     "temporal band (w = 8, raster view)": masks.temporal_band(small, width=8),
     "neighbourhood 3x3x3": masks.neighborhood(small, 3),
     "sliding tile 1x2x4, window 3x3x1": masks.sliding_tile(small, (1, 2, 4), (3, 3, 1)),
@@ -130,7 +130,7 @@ print(f"every query sees exactly {lib.sum(1).min()}..{lib.sum(1).max()} keys (3 
 # ## Density at the case-study grid
 #
 # The same builders at 21 x 45 x 80 (75,600 tokens). Densities are counted exactly, row by row from
-# each mask's key intervals, in about a second per mask and without an L x L array.
+# each mask's key intervals, without an L x L array.
 
 # %%
 catalog = case_study_masks()
@@ -164,12 +164,17 @@ plotting.save(fig, cfg.figure("02_case_study_density"))
 #
 # <details><summary>Answers</summary>
 #
-# 1. The temporal band is a band in token-major (y, x, t) order: neighbours are the same spatial
-#    location in nearby frames, which in raster order lie one frame (48 tokens) apart. After the
+# 1. The temporal band is a band in token-major (y, x, t) order, where a location's 4 frames are
+#    consecutive: |i - j| <= 8 reaches the same location and the next one on either side (in
+#    raster x) in every frame, and the second one on either side in some frames: 17 keys. In raster order those keys lie in runs one frame (48 tokens) apart. After the
 #    permutation it is exactly the plain band |i - j| <= w.
-# 2. Queries in the last frame: their window halves with every doubling of the distance to earlier
-#    frames, so they see the least; the sink gives every query all of frame 0, which keeps long-range
-#    context (and the softmax denominator) from collapsing.
+# 2. Count them: `masks.radial(small, 8).to_dense().sum(1).reshape(4, 48).min(1)` gives 61, 67, 67,
+#    67 keys per frame. The fewest are seen by queries of frame 0 at the border of the frame (61):
+#    the sink gives every query all of frame 0, which adds nothing for frame 0's own queries, while
+#    a later frame's queries gain frame 0 on top of their own window. Without the sink
+#    (`sink=False`) the first and last frames tie at 22: their windows reach one way in time only,
+#    halving with each doubling of the distance. The sink keeps long-range context (and the softmax
+#    denominator) from collapsing.
 # 3. Along each axis both select the `window` tiles around the query's tile, shifted at the borders:
 #    the stride groups queries by tile and uses the tile centre's window (a window of 3 tiles of 2
 #    rows is a kernel of 6 rows).

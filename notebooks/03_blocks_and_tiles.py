@@ -106,7 +106,7 @@ print(f"PASSED  per-tile allowed-pair counts == brute force (max error {err}); k
 # %% [markdown]
 # ## Occupancy of every pattern at the case-study shape, in raster order
 #
-# Tiles of 512 queries x 1,024 keys (the v6e default of the stlib kernels). Grey tiles are skipped,
+# Tiles of 512 queries x 1,024 keys (the default blocks of Splash and of the first stlib kernels). Grey tiles are skipped,
 # blue tiles run mask-free, orange tiles run in full *and* pay for the mask.
 
 # %%
@@ -176,9 +176,11 @@ plotting.save(fig, cfg.figure("03_partial_costs_full"))
 # efficiency (allowed pairs / pairs in occupied tiles) falls. Smaller tiles cost in other ways:
 # more grid steps (every step pays the loop's overhead and issues its own copies) and bigger
 # prefetched tables, which must fit in SMEM (the hardware table of notebook 00; the tables are
-# padded to whole 8 x 128 words, hence the floor on the right). Both sides for three patterns, per head, in raster order; grid steps of the
-# compacted "rows" grid a tile-skipping kernel walks (q tiles x the widest row, notebook 06), and
-# of the full grid a block-sparse kernel walks (notebook 05); SMEM of the "rows" tables
+# padded to whole 8 x 128 words: a row of q tiles takes at least 128 words, so once no row is
+# wider than that, from 512 x 512 on, the three patterns' tables are the same size, set by the
+# number of q tiles alone). Both sides for three patterns, per head, in raster order: grid steps
+# of the compacted "rows" grid a tile-skipping kernel walks (q tiles x the widest row, notebook
+# 06), and of the full grid a block-sparse kernel walks (notebook 05); SMEM of the "rows" tables
 # (`layout.table_bytes("rows")`).
 
 # %%
@@ -237,7 +239,8 @@ plotting.save(fig, cfg.figure("03_tile_size"))
 #    3 frames x 8 rows, so every 512 x 1,024 raster tile meets a tile window's edge somewhere.
 # 3. Not close to 1 (about three quarters): a q tile is one frame, and its allowed keys are the
 #    three whole frames around it (10,800 keys), but kv tiles of 3,712 keys drift against frames of
-#    3,600, so those frames straddle four kv tiles, most of them PARTIAL. Tile-aligned means the kv
+#    3,600, so those frames straddle four kv tiles, two of them FULL and two PARTIAL
+#    (`kind_counts()`: 42 FULL, 38 PARTIAL). Tile-aligned means the kv
 #    tiles must line up with the frames too, which 128-multiples of a 3,600-token frame cannot.
 #
 # </details>

@@ -350,10 +350,15 @@ def check_combine(combine):
     m, l, acc = combine(*parts[0], *parts[1])
     if m.shape != parts[0][0].shape:
         raise exercises.NotYet(f"m has shape {m.shape}, expected {parts[0][0].shape}")
+    whole = softmax_state(q[0], k[0], v[0])  # the state over every key at once
+    if not jnp.allclose(m, whole[0]):
+        raise exercises.NotYet("m is not the max over both key sets: the next tile's update starts from it")
     err = float(jnp.max(jnp.abs(acc / l - stlib.attention(q, k, v, impl="reference")[0])))
-    if not err < tolerance(jnp.float32):
-        raise exercises.NotYet(f"max error {err:.2e}: is each state rescaled to the common max, l and acc alike?")
-    return f"two halves of {k.shape[1]} keys combined == reference (max error {err:.1e})"
+    l_err = float(jnp.max(jnp.abs(l / whole[1] - 1)))
+    if not (err < tolerance(jnp.float32) and l_err < 1e-5):
+        raise exercises.NotYet(f"max error {err:.2e} (l off by {l_err:.1e} relative): is each state rescaled to "
+                               "the common max, l and acc alike?")
+    return f"two halves of {k.shape[1]} keys combined == reference (max error {err:.1e}), m and l those of all keys"
 
 
 exercises.verify("04.combine", check_combine, combine)
@@ -500,9 +505,12 @@ print(f"VMEM by count (both): q, o tiles x2 {4 * 512 * 128 * 2:,} B + k, v tiles
 # `flash_kernel` attends to every key. The next notebooks skip and mask tiles, and a masked tile
 # runs the same update with some scores refused. Write `accumulate(..., allowed, *, scale)`, the
 # accumulate step for a tile whose bool `allowed` [bq, bkv] says which scores count (the kernel
-# below builds it from iota for a band |q - k| <= 100 and calls your step on every tile). The
-# check runs it through `flash_attention` on sharp scores and compares with the reference under the
-# same band; the update of `flash_kernel` as it stands, mask ignored, gets NOT YET.
+# below builds it from iota and calls your step on every tile). The mask is a band |q - k| <= 100
+# with two traps: every 37th key is refused to every query, and the check makes those keys loud
+# (their scores far above the rest); the first 64 queries see no key at all, and their rows must
+# come out 0. The check runs your step through `flash_attention` on sharp scores and compares with
+# the reference under the same mask; the update of `flash_kernel` as it stands, mask ignored, gets
+# NOT YET, and so do the two halves of the answer alone (the hints below).
 #
 # *Hint 1:* a refused score must lose the max, so give it `NEG` before the max.
 # *Hint 2:* it must add nothing to l and acc either: exp(NEG - m) is 0 once m is a real score's,
@@ -517,11 +525,16 @@ def accumulate(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, allowed, *, scale):
     raise NotImplementedError
 
 
-BAND = 100  # the exercise's mask: |q - k| <= 100, so most tiles are partly refused and some wholly
+BAND, LOUD, SILENT = 100, 37, 64  # |q - k| <= 100, every 37th key refused, the first 64 queries see nothing
+
+
+def exercise_mask(rows, cols):
+    """The exercise's mask from token numbers (iota in the kernel, numpy in the check)."""
+    return (abs(rows - cols) <= BAND) & (cols % LOUD != 0) & (rows >= SILENT)
 
 
 def band_flash_kernel(accumulate):
-    """The flash kernel with ``accumulate`` as its step, under the band |q - k| <= BAND from iota."""
+    """The flash kernel with ``accumulate`` as its step, under ``exercise_mask`` from iota."""
 
     def kernel(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref, *, scale):
         i, j, nk = pl.program_id(0), pl.program_id(1), pl.num_programs(1)
@@ -535,28 +548,39 @@ def band_flash_kernel(accumulate):
 
         rows = i * bq + jax.lax.broadcasted_iota(jnp.int32, (bq, bkv), 0)  # query token numbers
         cols = j * bkv + jax.lax.broadcasted_iota(jnp.int32, (bq, bkv), 1)  # key token numbers
-        accumulate(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, jnp.abs(rows - cols) <= BAND, scale=scale)
+        accumulate(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, exercise_mask(rows, cols), scale=scale)
 
         @pl.when(j == nk - 1)
-        def _finish():  # every row of a band sees its own key: l > 0
-            o_ref[...] = (acc_ref[...] / lanes(l_ref[...], acc_ref.shape[1])).astype(o_ref.dtype)
+        def _finish():  # a row that saw nothing has l = 0: its output is 0
+            l = lanes(l_ref[...], acc_ref.shape[1])
+            o_ref[...] = jnp.where(l > 0, acc_ref[...] / jnp.where(l > 0, l, 1.0), 0.0).astype(o_ref.dtype)
 
     return kernel
 
 
 def check_kernel(accumulate):
-    """Run ``accumulate`` in flash_attention under the band on sharp scores: a line for PASSED, or
-    NotYet with what is wrong."""
+    """Run ``accumulate`` in flash_attention under ``exercise_mask`` on sharp scores: a line for
+    PASSED, or NotYet with what is wrong."""
     qx, kx, vx = stlib.random_qkv((1, 512, 128), jnp.float32, seed=7)
     qx = 4.0 * qx  # sharp softmax: the running max moves often, so a missing rescale shows
-    ref = stlib.attention(qx, kx, vx, masks.band(512, BAND), impl="reference")[0]
-    err = float(jnp.max(jnp.abs(flash_attention(qx[0], kx[0], vx[0], kernel=band_flash_kernel(accumulate)) - ref)))
-    if not np.isfinite(err):
-        raise exercises.NotYet("the output has NaN or inf (did l stay 0, or did m start at -inf?)")
+    kx = kx.at[:, ::LOUD].multiply(100.0)  # the refused keys score far above the allowed ones
+    tokens = np.arange(512)
+    allowed = masks.from_array(exercise_mask(tokens[:, None], tokens[None, :]))
+    ref = stlib.attention(qx, kx, vx, allowed, impl="reference")[0]
+    out = flash_attention(qx[0], kx[0], vx[0], kernel=band_flash_kernel(accumulate))
+    if not bool(jnp.all(jnp.isfinite(out))):
+        raise exercises.NotYet("the output has NaN or inf (did l stay 0 where a row saw keys, did a refused score "
+                               "set the max, or did m start at -inf?)")
+    silent = float(jnp.max(jnp.abs(out[:SILENT])))
+    if silent != 0.0:
+        raise exercises.NotYet(f"the first {SILENT} queries see no key, but their output reaches {silent:.2f} (are "
+                               "refused scores kept out of l and acc, as well as out of the max?)")
+    err = float(jnp.max(jnp.abs(out - ref)))
     if err >= 1e-4:
-        raise exercises.NotYet(f"max error {err:.2e} against the reference under the band (are refused scores "
+        raise exercises.NotYet(f"max error {err:.2e} against the reference under the mask (are refused scores "
                                "kept out of the max, of l and of acc?)")
-    return f"your masked flash kernel == reference under the band |q - k| <= {BAND} (max error {err:.1e})"
+    return (f"your masked flash kernel == reference under the band |q - k| <= {BAND} without every {LOUD}th key, "
+            f"the first {SILENT} queries 0 (max error {err:.1e})")
 
 
 exercises.verify("04.accumulate", check_kernel, accumulate)
@@ -712,8 +736,8 @@ plotting.save(fig, cfg.figure("04_vmem"))
 # For the tiles that compile, the count is exactly what the compiler allocated. For the rejected
 # tiles, the count with the score tile (41 MiB) comes close to what the compiler's message asked
 # for (the rest is the compiler's other temporaries): the score tile is what breaks the limit.
-# VMEM is 128 MiB per chip, but a kernel gets a scoped slice of it; tiles of 512 x 1,024 use a few
-# MiB and leave room for bigger tiles or deeper pipelines.
+# A v6e has 128 MiB of VMEM (notebook 00's hardware table), but a kernel gets a scoped slice of
+# it; tiles of 512 x 1,024 use a few MiB and leave room for bigger tiles or deeper pipelines.
 #
 # ## Takeaway
 #

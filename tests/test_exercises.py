@@ -72,7 +72,7 @@ def test_fill_in_hands_back_the_solution_or_the_readers_function(mode):
 
 def check_combine(combine):
     """A small check of the kind the notebooks run: two key halves of one row, combined."""
-    s = jnp.array([[1.0, 3.0, -2.0, 0.5]])
+    s = jnp.array([[1.0, -2.0, 3.0, 0.5]])  # the max in the second half
     v = jnp.arange(8.0).reshape(4, 2)
     states = []
     for part in (slice(0, 2), slice(2, 4)):
@@ -81,7 +81,7 @@ def check_combine(combine):
         states.append((m, p.sum(axis=1, keepdims=True), p @ v[part]))
     m, l, acc = combine(*states[0], *states[1])
     want = jnp.exp(s - s.max()) / jnp.exp(s - s.max()).sum() @ v
-    if not jnp.allclose(acc / l, want, atol=1e-6):
+    if not (jnp.allclose(acc / l, want, atol=1e-6) and jnp.allclose(m, s.max())):
         raise exercises.NotYet("wrong")
     return "combined"
 
@@ -91,12 +91,13 @@ def test_every_exercise_has_a_wrong_answer_with_the_stubs_parameters():
 
     assert sorted(WRONG) == exercises.names()
     for name in exercises.names():
-        mistake, wrong = exercises.wrong_answer(name)
-        assert mistake and wrong is not exercises.solution(name)
-        assert (
-            inspect.signature(wrong).parameters.keys()
-            == inspect.signature(exercises.solution(name)).parameters.keys()
-        )
+        assert exercises.wrong_answers(name), name
+        for mistake, wrong in exercises.wrong_answers(name):
+            assert mistake and wrong is not exercises.solution(name)
+            assert (
+                inspect.signature(wrong).parameters.keys()
+                == inspect.signature(exercises.solution(name)).parameters.keys()
+            )
 
 
 def test_verify_passes_prints_not_yet_or_raises(mode, capsys):
@@ -106,6 +107,7 @@ def test_verify_passes_prints_not_yet_or_raises(mode, capsys):
         "PASSED  04.combine (library solution): combined\n"
         "        NOT YET for a wrong answer that adds the two states without rescaling them to the "
         "common max: wrong\n"
+        "        NOT YET for a wrong answer that keeps the first state's max as the common one: wrong\n"
     )
     with pytest.raises(
         exercises.ExerciseFailed,

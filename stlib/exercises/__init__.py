@@ -6,8 +6,9 @@ and a check that the notebook runs on it with ``exercises.verify(name, check, fu
 - **By default** (CI, the main job, a first read) ``fill_in`` hands back the library's solution
   (``stlib.exercises.solutions``), so the notebook runs end to end and every check prints PASSED. A
   check that fails then raises :class:`ExerciseFailed`, as any broken cell would. The check is also
-  fed the exercise's known wrong answer (``solutions.WRONG``: a plausible mistake, such as a merge
-  that forgets to rescale) and must answer NOT YET, so a check that passes anything fails the run.
+  fed the exercise's known wrong answers (``solutions.WRONG``: plausible mistakes, such as a merge
+  that forgets to rescale) and must answer NOT YET to each, so a check that passes a wrong answer
+  fails the run.
 - **With** ``STLIB_SOLUTIONS=hide`` (or ``SOLUTIONS = "hide"`` in a notebook's parameters cell; the
   environment wins), ``fill_in`` hands back the reader's own function. A stub raises
   ``NotImplementedError``; its check prints ``NOT YET`` and what is wrong, and the notebook goes on.
@@ -78,17 +79,17 @@ def solution(name: str) -> Callable:
     return table[name]
 
 
-def wrong_answer(name: str) -> tuple[str, Callable]:
-    """Exercise ``name``'s known wrong answer: (the mistake in a few words, the function).
+def wrong_answers(name: str) -> list[tuple[str, Callable]]:
+    """Exercise ``name``'s known wrong answers: (the mistake in a few words, the function) each.
 
-    >>> mistake, combine = wrong_answer("04.combine")
+    >>> mistake, combine = wrong_answers("04.combine")[0]
     >>> mistake
     'adds the two states without rescaling them to the common max'
     """
     from stlib.exercises import solutions
 
     solution(name)  # an unknown name: the same KeyError as solution()
-    return solutions.WRONG[name]
+    return list(solutions.WRONG[name])
 
 
 def fill_in(name: str) -> Callable[[Callable], Callable]:
@@ -129,8 +130,9 @@ def verify(name: str, check: Callable, function: Callable) -> bool:
     whether the check passed.
 
     In mode "fill" (``function`` is the library's solution) a NOT YET raises :class:`ExerciseFailed`,
-    and so does a check that passes the exercise's known wrong answer (:func:`wrong_answer`); the
-    NOT YET the wrong answer gets is printed, so the reader sees what the check catches."""
+    and so does a check that passes one of the exercise's known wrong answers
+    (:func:`wrong_answers`); the NOT YET each wrong answer gets is printed, so the reader sees what
+    the check catches."""
     passed, detail = _run(check, function)
     if hidden():
         if passed:
@@ -140,10 +142,12 @@ def verify(name: str, check: Callable, function: Callable) -> bool:
         return passed
     if not passed:
         raise ExerciseFailed(f"{name}: the library's solution fails its check: {detail}")
-    mistake, wrong = wrong_answer(name)
-    accepted, why = _run(check, wrong)
-    if accepted:
-        raise ExerciseFailed(f"{name}: the check passes a wrong answer that {mistake}")
+    caught = []
+    for mistake, wrong in wrong_answers(name):
+        accepted, why = _run(check, wrong)
+        if accepted:
+            raise ExerciseFailed(f"{name}: the check passes a wrong answer that {mistake}")
+        caught.append(f"        NOT YET for a wrong answer that {mistake}: {why}")
     print(f"PASSED  {name} (library solution): {detail}")
-    print(f"        NOT YET for a wrong answer that {mistake}: {why}")
+    print("\n".join(caught))
     return True

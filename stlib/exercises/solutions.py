@@ -3,8 +3,8 @@ known wrong answer for each.
 
 Each solution is what ``@exercises.fill_in(name)`` hands back by default, and what
 ``exercises.show(name)`` prints. Its parameters are the stub's in the notebook. Names are
-"<notebook number>.<what is written>". ``WRONG[name]`` is (the mistake, in a few words, a function
-that makes it): a plausible first attempt that the exercise's check must answer NOT YET.
+"<notebook number>.<what is written>". ``WRONG[name]`` lists (the mistake, in a few words, a function
+that makes it): plausible first attempts that the exercise's check must answer NOT YET.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numpy as np
 from stlib.reference import MASK_VALUE
 
 SOLUTIONS: dict[str, Callable] = {}
-WRONG: dict[str, tuple[str, Callable]] = {}
+WRONG: dict[str, list[tuple[str, Callable]]] = {}
 
 
 def _solution(name: str):
@@ -32,7 +32,7 @@ def _solution(name: str):
 
 def _wrong(name: str, mistake: str):
     def register(function):
-        WRONG[name] = (mistake, function)
+        WRONG.setdefault(name, []).append((mistake, function))
         return function
 
     return register
@@ -54,6 +54,12 @@ def combine(m1, l1, acc1, m2, l2, acc2):
 @_wrong("04.combine", "adds the two states without rescaling them to the common max")
 def combine_unscaled(m1, l1, acc1, m2, l2, acc2):
     return jnp.maximum(m1, m2), l1 + l2, acc1 + acc2
+
+
+@_wrong("04.combine", "keeps the first state's max as the common one")
+def combine_first_max(m1, l1, acc1, m2, l2, acc2):
+    a2 = jnp.exp(m2 - m1)  # acc / l comes out right; m (and the next exponentials) do not
+    return m1, l1 + a2 * l2, acc1 + a2 * acc2
 
 
 def _lanes(x, width):
@@ -96,6 +102,16 @@ def accumulate(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, allowed, *, scale):
 @_wrong("04.accumulate", "ignores the mask (the unmasked update of flash_kernel)")
 def accumulate_unmasked(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, allowed, *, scale):
     _update(_scores(q_ref, k_ref, scale), v_ref, m_ref, l_ref, acc_ref, None)
+
+
+@_wrong("04.accumulate", "keeps refused scores out of the max but not out of l and acc")
+def accumulate_max_only(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, allowed, *, scale):
+    _update(jnp.where(allowed, _scores(q_ref, k_ref, scale), MASK_VALUE), v_ref, m_ref, l_ref, acc_ref, None)
+
+
+@_wrong("04.accumulate", "zeroes refused probabilities but lets refused scores set the max")
+def accumulate_sums_only(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, allowed, *, scale):
+    _update(_scores(q_ref, k_ref, scale), v_ref, m_ref, l_ref, acc_ref, allowed)
 
 
 # ---------------------------------------------------------------------------------------------

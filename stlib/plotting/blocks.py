@@ -23,8 +23,12 @@ def vmem_bars(rows: list[dict], title: str, limit_bytes: float | None = None, li
         ax.barh(y, widths, left=left, color=PALETTE[i % len(PALETTE)], label=name, height=0.55)
         left += widths
     for yi, total, row in zip(y, left, rows):
-        right = max(total, (row.get("compiler_total") or 0) / mib)
-        ax.text(right, yi, f"   {total:.2f} MiB", va="center", fontsize=8)
+        asked = (row.get("compiler_total") or 0) / mib
+        text = f"{total:.2f} MiB" + (f" counted, {asked:.2f} asked for" if asked else "")
+        # clear of the bar's end and of a marker there (8 points wide)
+        ax.annotate(
+            text, (max(total, asked), yi), xytext=(8, 0), textcoords="offset points", va="center", fontsize=8
+        )
     for key, style, label in [
         ("compiler", "kD", "allocated by the compiler (buffers + scratch)"),
         ("compiler_total", "kX", "scoped VMEM the compiler asked for (its error message)"),
@@ -34,11 +38,17 @@ def vmem_bars(rows: list[dict], title: str, limit_bytes: float | None = None, li
             ax.plot([m[1] for m in marked], [m[0] for m in marked], style, markersize=8, label=label)
     if limit_bytes is not None:
         ax.axvline(limit_bytes / mib, color="black", ls="--", lw=1.2, label=limit_label)
+    widest = max(max(left), *((row.get("compiler_total") or 0) / mib for row in rows))
+    ax.set_xlim(0, 1.3 * widest)  # room for the totals' text
     ax.set_yticks(y, [row["label"] for row in rows])
     ax.invert_yaxis()
     ax.set(xlabel="VMEM (MiB)", title=title)
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2)
     return fig
+
+
+#: Markers of ``tile_size_tradeoff``'s lines, drawn largest first so coinciding points nest.
+_NESTED_MARKERS = ("o", "s", "^", "D", "v")
 
 
 def tile_size_tradeoff(
@@ -48,9 +58,10 @@ def tile_size_tradeoff(
     limits: dict[str, tuple[float, str]] | None = None,
 ):
     """Both sides of the tile-size trade-off, one panel per metric against the tile shape (labels
-    such as "512 x 1,024", in the order given), one line per pattern. ``panels``: ``{panel title:
-    (y label, {pattern: [value per tile shape]}, log y)}``; ``limits``: ``{panel title: (value,
-    label)}`` drawn as a dashed line (e.g. the SMEM of a chip)."""
+    such as "512 x 1,024", in the order given), one line per pattern, each with its own marker and
+    the earlier ones larger, so lines that coincide still show every pattern. ``panels``: ``{panel
+    title: (y label, {pattern: [value per tile shape]}, log y)}``; ``limits``: ``{panel title:
+    (value, label)}`` drawn as a dashed line (e.g. the SMEM of a chip)."""
     fig, axes = plt.subplots(
         1, len(panels), figsize=(4.6 * len(panels), 4.4), constrained_layout=True, squeeze=False
     )
@@ -59,7 +70,19 @@ def tile_size_tradeoff(
     colors = {p: PALETTE[i % len(PALETTE)] for i, p in enumerate(patterns)}
     for ax, (name, (ylabel, series, log)) in zip(axes[0], panels.items()):
         for pattern, values in series.items():
-            ax.plot(x, values, "o-", color=colors[pattern], label=pattern)
+            n = patterns.index(pattern)
+            ax.plot(
+                x,
+                values,
+                "-",
+                marker=_NESTED_MARKERS[n % len(_NESTED_MARKERS)],
+                ms=max(11 - 2.5 * n, 4),
+                lw=max(3.2 - 0.8 * n, 1.2),
+                mfc="none" if n < len(patterns) - 1 else colors[pattern],
+                mew=1.6,
+                color=colors[pattern],
+                label=pattern,
+            )
         if limits and name in limits:
             value, label = limits[name]
             ax.axhline(value, color="black", ls="--", lw=1.2, label=label)
