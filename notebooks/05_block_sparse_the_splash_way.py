@@ -189,6 +189,30 @@ for name, lay, heads in [("small shape", small_layout, configs.SMALL_CPU.num_hea
 # `build_steps` writes the table from the layout's tile kinds in plain numpy; it must equal
 # `stlib.kernels.block_sparse.step_table`.
 
+# %% [markdown]
+# ### Exercise 1: the kv index map
+#
+# The kernel below takes its kv index map as an argument: write it now, before reading the
+# kernel's code (which decodes the same table). `kv_map(i, j, steps_ref, nk)` returns the block
+# (kv tile, 0) of k and v that grid step (i, j) reads, from the flat step table in SMEM described
+# above. The check, after the kernel, builds the small band's table, runs the kernel with your map,
+# checks the result against the reference, and counts the kv copies the pipeline would issue (a
+# copy wherever the block index differs from the previous step's) against the copies of the
+# table's own `fetch` column.
+#
+# Run the notebook with `SOLUTIONS = "hide"` (first cell) to write it yourself: the stub raises, and
+# the check prints NOT YET and what is wrong. `exercises.show("05.kv_map")` prints a solution.
+#
+# *Hint 1:* a map that returns `(j, 0)` is correct, as in the dense kernel, but copies every tile.
+# *Hint 2:* the flat table is indexed `i * nk + j`; the tile number sits above the two kind bits.
+
+# %%
+@exercises.fill_in("05.kv_map")
+def kv_map(i, j, steps_ref, nk):
+    # --- your code here: return the (kv block, 0) that step (i, j) computes or prefetches ---
+    raise NotImplementedError
+
+
 # %%
 import time
 
@@ -281,33 +305,11 @@ def block_sparse_attention(steps, q, k, v, *, width, kv_map, block_q=128, block_
         interpret=interpret)(steps, q, k, v)
 
 
-# %% [markdown]
-# ### Exercise 1: the kv index map
-#
-# The kernel takes its kv index map as an argument: write it before reading on. `kv_map(i, j,
-# steps_ref, nk)` returns the block (kv tile, 0) of k and v that grid step (i, j) reads, from the
-# flat step table in SMEM. The check builds the small band's table, runs the kernel with your map,
-# checks the result against the reference, and counts the kv copies the pipeline would issue (a
-# copy wherever the block index differs from the previous step's) against the copies of the
-# table's own `fetch` column.
-#
-# Run the notebook with `SOLUTIONS = "hide"` (first cell) to write it yourself: the stub raises, and
-# the check prints NOT YET and what is wrong. `exercises.show("05.kv_map")` prints a solution.
-#
-# *Hint 1:* a map that returns `(j, 0)` is correct, as in the dense kernel, but copies every tile.
-# *Hint 2:* the flat table is indexed `i * nk + j`; the tile number sits above the two kind bits.
-
 # %%
 steps = build_steps(np.asarray(small_layout.kinds[0]))
 assert np.array_equal(steps, step_table(small_layout).reshape(-1))
 print(f"PASSED  build_steps == stlib step_table on the small band ({steps.size} entries, max error 0)")
 qt, kt, vt = stlib.random_qkv((1, small_length, 128), jnp.float32, seed=3)
-
-
-@exercises.fill_in("05.kv_map")
-def kv_map(i, j, steps_ref, nk):
-    # --- your code here: return the (kv block, 0) that step (i, j) computes or prefetches ---
-    raise NotImplementedError
 
 
 def check_kv_map(kv_map):

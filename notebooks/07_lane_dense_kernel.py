@@ -110,8 +110,9 @@ LOG2_E = math.log2(math.e)
 # `pallas_tile` computes scores as q k^T, `[block_q, chunk]`: queries on sublanes, keys on lanes.
 # Its softmax statistics are one number per query *row*, so the running max and sum live as
 # `[block_q, 128]` arrays with the value repeated across the 128 lanes, every row max is a
-# cross-lane reduction, and the alpha correction touches 128 copies of each value. Counted in the
-# v6e schedule, the alpha correction alone was about a fifth of the tile's exponentials.
+# cross-lane reduction, and the alpha correction touches 128 copies of each value. Counted in a v6e
+# schedule of `pallas_tile` when this kernel was designed (not reprinted here), the alpha correction
+# alone was about a fifth of the tile's exponentials.
 #
 # The second-generation kernel (`stlib/kernels/tile_lane_dense/`) turns the product around, as the
 # public Sparse VideoGen TPU kernels do: scores are k q^T, `[chunk, block_q]`, **keys on sublanes,
@@ -185,7 +186,7 @@ def chunk_update(s, v, m_ref, l_ref, acc_ref, lanes, register, allowed=None):
 # ## The kernel, written in view
 #
 # One head, grid (q tile i, slot j of its row in the step table). The step table is the library's
-# (`plan_steps`, drawn in notebook 06): every non-empty tile of the layout is one entry
+# (`plan_steps`, drawn below in `07_step_codes`): every non-empty tile of the layout is one entry
 # `kv tile << CODE_BITS | code`, a row's entries first, then its last one repeated so that skipped
 # slots fetch nothing. The kernel compiles one conditional region per code present and runs the one
 # the entry names:
@@ -364,7 +365,7 @@ def lane_dense_attention(q, k, v, mask, *, block_q, block_kv, chunk=512, registe
 # Six masks, chosen so that between them every region runs (each line names the regions its step
 # table holds): the 0.25 band (mixed patterns on its edges); the same band with patterns off on 200
 # tokens fewer (its edge tiles MASKED, the last kv tile cut by the array's end); causal attention
-# (FULL tiles and a diagonal pattern); no mask on 200 tokens fewer (FULL, and RAGGED where the array
+# (FULL tiles and two diagonal patterns); no mask on 200 tokens fewer (FULL, and RAGGED where the array
 # ends); a sliding tile in its 3-D tiled order on a video whose rows of tiles hold no padding
 # (mask-free patterns); and the band with its runs of 256 tokens shuffled into an order without a
 # formula, a mask with no predicate to evaluate, whose MASKED tiles read a deduplicated int8 table of
@@ -519,7 +520,7 @@ fig = plotting.step_codes(sta_plan, "Sliding tile 3x8x16, window 3, 3-D tiled or
 plotting.save(fig, cfg.figure("07_step_codes"))
 
 # %% [markdown]
-# Padded rows of tiles (the 45 rows of the case study leave the last row of tiles 5 rows short of 8)
+# Padded rows of tiles (the 45 rows of the case study leave the last row of tiles 5 of its 8 rows)
 # put padding slots into some kv tiles. The kernel above masks them as the library does: a pattern
 # whose kv tile holds padding slots (`Pattern.padded`) reads an int32 validity column, one entry per
 # key fetched with its kv tile (`StepPlan.key_valid_column`), and masks those keys' scores and
@@ -613,7 +614,8 @@ exercises.verify("07.finish_with_lse", check_finish, finish_with_lse)
 # `(first key, keys, first query lane, lanes, masked)` tuple per update, in pieces of `chunk` keys
 # where `chunk` divides `grain` (else the whole sub-tile). The check runs the kernel above with your
 # updates on the band and the sliding tile, against the reference, and tests that your pieces cover
-# every run sub-tile once, with its kind, and nothing else.
+# every run sub-tile once, with its kind, and nothing else; first, on a pattern of its own whose
+# sub-tiles hold two chunks, it compares your updates with the ones it expects.
 #
 # *Hint 1:* walk each row of `rows`, cutting it where the kind changes (not only where it is 0).
 # *Hint 2:* a run of q sub-tiles r0..r1 of kind 1 or 2 in row c is an update of keys from c x grain,
@@ -629,6 +631,15 @@ def pattern_updates(rows, grain, chunk):
 
 def check_updates(pattern_updates):
     """Your updates cover each pattern exactly, and the kernel run with them equals the reference."""
+    # first a pattern whose sub-tiles hold two chunks each: one kv sub-tile against a run of two
+    # mask-free q sub-tiles, then a masked one, then a skipped one
+    grain = 2 * CHUNK
+    want = {(0, CHUNK, 0, 2 * grain, False), (CHUNK, CHUNK, 0, 2 * grain, False),
+            (0, CHUNK, 2 * grain, grain, True), (CHUNK, CHUNK, 2 * grain, grain, True)}
+    got = [tuple(update) for update in pattern_updates([[1, 1, 2, 0]], grain, CHUNK)]
+    if sorted(got) != sorted(want):
+        raise exercises.NotYet(f"rows [[1, 1, 2, 0]], grain {grain}, chunk {CHUNK}: expected the updates "
+                               f"{sorted(want)}, got {sorted(got)}")
     for name in ("band 0.25", "sliding tile, 3-D tiled"):
         mask, grain = cases[name]
         plan = plan_steps(stlib.block_layout(mask, BQ, BKV), mask.length, grain)
@@ -739,12 +750,15 @@ print(f"largest gap: {widest[1]} {widest[0]}, {gaps[widest]:+.1%} (static schedu
 # fold's scores `[chunk, 256]` (32 vregs at chunks of 128), and the statistics of one slice (`m`,
 # `l`, a `[D, 256]` slice of o^T) used chunk after chunk. Nothing about the softmax changes: each
 # query's lane sees the same keys in the same order. MASKED steps and patterns keep whole lane runs
-# (folds cost the MASKED region 54% on v6e). Whether folds pay depends on the chip and the chunk:
+# (folds of 256 made the MASKED region 54% longer on v6e, band 0.25 at 2,048 x 2,048: the comment at
+# the library's `pieces`). Whether folds pay depends on the chip and the chunk:
 # the block sweep (`python -m stlib.bench.block_sweep`, its records in `data/`) compiled each chip's
 # FULL step at the case-study shape with and without folds when `FOLD_LANES` was chosen, and the
 # folds won on v5e (2,048 x 2,048, chunks of 128) and v6e (2,560 x 2,560, chunks of 256), the blocks
 # tuned then, but cost TPU7x a few percent (2,048 x 2,048, chunks of 512), where the whole tile stays
-# the default. The table above shows the other side on v6e: at 1,024 x 1,024 with chunks of 512 the
+# the default (those compiles are recorded beside `FOLD_LANES` in
+# `stlib/kernels/tile_lane_dense/options.py`, not reprinted here; the sweep has since picked other
+# blocks). The table above shows the other side on v6e: at 1,024 x 1,024 with chunks of 512 the
 # folds cost more than they save (the last pair of columns against the one before it), so read the
 # columns before you pick the option for other blocks.
 #
@@ -768,7 +782,12 @@ print(f"largest gap: {widest[1]} {widest[0]}, {gaps[widest]:+.1%} (static schedu
 # over dense Splash's at its best blocks on the same chip. The "ms" columns add the call's XLA glue
 # at the chip's clock, so their quotient is not exactly the ratio. "target" is the fraction of
 # dense Splash the kernel was tuned to reach on that chip and pattern (`block_sweep.TARGETS`),
-# "met" where the ratio is at or below it. Static estimates, never measurements.
+# "met" where the ratio is at or below it, "missed" where it is above. A last line "stale" says that
+# the estimator changed after the sweep: a later rule for how the MXU is fed charges the tile
+# kernel's forward more and leaves Splash's as it was, which is why most targets read missed now
+# (notebook 08's last section sets that rule against a TPU v5e's measurements). The blocks were
+# ranked under the rules of their day; re-ranking them is the command it prints (hours of compiles).
+# Static estimates, never measurements.
 
 # %%
 sweep_records = cfg.data / Path(block_sweep.RECORDS).name

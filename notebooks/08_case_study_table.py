@@ -158,11 +158,10 @@ print(f"\n{len(records)} timing records and {len(work_records)} work records fro
       f"published reference: {published['dense_splash_ms']} ms -> {published['tile_aligned_sparse_ms']} ms")
 
 # %% [markdown]
-# One correction before drawing: the generic work model (`stlib.roofline.kernel_work`) counts
-# Splash's grid as the full (q tiles x kv tiles) grid. Splash shrinks its kv axis to the widest row
-# when every head shares one mask (notebook 05), so Splash's grid steps are taken from its own
-# `MaskInfo` here (about a second per mask at the full shape). The records on disk keep the
-# model's count.
+# One check before drawing: Splash shrinks its kv axis to the widest row when every head shares one
+# mask (notebook 05), and the generic work model (`stlib.roofline.kernel_work`) counts Splash's grid
+# that way. The cell takes Splash's grid steps from its own `MaskInfo` and prints the model's count
+# beside them: they agree at every density, and the figures use Splash's own.
 
 # %%
 def splash_grid_steps(case, num_heads, length):
@@ -293,9 +292,10 @@ plotting.save(fig, cfg.figure("08_latency"))
 # `stlib.estimate` is available, static v6e estimates read from the compiled kernels' schedules
 # (hatched: estimates, calibrated so that dense Splash takes the published 78.70 ms; never
 # measurements), for the band at the density the left panel shows and for the sliding-tile
-# pattern, where tile alignment matters most. The estimates run every Pallas kernel with
-# `exp2` off, as Splash computes; one extra row switches it on for the flat tile kernel, so the
-# exp2 effect shows on its own. (The measured left panel runs each kernel at its defaults: the
+# pattern, where tile alignment matters most. The estimates run the first-generation Pallas kernels
+# with `exp2` off, as Splash computes; one extra row switches it on for the flat tile kernel, so the
+# exp2 effect shows on its own. The lane-dense rows keep their default, exp2 on (the like-for-like
+# table further down takes it apart). (The measured left panel runs each kernel at its defaults: the
 # tile kernel with exp2; in interpret mode that is one multiply per score fewer, lost in the noise.)
 # The two panels never share an axis: interpret-mode milliseconds and TPU milliseconds are
 # different units.
@@ -429,13 +429,15 @@ except Exception as error:  # noqa: BLE001 - the estimate is optional; say why i
 # ## Reading the results
 #
 # * **The ideal is 1 / density.** The work model puts the tile-skipping kernels on or near that line
-#   for the band (executed flops within a few percent of the useful ones), and `pallas_dense`
+#   for the band (executed flops within about 10% of the useful ones), and `pallas_dense`
 #   flat at 1x whatever the density: it computes every tile and masks it.
 # * **Skipping is necessary, not sufficient.** The block-sparse kernel executes the right flops,
 #   but it walks every grid step of the full grid; the tile kernel walks only non-empty tiles
 #   (fewer still with the flat grid) and runs its FULL tiles without masking.
 # * **The sliding-tile pattern needs its order.** In raster order the block-sparse kernel computes
-#   mostly PARTIAL tiles; in 3-D tiled order every computed tile is FULL. Its 384 x 384 tiles are
+#   mostly PARTIAL tiles; in 3-D tiled order every computed tile is FULL at the grain of a 3-D tile,
+#   and the padding of the last row of tiles (45 rows are not a multiple of 8) is the about 10% of
+#   executed flops over useful ones that remains. Its 384 x 384 tiles are
 #   small enough that the roofline turns memory-bound (a 384-query tile re-reads k and v
 #   for every 384 queries), a reminder that tile size is part of the design.
 # * **The static estimates see what the work model cannot**: instructions per grid step and per
@@ -444,7 +446,8 @@ except Exception as error:  # noqa: BLE001 - the estimate is optional; say why i
 #   (what skipping tiles buys that kernel, at most about the ideal 1 / density mark) and over dense
 #   Splash. A bar over dense Splash beyond the ideal mark is no paradox: that kernel is cheaper than
 #   Splash on dense work already (its own dense estimate is below Splash's), and the two gains
-#   multiply; the like-for-like rows above name that dense gain's source (the blocks). Where the
+#   multiply; the like-for-like rows above name that dense gain's sources (the blocks, the layout).
+#   Where the
 #   estimates rank kernels differently from the work model, the difference lies in how each
 #   kernel's inner loop is written, not in which tiles it computes; only a TPU run can confirm it.
 #   Splash's forward (`jax.experimental.pallas.ops.tpu.splash_attention`, jax 0.10.2) casts v to
@@ -626,14 +629,15 @@ print("\n" + tpu_measure.format_backward_sweep(
 #
 # * **The MXU-feed rule is wrong for the tile kernel's forward.** Charging a path the rows its busiest
 #   MXU is fed, pushed weights included (`stlib.analysis.mxu_input`, adopted to mend the backward on
-#   TPU7x), doubles the lane-dense forward's estimate; the chip runs it at the pace of its bundles,
-#   as it runs Splash. With every path charged its bundles alone, one clock puts every program that
-#   fits within about ten percent of the measured time, Splash and the tile kernel alike, forward
-#   and backward (the first table's measured and bundles-only columns); the v5e's borrowed clock (v6e's, scaled by peak) is then the remaining, common error.
+#   TPU7x), raises the lane-dense forward's estimate well above its bundles-only one (the first
+#   table's two estimates); the chip runs it at the pace of its bundles, as it runs Splash. With every path charged its bundles alone, the estimates of the
+#   programs that fit run 13-22% over the measured times for the forwards and 3-11% over for the
+#   backwards, Splash and the tile kernel alike (the first table's measured and bundles-only
+#   columns): the v5e's borrowed clock (v6e's, scaled by peak) is then the common error.
 # * **Some runs take far longer than their schedule, and the schedule does not say which.** Six
 #   candidates ran 2.45-2.81 times their bundles-only estimate: the band at 2,048 x 2,048 and
-#   2,560 x 2,560 blocks, and the sliding tile at 1,920 x 3,840 (82.60 ms measured, 41.27
-#   estimated). Among the forwards, every one of them has the larger programs (the last column), as if
+#   2,560 x 2,560 blocks, and the sliding tile at 1,920 x 3,840 (82.60 ms measured, 33.68
+#   bundles-only). Among the forwards, every one of them has the larger programs (the last column), as if
 #   instructions past an instruction memory were fetched while the kernel runs; the next cells put
 #   that to the chip. The band's backward (last lines) runs at pace at its tuned blocks and about
 #   four times slower at every other. Where the chip has been timed, the tuner trusts the clock over
@@ -642,7 +646,7 @@ print("\n" + tpu_measure.format_backward_sweep(
 #   row of tiles each way (29.4 ms). v6e and TPU7x were not measured.
 # * **On v5e the tile kernel without a mask is as fast as Splash** (its best blocks 160.07 ms against
 #   Splash's best 177.19 ms), not twice as slow as the estimate said; its training steps over dense
-#   Splash's fused one, measured, are printed last above.
+#   Splash's fused one, measured, are printed under the first table above.
 
 # %% [markdown]
 # ### Is it the size of the program?

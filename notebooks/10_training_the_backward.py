@@ -540,8 +540,8 @@ print(backward_estimate.format_table(backward_estimate.read(cfg.data / "backward
 # of a `vmatpush`, which loads the MXU's stationary operand, the weights. The estimate charges a pushed
 # weight row as a streamed one (`stlib.analysis.mxu_input`: both arrive through the unit's operand
 # path; an assumption no TPU here can test) and takes the longer of a path's bundles and its
-# busiest MXU's feed. The forward streams a whole q block through each weight tile, so it pushes
-# little. Splash's dK/dV kernel streams only its kv chunk through q- and dO-weights, so it pushes
+# busiest MXU's feed. Splash's forward streams a whole q block through each weight tile, so it
+# pushes little (the lane-dense forward's chunks are another matter: next paragraph). Splash's dK/dV kernel streams only its kv chunk through q- and dO-weights, so it pushes
 # a weight row for every few rows it multiplies, and on its busier MXU the feed outlasts the
 # bundles. The rows below are the committed records' compute paths, one execution each.
 #
@@ -571,7 +571,9 @@ for direction in (False, True):
 # Read the table against the targets on its first line: dense, the tile kernel's backward over
 # Splash's best backward (both at tuned blocks); the band, a training step (forward + backward) over
 # dense Splash's; the sliding tile, its backward over its own forward (the fused kernel's flops are
-# exactly 2.5x the forward's, so 2.5 is the floor of that ratio) and its training step. Where a row
+# exactly 2.5x the forward's, but its time can be less than 2.5x: the forward pays exponentials and
+# step overheads the backward's matrix work hides, so a ratio under 2.5 is no paradox) and its
+# training step. Where a row
 # misses, the records' per-kernel breakdown (`bundles` per path, the MXU feed above) says why.
 #
 # Every row's backward is step-coded now. The sliding tile runs rows of 3-D tiles as pattern steps

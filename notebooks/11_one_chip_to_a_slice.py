@@ -339,7 +339,8 @@ plotting.save(fig, cfg.figure("11_ring_blocks"))
 #
 # A skipped hop saves a transfer, but the devices must also do about the same work, or the slowest
 # one sets the pace. With a frame-causal mask and the sequence split in runs, device d's queries see
-# d + 1 shards: the last device works N times as long as the first. Dealing frames to the devices
+# d + 1 shards, and its own shard only in part (the mask's diagonal): the last device works several
+# times as long as the first (the contiguous split's steps printed below). Dealing frames to the devices
 # back and forth (a zig-zag: 0, 1, 2, 3, 3, 2, 1, 0) pairs an early frame with a late one on every
 # device. `stlib.ring.device_steps` counts each device's kernel steps (non-empty tiles over the hops
 # it runs) and `stlib.ring.balanced_order` picks the split whose busiest device runs fewest;
@@ -404,8 +405,8 @@ for name, m in {"the spatial heads": masks.spatial(small_grid, 0), "the per-head
 # number with every all-to-all the compiler put in the Ulysses program above (read from its HLO).
 #
 # *Hint 1:* the operand is one device's share, before or after.
-# *Hint 2:* H x (L / N) x D elements of `itemsize` bytes. `exercises.show("11.all_to_all_bytes")`
-# prints a solution.
+# *Hint 2:* count the elements of the shard you wrote down for hint 1, then their bytes.
+# `exercises.show("11.all_to_all_bytes")` prints a solution.
 
 # %%
 @exercises.fill_in("11.all_to_all_bytes")
@@ -437,8 +438,8 @@ exercises.verify("11.all_to_all_bytes", check_bytes, all_to_all_bytes)
 # Ulysses x ring, the plan's exact masks riding the ring head by head), are compiled by name
 # (`run --only v6e-2x2-ring ...`): a ring compiles one tile kernel per distinct block it attends,
 # and at this shape the blocks differ from device to device (18,900 tokens a device on 4: the
-# frames fall at a different place in every shard), 16 kernels of 40 heads on v6e 2x2, tens of
-# minutes of compiling on this series' 2-core machine. The records are committed; the table reads
+# frames fall at a different place in every shard): one kernel per hop and device on v6e 2x2, tens
+# of minutes of compiling on this series' 2-core machine (the table's compile column). The records are committed; the table reads
 # them.
 #
 # The traffic model: a collective of S bytes per device moves, per chip, its devices' S times the
@@ -480,7 +481,7 @@ print(slice_compile.format_fastest(slice_compile.fastest(rows)))
 # traffic only with it. The last table says which sequence-split strategy the model puts first at
 # each density: where the ring was compiled its permutes hide behind the kernel and it leads; on
 # TPU7x, Ulysses x ring keeps its ring on one chip's two TensorCores and ties Ulysses. The margins
-# are a few percent of the call, within what a lower bound on the traffic can tell apart. The
+# are at most about a tenth of the call, within what a lower bound on the traffic can tell apart. The
 # overlap is the compiler's: in the small ring programs above every transfer starts before the first
 # kernel runs (the last number of their lines), so each hop's kv shard moves while the earlier hops
 # compute.
@@ -528,9 +529,9 @@ print(f"PASSED  WanBlock ({params:,} parameters, {H} heads, sliding tile {tile_m
 #   transfers. A zig-zag split evens out a frame-causal mask's work over the devices.
 # * Per-head masks must follow their heads. One SPMD program holds one branch per distinct
 #   per-device head slice. Laying heads out so the slices coincide (the exercise) compiles one kernel.
-# * At Wan 14B's shape, and more so at one minute of video, the traffic of Ulysses, the ring and
-#   Ulysses x ring is a small fraction of the sparse kernel's estimated time on v6e and TPU7x; a
-#   ring's permutes hide behind its kernel. It would only match the kernel at a density far below
+# * At Wan 14B's shape the traffic of Ulysses, the ring and Ulysses x ring is a small fraction of
+#   the sparse kernel's estimated time on v6e and TPU7x, and at one minute of video (compiled for
+#   heads and Ulysses only) Ulysses' is smaller still; a ring's permutes hide behind its kernel. It would only match the kernel at a density far below
 #   any pattern here.
 # * `stlib.attention_fn` drops into flax's `MultiHeadAttention`. The block trains (gradients through
 #   `impl="xla"` here; the Pallas kernels' backward is the subject of the training notebook).

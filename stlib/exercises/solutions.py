@@ -176,6 +176,14 @@ def merge_unshifted(outputs, lses):
     return sum(w * o_i for w, o_i in zip(weights, outputs, strict=True)) / sum(weights)
 
 
+@_wrong("06.merge", "guards the empty rows but weighs by exp(lse) with no common max")
+def merge_unshifted_guarded(outputs, lses):
+    weights = [jnp.exp(lse_i) for lse_i in lses]
+    total = sum(weights)
+    merged = sum(w * o_i for w, o_i in zip(weights, outputs, strict=True))
+    return jnp.where(total > 0, merged / jnp.where(total > 0, total, 1.0), 0.0)
+
+
 # ---------------------------------------------------------------------------------------------
 # 07 · the second-generation kernel
 
@@ -221,6 +229,11 @@ def pattern_updates(rows, grain, chunk):
     return out
 
 
+@_wrong("07.pattern_updates", "runs a whole sub-tile where chunks divide it")
+def pattern_updates_whole(rows, grain, chunk):
+    return pattern_updates(rows, grain, grain)
+
+
 @_wrong("07.pattern_updates", "cuts a row only at skipped sub-tiles, not where the kind changes")
 def pattern_updates_uncut(rows, grain, chunk):
     out = []
@@ -251,6 +264,12 @@ def band_pairs(length, width):
 @_wrong("09.band_pairs", "counts 2w + 1 keys in every row, the band's ends included")
 def band_pairs_endless(length, width):
     return length * (2 * width + 1)
+
+
+@_wrong("09.band_pairs", "counts the keys row by row (a loop over rows, not a closed form)")
+def band_pairs_by_rows(length, width):
+    rows = np.arange(length, dtype=np.int64)
+    return int(np.sum(np.minimum(rows + width, length - 1) - np.maximum(rows - width, 0) + 1))
 
 
 @_solution("09.routing_error")

@@ -181,7 +181,7 @@ def measured_vs_estimated(rows: list[dict], title: str):
         plt.Line2D([], [], marker="o", linestyle="", markerfacecolor="white", markeredgecolor=PALETTE[0],
                    label="every path charged its bundles alone"),
         plt.Line2D([], [], marker="o", linestyle="", color="tab:red", markeredgecolor="black",
-                   label="ran far slower than its bundles (cause not known)"),
+                   label="ran far slower than its bundles (a program past 65,536 bundles)"),
     ]  # fmt: skip
     ax.legend(handles=handles, fontsize=8, loc="upper left")
     return fig

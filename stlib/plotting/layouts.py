@@ -3,6 +3,8 @@ against tile occupancy, and the step tables and step plans the block-sparse kern
 
 from __future__ import annotations
 
+import dataclasses
+
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.colors import ListedColormap
@@ -14,8 +16,19 @@ from stlib.layout import BlockLayout, TileKind
 from stlib.plotting.common import KIND_COLORS, PALETTE
 
 
+def _one_head(layout: BlockLayout, head: int) -> BlockLayout:
+    """``layout`` cut to ``head`` (its counts, kinds and summary numbers), for a figure that draws
+    one head of several."""
+    if layout.num_heads == 1:
+        return layout
+    return dataclasses.replace(layout, counts=layout.counts[head : head + 1])
+
+
 def occupancy_heatmap(layout: BlockLayout, title: str, head: int = 0, ax_pair=None):
-    """Tile kinds (EMPTY / PARTIAL / FULL) and the allowed fraction of each tile, side by side."""
+    """Tile kinds (EMPTY / PARTIAL / FULL) and the allowed fraction of each tile, side by side, of
+    ``head``: the map, the legend's counts and the numbers in the title are that head's. The legend
+    sits under the tile map, clear of it."""
+    layout, head = _one_head(layout, head), 0
     if ax_pair is None:
         fig, ax_pair = plt.subplots(1, 2, figsize=(10.5, 4.6), constrained_layout=True)
     else:
@@ -29,9 +42,11 @@ def occupancy_heatmap(layout: BlockLayout, title: str, head: int = 0, ax_pair=No
     counts = layout.kind_counts()
     ax_kind.legend(
         handles=[Patch(color=KIND_COLORS[k], label=f"{k.name} ({counts[k.name]:,})") for k in TileKind],
-        loc="upper right",
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.13),
+        ncol=3,
         fontsize=7,
-        framealpha=0.9,
+        frameon=False,
     )
     ax_kind.set(
         title="tile kind",
@@ -57,7 +72,8 @@ def occupancy_comparison(layouts: dict, title: str, head: int = 0):
         len(layouts), 2, figsize=(10.5, 4.2 * len(layouts)), constrained_layout=True, squeeze=False
     )
     for row, (name, layout) in zip(axes, layouts.items()):
-        occupancy_heatmap(layout, name, head=head, ax_pair=row)
+        layout = _one_head(layout, head)
+        occupancy_heatmap(layout, name, ax_pair=row)
         row[0].set_title(f"{name}: tile kind", fontsize=9)
         padded = layout.length > layout.num_tokens  # occupancy counts tiles of padded positions too
         over_positions = layout.allowed_pairs / (layout.num_heads * float(layout.length) ** 2)
@@ -106,8 +122,9 @@ def kind_gallery(named_layouts: dict, title: str, columns: int = 4, head: int = 
     """The tile kinds (EMPTY / PARTIAL / FULL) of several layouts, one small map each."""
     fig, axes = _grid(len(named_layouts), columns, (3.2, 3.4))
     for ax, (name, layout) in zip(axes.flat, named_layouts.items()):
+        layout = _one_head(layout, head)  # the map, its counts and its numbers: one head's
         ax.imshow(
-            layout.kinds[head],
+            layout.kinds[0],
             cmap=ListedColormap(KIND_COLORS),
             vmin=0,
             vmax=2,

@@ -29,6 +29,8 @@ def device_tables(device_layouts: list, title: str):
             ax.imshow(layout.kinds[h], cmap=cmap, vmin=0, vmax=2, interpolation="nearest", aspect="auto")
             ax.set_title(f"device {d}, local head {h}", fontsize=8)
         row[0].set_ylabel("q tile")
+    for ax in axes[-1]:
+        ax.set_xlabel("kv tile")
     handles = [Patch(color=KIND_COLORS[k], label=k.name) for k in TileKind]
     fig.legend(handles=handles, loc="lower center", ncol=3, fontsize=8, frameon=False)
     fig.suptitle(title, fontsize=10)
@@ -55,8 +57,8 @@ def communication_vs_kernel(rows: list[dict], title: str):
     permutes), one panel per sequence length (``tokens``): the kernel's estimated time per device
     against density, one solid line per slice (through its band 0.25 and dense estimates: every
     strategy of a slice runs the same work per device), and each case's modelled traffic time as a
-    horizontal line styled by its kind, with the density where they meet marked where they do
-    (labels in a column, each with a leader to its point; the legend below the panels)."""
+    horizontal line styled by its kind, with the density where they meet marked (x) where they do
+    and written in the case's legend entry (the legend below the panels)."""
     cases = [
         r
         for r in rows
@@ -71,7 +73,6 @@ def communication_vs_kernel(rows: list[dict], title: str):
     for ax, length in zip(axes[0], lengths):
         here = [r for r in cases if r["tokens"] == length]
         drawn = set()
-        labels = 0
         for r in here:
             slice_name = r["slice"]
             color = color_of[slice_name]
@@ -82,28 +83,18 @@ def communication_vs_kernel(rows: list[dict], title: str):
                 ax.plot(density, kernel, color=color, lw=1.8, label=f"{slice_name}: kernel per device (est.)")
                 ax.plot([0.25, 1.0], [band, dense], "o", color=color, ms=4)
             kind = _traffic_kind(r)
+            crossing = r.get("density where traffic = kernel")
+            meets = isinstance(crossing, float) and 0 <= crossing <= 1
             ax.axhline(
                 r["traffic ms (model)"],
                 color=color,
                 ls=_TRAFFIC_STYLES[kind],
                 lw=1.3,
-                label=f"{r['case']}: {kind}",
+                label=f"{slice_name} {r['strategy']}: {kind.removesuffix(' (model)')}"
+                + (f", x at d = {crossing:.3f}" if meets else ""),
             )
-            crossing = r.get("density where traffic = kernel")
-            if isinstance(crossing, float) and 0 <= crossing <= 1:
+            if meets:  # the density in the legend: labels at the points crowd where the curves start
                 ax.plot([crossing], [r["traffic ms (model)"]], "x", color=color, ms=8, mew=2)
-                ax.annotate(
-                    f"{r['strategy']}: d = {crossing:.3f}",
-                    (crossing, r["traffic ms (model)"]),
-                    textcoords="axes fraction",
-                    # a column of labels right of the curves' steep start, between the traffic lines
-                    # and the kernel lines, one line each with a leader to its point
-                    xytext=(0.62, 0.64 - 0.045 * labels),
-                    arrowprops={"arrowstyle": "-", "lw": 0.6, "color": color},
-                    fontsize=7.5,
-                    color=color,
-                )
-                labels += 1
         ax.set_yscale("log")  # the traffic sits an order of magnitude below the kernel: a log axis shows both
         ax.set(
             xlabel="attention density (fraction of pairs)",
