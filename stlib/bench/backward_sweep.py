@@ -192,7 +192,9 @@ def failure_reason(error: str) -> str:
     'ValueError: blocks do not fit VMEM'
     """
     if "SIGTERM" in error or "signal 15" in error:
-        return "the compile was stopped (SIGTERM: its time limit, or the sweep interrupted) before it finished"
+        return (
+            "the compile was stopped (SIGTERM: its time limit, or the sweep interrupted) before it finished"
+        )
     lines = [line.strip() for line in error.splitlines() if line.strip()]
     return (lines or ["?"])[-1][-160:]
 
