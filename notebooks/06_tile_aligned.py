@@ -294,7 +294,8 @@ print(f"radial: choose_orders keeps {choose_orders(case.grid, radial, 512, 1024)
 #   (and the 3-D tiled orders a mask suggests; radial suggests none) and keeps raster: in
 #   token-major order every occupied tile becomes PARTIAL.
 #   The waste comes from the tile size: radial's window halves each time the frame distance
-#   doubles (1,200 keys of the same frame, 600 of the next, ..., 75 of far frames), so every far
+#   doubles (keys within 1,200 positions either side in the same frame, 600 in the next, ..., 75
+#   in far frames), so every far
 #   frame contributes a thin diagonal slice that still occupies whole 1,024-key tiles. With
 #   128 x 128 tiles the same mask wastes far less (the efficiencies printed above), at the price
 #   of 32x more grid steps and bigger tables: the trade-off of notebook 03.

@@ -421,7 +421,8 @@ except Exception as error:  # noqa: BLE001 - the estimate is optional; say why i
 # kernel at its swept ones.
 #
 # The same five rows, measured on a TPU v5e (`python -m stlib.bench.tpu_measure like-for-like`, median
-# of 5 calls; the tile kernel at its v5e default blocks, which are Splash's best there too):
+# of 5 calls; the tile kernel at its v5e default blocks, 1,024 x 2,048, Splash's best by the block
+# sweep's estimates; measured, Splash's best v5e blocks are 512 x 2,048, the last section):
 
 # %%
 like_path = cfg.data / Path(tpu_measure.LIKE_RECORDS).name

@@ -166,7 +166,8 @@ print("PASSED  routing recovers every planted head kind")
 #
 # Both candidates are bands of half-width w in their own order, and the budget is a density.
 # `masks.band_width_for_density` turns a density into w with the formula in the introduction, which
-# neglects the band's ends, and rounds w up to a multiple of 128. How many pairs does a band really
+# treats the band as continuous (it counts the triangles cut off at the ends, not the diagonal's
+# own pairs), and rounds w up to a multiple of 128. How many pairs does a band really
 # keep? Write `band_pairs(length, width)`: the exact number of (query, key) pairs with |q - k| <= w
 # in an L x L grid, in closed form (no loop over rows). The check compares it with a count row by
 # row, at lengths up to the case study's and widths from 0 to past L; then it asks for L = 10^12,
@@ -236,14 +237,20 @@ def check_error(routing_error):
     q_rows, kf = jnp.take(q, rows, axis=1).astype(jnp.float32), k.astype(jnp.float32)
     allowed = np.stack([np.asarray(exact_mask(grid, kind, width, Anchor.REORDERED).allowed(np.asarray(plan.routing.rows)[:, None], keys))
                         for kind in plan.routing.candidates])
+    hollow = allowed[:1].copy()
+    hollow[0, 0] = False  # a third candidate: the first with its first sampled row left empty
+    allowed = np.concatenate([allowed, hollow])
     want, _, _ = route_scores(q_rows, kf, jnp.asarray(allowed), workload.head_dim**-0.5)
     got = jnp.stack([routing_error(q_rows, kf, jnp.asarray(a), workload.head_dim**-0.5) for a in allowed])
     if got.shape != want.shape:
-        raise exercises.NotYet(f"shape {got.shape} for both candidates, expected {want.shape}")
+        raise exercises.NotYet(f"shape {got.shape} for the candidates, expected {want.shape}")
+    if not bool(jnp.all(jnp.isfinite(got))):
+        raise exercises.NotYet("NaN or inf: a row the mask leaves empty keeps no mass (divide by 1 there)")
     gap = float(jnp.max(jnp.abs(got - want) / jnp.maximum(jnp.abs(want), 1e-30)))
     if not gap < 1e-3:
         raise exercises.NotYet(f"relative gap {gap:.1e} to route_scores: is the kept mass renormalised per row?")
-    return f"both candidates' scores == route_scores on {len(rows)} sampled rows (relative gap {gap:.1e})"
+    return (f"both candidates' scores, and one with an empty row, == route_scores on {len(rows)} sampled rows "
+            f"(relative gap {gap:.1e})")
 
 
 exercises.verify("09.routing_error", check_error, routing_error)

@@ -112,21 +112,21 @@ print(f"one head, L = {L:,}, D = {D}, band |q - k| <= {WIDTH}, tiles {BQ} x {BKV
 #
 # P is never stored. The forward keeps lse per query, and P = exp(S - lse) rebuilds it tile by tile.
 # A masked pair has P = 0 and contributes nothing. A row that sees no key has lse = -inf; the kernels
-# turn it into +inf so that P = exp(S - inf) = 0 there. The cell below checks the five lines against
-# `jax.grad` of the reference.
+# turn it into +inf so that P = exp(S - inf) = 0 there. The cell below checks dk and dv by these
+# lines against `jax.grad` of the reference; dq, tile by tile, is the second exercise below.
 
 # %%
 dense_mask = band.to_dense()
 
 
-def backward_by_the_formula(q, k, v, do):
+def dk_dv_by_the_formula(q, k, v, do):
     s = jnp.where(dense_mask, (q @ k.T) * scale, -jnp.inf)
     lse = jax.nn.logsumexp(s, axis=-1, keepdims=True)
     p = jnp.exp(s - lse)
     o = p @ v
     di = jnp.sum(do * o, axis=-1, keepdims=True)
     ds = p * (do @ v.T - di)
-    return scale * ds @ k, scale * ds.T @ q, p.T @ do
+    return scale * ds.T @ q, p.T @ do
 
 
 def reference_loss(q, k, v):
@@ -134,10 +134,10 @@ def reference_loss(q, k, v):
 
 
 want = jax.grad(reference_loss, argnums=(0, 1, 2))(q, k, v)
-got = backward_by_the_formula(q, k, v, do)
-gap = max(float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b))) for a, b in zip(got, want))
+got = dk_dv_by_the_formula(q, k, v, do)
+gap = max(float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b))) for a, b in zip(got, want[1:]))
 assert gap < 1e-4, gap
-print(f"PASSED  dq, dk, dv by the formula == jax.grad of the reference (largest gap {gap:.1e} of the largest entry)")
+print(f"PASSED  dk, dv by the formula == jax.grad of the reference (largest gap {gap:.1e} of the largest entry)")
 
 # %% [markdown]
 # ## Two walks over the same tiles

@@ -480,8 +480,10 @@ print(slice_compile.format_fastest(slice_compile.fastest(rows)))
 # nowhere at 219,600 tokens, where the kernel's work grows with the square of the length and the
 # traffic only with it. The last table says which sequence-split strategy the model puts first at
 # each density: where the ring was compiled its permutes hide behind the kernel and it leads; on
-# TPU7x, Ulysses x ring keeps its ring on one chip's two TensorCores and ties Ulysses. The margins
-# are at most about a tenth of the call, within what a lower bound on the traffic can tell apart. The
+# TPU7x, Ulysses x ring keeps its ring on one chip's two TensorCores and ties Ulysses (its traffic
+# line lies on Ulysses' in the figure). From density 0.25 up the margins are about a tenth of the
+# call or less, within what a lower bound on the traffic can tell apart; at the lowest densities
+# on v6e 2x2 the ring leads by more. The
 # overlap is the compiler's: in the small ring programs above every transfer starts before the first
 # kernel runs (the last number of their lines), so each hop's kv shard moves while the earlier hops
 # compute.

@@ -285,6 +285,15 @@ def routing_error(q_rows, k, allowed, scale):
     return jnp.mean((kept / jnp.where(mass > 0, mass, 1.0) - p) ** 2, axis=(1, 2))
 
 
+@_wrong("09.routing_error", "renormalises without a guard for a row the mask leaves empty")
+def routing_error_unguarded(q_rows, k, allowed, scale):
+    p = jax.nn.softmax(
+        jnp.einsum("hsd,hld->hsl", q_rows, k, precision=jax.lax.Precision.HIGHEST) * scale, axis=-1
+    )
+    kept = jnp.where(allowed[None], p, 0.0)
+    return jnp.mean((kept / jnp.sum(kept, axis=-1, keepdims=True) - p) ** 2, axis=(1, 2))
+
+
 @_wrong("09.routing_error", "compares the kept probabilities without renormalising them")
 def routing_error_unnormalised(q_rows, k, allowed, scale):
     p = jax.nn.softmax(
