@@ -387,16 +387,15 @@ else:
 # (the larger of the two is what the estimate charges).
 
 # %%
-from stlib.bench import tpu_measure
+from stlib.bench import like_for_like
 
-like_for_like = tpu_measure.LIKE_FOR_LIKE  # (label, impl, blocks or None for the defaults, options), one change a row
 try:
     from stlib import analysis as static
 
     print(f"{'dense, static v6e estimate':<44} {'blocks':>13} {'ms':>7} {'x prev':>6} {'bundles':>8} {'MXU feed':>8} "
           f"{'bound':>8}  (compute region, per 1,000 score pairs)")
     previous = None
-    for label, impl, blocks, options in like_for_like:
+    for label, impl, blocks, options in like_for_like.ROWS:  # one difference from the row before each
         call = {"block_q": blocks[0], "block_kv": blocks[1]} if blocks else {}
         est = static.estimate(impl, "full", "v6e", options=options, **call)
         (kernel,) = est.kernels
@@ -420,16 +419,12 @@ except Exception as error:  # noqa: BLE001 - the estimate is optional; say why i
 # first two factors, which are not sparsity: dense Splash at its default blocks against the tile
 # kernel at its swept ones.
 #
-# The same five rows, measured on a TPU v5e (`python -m stlib.bench.tpu_measure like-for-like`, median
+# The same five rows, measured on a TPU v5e (`python -m stlib.bench.like_for_like run`, median
 # of 5 calls; the tile kernel at its v5e default blocks, 1,024 x 2,048, Splash's best by the block
 # sweep's estimates; measured, Splash's best v5e blocks are 512 x 2,048, the last section):
 
 # %%
-like_path = cfg.data / Path(tpu_measure.LIKE_RECORDS).name
-like_records = bench.read_records(like_path) if like_path.exists() else []
-for chip in sorted({r["chip"] for r in like_records}):
-    print(f"measured on {chip} ({like_records[0]['device_kind']}), forward, 10 x 75,600 x 128 bf16, no mask:")
-    print(tpu_measure.format_like_for_like([r for r in like_records if r["chip"] == chip]))
+print(like_for_like.format_table(like_for_like.read(cfg.data / Path(like_for_like.RECORDS).name)))
 
 # %% [markdown]
 # On the v5e the blocks are the whole story: Splash at its best blocks gains about a tenth over its

@@ -25,21 +25,6 @@ def test_timing_off_a_tpu_is_refused_in_one_sentence():
         tpu_measure.run()
     with pytest.raises(RuntimeError, match="on a TPU"):
         tpu_measure.sweep()
-    with pytest.raises(RuntimeError, match="on a TPU"):
-        tpu_measure.like_for_like()
-
-
-def test_the_like_for_like_records_measure_each_row_once_at_its_blocks():
-    from stlib import paths
-    from stlib.bench.records import read_records
-
-    records = read_records(paths.REPO / tpu_measure.LIKE_RECORDS)
-    assert [r["label"] for r in records] == [label for label, *_ in tpu_measure.LIKE_FOR_LIKE]
-    assert all(r["backend"] == "tpu" and not r["interpret"] and r["mask"] == "full" for r in records)
-    best = {"block_q": tpu_measure.SPLASH_BEST[0], "block_kv": tpu_measure.SPLASH_BEST[1]}
-    assert records[1]["blocks"] == best and records[0]["blocks"] != best  # Splash at its best, then default
-    table = tpu_measure.format_like_for_like(records).splitlines()
-    assert len(table) == 1 + len(records) and table[2].endswith("x")  # a speed-up over the row before
 
 
 def test_a_measurement_meets_the_estimate_of_its_own_call_and_kernel_source():

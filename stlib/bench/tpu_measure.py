@@ -7,7 +7,6 @@ Nothing in the estimator was fitted to these times: they judge it. The backward'
     python -m stlib.bench.tpu_measure run [--trials 5] [--out DIR]   # on a TPU: a few minutes
     python -m stlib.bench.tpu_measure sweep [--out DIR]              # on a TPU: the block sweep's forwards
     python -m stlib.bench.tpu_measure backward-sweep [--out DIR]     # on a TPU: the backward sweep's steps
-    python -m stlib.bench.tpu_measure like-for-like [--out DIR]      # on a TPU: dense, one change a row
     python -m stlib.bench.tpu_measure table                          # anywhere: measured vs estimated
 
 Records: ``data/tpu_measurements.jsonl``, one per (chip, impl, mask, options, direction), with the
@@ -15,9 +14,7 @@ blocks the kernel resolved on the chip, the device kind, versions and git revisi
 ``data/tpu_block_measurements.jsonl``, the forward of every candidate of the block sweep's records
 for the chip at hand (``block_sweep.read``), each beside the estimate the sweep ranked it by;
 ``data/tpu_backward_block_measurements.jsonl``, the training step of every candidate of the
-backward sweep's records for the chip at hand, with the backward derived from it;
-``data/tpu_like_for_like.jsonl``, the forward of ``LIKE_FOR_LIKE``'s rows (dense Splash against the
-tile kernel, one difference at a time) on the chip at hand.
+backward sweep's records for the chip at hand, with the backward derived from it.
 """
 
 from __future__ import annotations
@@ -33,25 +30,6 @@ from stlib.bench import backward_estimate, block_sweep
 RECORDS = "data/tpu_measurements.jsonl"
 SWEEP_RECORDS = "data/tpu_block_measurements.jsonl"
 BACKWARD_SWEEP_RECORDS = "data/tpu_backward_block_measurements.jsonl"
-LIKE_RECORDS = "data/tpu_like_for_like.jsonl"
-#: Dense Splash's best blocks in the block sweep's records, on every chip swept (its table's last column).
-SPLASH_BEST = (1024, 2048)
-#: Dense attention from Splash to the tile kernel, one difference a row: (label, impl, blocks
-#: (block_q, block_kv) or None for the implementation's defaults on the chip, options). Splash at its
-#: default and its best blocks, then the tile kernel at its own blocks with Splash's arithmetic
-#: (natural exp, f32 p . v), with bf16 p . v, and with exp2 (its default).
-LIKE_FOR_LIKE = (
-    ("Splash, its default blocks", "splash", None, None),
-    (f"Splash at its best blocks ({SPLASH_BEST[0]:,} x {SPLASH_BEST[1]:,})", "splash", SPLASH_BEST, None),
-    (
-        "tile kernel: natural exp, f32 p.v",
-        "pallas_tile_lane_dense",
-        None,
-        {"exp2": False, "bf16_probs": False},
-    ),
-    ("tile kernel: natural exp, bf16 p.v", "pallas_tile_lane_dense", None, {"exp2": False}),
-    ("tile kernel: exp2, bf16 p.v (default)", "pallas_tile_lane_dense", None, None),
-)
 #: A run is ``slow`` (``sweep_rows``) where it takes more than this times its bundles-only estimate.
 SLOW = 1.5
 #: What a record times: the call alone, or ``jax.grad`` of it (forward and backward).
@@ -165,67 +143,6 @@ def run(trials: int = 5, out_dir: Path | None = None) -> Path:
             + ", ".join(f"{r['direction']} {r['median_ms']:.2f} ms" for r in records)
         )
     return recorder.path
-
-
-def like_for_like(trials: int = 5, out_dir: Path | None = None) -> Path:
-    """Time the forward of every row of ``LIKE_FOR_LIKE`` on the full mask at the case-study shape
-    on this TPU (median of ``trials`` calls after a warm-up), appending a record per row. Raises
-    RuntimeError off a TPU."""
-    from stlib.bench.progress import Progress
-    from stlib.bench.records import Recorder, time_function
-    from stlib.device import current_chip
-
-    tpu_chip()
-    recorder = Recorder(Path(out_dir or paths.data_dir()) / Path(LIKE_RECORDS).name)
-    tracker = Progress(len(LIKE_FOR_LIKE), "like for like")
-    for label, impl, blocks, options in LIKE_FOR_LIKE:
-        case = {
-            "impl": impl,
-            "mask": "full",
-            "blocks": {"block_q": blocks[0], "block_kv": blocks[1]} if blocks else None,
-            "options": options or {},
-        }
-        fn, resolved, q, k, v = case_call(case)
-        timing = time_function(fn, q, k, v, trials=trials)
-        record = recorder.write(
-            {
-                "label": label,
-                "chip": current_chip(),
-                "impl": impl,
-                "mask": "full",
-                "options": options or {},
-                "blocks": {"block_q": resolved.block_q, "block_kv": resolved.block_kv},
-                **dataclasses.asdict(timing),
-                "interpret": False,
-            }
-        )
-        tracker.step(f"{label}: {record['median_ms']:.2f} ms")
-    return recorder.path
-
-
-def format_like_for_like(records: list[dict]) -> str:
-    """The like-for-like records of one chip as a table in ``LIKE_FOR_LIKE``'s order: blocks, the
-    median ms and each row's speed-up over the row before it ("x prev"); a row not measured is left out.
-
-    >>> rows = [{"label": label, "blocks": {"block_q": 512, "block_kv": 1024}, "median_ms": ms}
-    ...         for (label, *_), ms in zip(LIKE_FOR_LIKE[:2], (180.0, 150.0))]
-    >>> print(format_like_for_like(rows).splitlines()[-1])
-    Splash at its best blocks (1,024 x 2,048)       512x1,024     150.00  1.20x
-    """
-    by_label = {r["label"]: r for r in records}
-    lines = [f"{'dense, measured':<44} {'blocks':>13} {'median ms':>9} {'x prev':>6}"]
-    previous = None
-    for label, *_ in LIKE_FOR_LIKE:
-        if label not in by_label:
-            continue
-        r = by_label[label]
-        ms = r["median_ms"]
-        step = "" if previous is None else f"{previous / ms:.2f}x"
-        lines.append(
-            f"{label:<44} {r['blocks']['block_q']:>6,}x{r['blocks']['block_kv']:<6,} {ms:>9.2f} {step:>6}"
-        )
-        previous = ms
-    return "\n".join(lines)
 
 
 def sweep(trials: int = 5, out_dir: Path | None = None) -> Path:
@@ -529,11 +446,6 @@ def main(argv=None) -> None:
     backward_parser.add_argument(
         "--out", type=Path, default=None, help="folder of the records (default: data/)"
     )
-    like_parser = sub.add_parser(
-        "like-for-like", help="time dense Splash and the tile kernel, one change a row"
-    )
-    like_parser.add_argument("--trials", type=int, default=5)
-    like_parser.add_argument("--out", type=Path, default=None, help="folder of the records (default: data/)")
     sub.add_parser("table", help="the records beside the static estimates")
     args = parser.parse_args(argv)
     path = None
@@ -544,9 +456,6 @@ def main(argv=None) -> None:
         return
     if args.command == "backward-sweep":
         backward_sweep(args.trials, args.out)
-        return
-    if args.command == "like-for-like":
-        print(format_like_for_like(read_records(like_for_like(args.trials, args.out))))
         return
     print(format_table(judged(read(path), backward_estimate.read())))
     sweep_measured = block_sweep.read_measurements(paths.home() / SWEEP_RECORDS)
