@@ -125,9 +125,9 @@ def _run(check: Callable, function: Callable) -> tuple[bool, str]:
         return False, f"it raises {type(error).__name__}: {first}"
 
 
-def verify(name: str, check: Callable, function: Callable) -> bool:
-    """Run ``check(function)``: it returns a line for PASSED, or raises :class:`NotYet`. Returns
-    whether the check passed.
+def verify(name: str, check: Callable, function: Callable) -> None:
+    """Run ``check(function)``: it returns a line for PASSED, or raises :class:`NotYet`; the verdict
+    is printed (and nothing returned, so a notebook cell ending in the call shows the verdict alone).
 
     In mode "fill" (``function`` is the library's solution) a NOT YET raises :class:`ExerciseFailed`,
     and so does a check that passes one of the exercise's known wrong answers
@@ -139,7 +139,7 @@ def verify(name: str, check: Callable, function: Callable) -> bool:
             print(f"PASSED  {name}: {detail}")
         else:
             print(f"NOT YET {name}: {detail} (exercises.show({name!r}) prints a solution)")
-        return passed
+        return
     if not passed:
         raise ExerciseFailed(f"{name}: the library's solution fails its check: {detail}")
     caught = []
@@ -150,4 +150,3 @@ def verify(name: str, check: Callable, function: Callable) -> bool:
         caught.append(f"        NOT YET for a wrong answer that {mistake}: {why}")
     print(f"PASSED  {name} (library solution): {detail}")
     print("\n".join(caught))
-    return True
