@@ -108,3 +108,15 @@ def test_ring_blocks_names_each_hop_and_each_skipped_block(tmp_path):
     assert labels.count("skip") == 16 - 7 and labels.count("hop 0") == 4 and labels.count("hop 3") == 3
     assert "issued [0, 3], skipped [1, 2]" in ax.get_title()
     assert plotting.save(fig, tmp_path / "ring.png").stat().st_size > 0
+
+
+def test_a_tile_map_of_one_head_counts_and_titles_that_head_alone():
+    import stlib
+    from stlib import masks
+
+    grid = stlib.VideoGrid(4, 8, 16)
+    layout = stlib.block_layout(masks.per_head([masks.spatial(grid), masks.full(grid.num_tokens)]), 128, 128)
+    fig = plotting.occupancy_heatmap(layout, "head 0", head=0)
+    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert legend == ["EMPTY (12)", "PARTIAL (0)", "FULL (4)"]  # head 0: four frames on the diagonal
+    assert "density 0.250" in fig._suptitle.get_text()  # head 0's, not the two heads' mean (0.625)
