@@ -303,6 +303,9 @@ plotting.save(fig, cfg.figure("08_latency"))
 # Speed-ups next. Interpret-mode speed-ups say nothing about a TPU, so the figures show two
 # hardware-independent views instead: the static estimates' speed-up over dense Splash next to the
 # ideal 1 / density, and the v6e roofline time of the work each case executes at every density.
+# `08_work` draws the work records at the case-study shape, whose band was built for 0.35, while
+# the estimates above take the band this run measured (built for 0.35 at the small shape, where
+# rounding makes it denser): the two figures' bands differ by that rounding.
 
 # %%
 dense_estimate = next((e["ms"] for e in estimates if e["label"].startswith("Splash (dense)")), None)
