@@ -192,6 +192,8 @@ def targets(records: dict[tuple, dict]) -> list[dict]:
 
 def format_table(records: dict[tuple, dict]) -> str:
     """The targets as a Markdown table (static estimates, ms), then every case that failed."""
+    from stlib.bench.records import failure_reason
+
     goals = "; ".join(
         f"{mask.split(' (')[0].split(',')[0]}: " + ", ".join(f"{k} <= {v}" for k, v in goal.items())
         for mask, goal in TARGETS.items()
@@ -220,7 +222,8 @@ def format_table(records: dict[tuple, dict]) -> str:
     failed = [r for r in records.values() if not r["estimated"]]
     for r in failed:
         lines.append(
-            f"not estimated: {r['chip']} {r['impl']} {r['mask']} backward={r['backward']}: {r['error']}"
+            f"not estimated: {r['chip']} {r['impl']} {r['mask']} backward={r['backward']}: "
+            f"{failure_reason(r['error'])}"
         )
     return "\n".join(lines)
 

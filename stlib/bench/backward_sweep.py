@@ -153,6 +153,8 @@ def write_tuned(records) -> str:
 
 def format_table(records: dict[tuple, dict]) -> str:
     """Every candidate's backward estimate per chip and mask (static estimates, ms), winners marked."""
+    from stlib.bench.records import failure_reason
+
     won = {chip: tuple(w["blocks"]) for chip, w in winners(records).items()}
     lines = [
         "STATIC ESTIMATES (not measurements): the tile kernel's backward, 10 x 75,600 x 128 bf16, glue included",
@@ -180,23 +182,6 @@ def format_table(records: dict[tuple, dict]) -> str:
         if not record.get("estimated"):
             lines.append(f"not estimated: {chip} {mask} {blocks}: {failure_reason(record.get('error', ''))}")
     return "\n".join(lines)
-
-
-def failure_reason(error: str) -> str:
-    """One readable line for a failed compile's captured error: a compile stopped by SIGTERM (its
-    time limit, or a sweep interrupted) says so; otherwise the error's last line, cut to 160 characters.
-
-    >>> failure_reason("RuntimeError: (unknown)\\nE1206 process_state.cc:708] RAW: Raising signal 15 with default behavior")
-    'the compile was stopped (SIGTERM: its time limit, or the sweep interrupted) before it finished'
-    >>> failure_reason("ValueError: blocks do not fit VMEM\\n")
-    'ValueError: blocks do not fit VMEM'
-    """
-    if "SIGTERM" in error or "signal 15" in error:
-        return (
-            "the compile was stopped (SIGTERM: its time limit, or the sweep interrupted) before it finished"
-        )
-    lines = [line.strip() for line in error.splitlines() if line.strip()]
-    return (lines or ["?"])[-1][-160:]
 
 
 def main(argv=None) -> None:

@@ -19,7 +19,6 @@ kernel resolved on the chip.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from pathlib import Path
 
 from stlib import paths
@@ -44,8 +43,8 @@ def run(trials: int = 5, out_dir: Path | None = None) -> Path:
     """Time the forward of every row of ``ROWS`` on the full mask at the case-study shape on this TPU,
     appending a record per row. Raises RuntimeError off a TPU."""
     from stlib.bench.progress import Progress
-    from stlib.bench.records import Recorder, time_function
-    from stlib.bench.tpu_measure import case_call, tpu_chip
+    from stlib.bench.records import Recorder
+    from stlib.bench.tpu_measure import measure_case, tpu_chip
 
     chip = tpu_chip()
     recorder = Recorder(Path(out_dir or paths.data_dir()) / Path(RECORDS).name)
@@ -57,20 +56,8 @@ def run(trials: int = 5, out_dir: Path | None = None) -> Path:
             "blocks": {"block_q": blocks[0], "block_kv": blocks[1]} if blocks else None,
             "options": options or {},
         }
-        fn, resolved, q, k, v = case_call(case)
-        timing = time_function(fn, q, k, v, trials=trials)
-        record = recorder.write(
-            {
-                "label": label,
-                "chip": chip,
-                "impl": impl,
-                "mask": "full",
-                "options": options or {},
-                "blocks": {"block_q": resolved.block_q, "block_kv": resolved.block_kv},
-                **dataclasses.asdict(timing),  # median_ms, min_ms, max_ms, compile_ms, trials
-                "interpret": False,
-            }
-        )
+        (forward,) = measure_case(case, trials, directions=("forward",))
+        record = recorder.write({"label": label, **forward})
         tracker.step(f"{label}: {record['median_ms']:.2f} ms")
     return recorder.path
 

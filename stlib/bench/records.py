@@ -45,6 +45,21 @@ class Recorder:
         return full
 
 
+def failure_reason(error: str) -> str:
+    """One readable line for a failed compile's captured error (a record's ``error``): a compile stopped by SIGTERM (its
+    time limit, or a run interrupted) says so; otherwise the error's last line, cut to 160 characters.
+
+    >>> failure_reason("RuntimeError: (unknown)\\nE1206 process_state.cc:708] RAW: Raising signal 15 with default behavior")
+    'the compile was stopped (SIGTERM: its time limit, or the run interrupted) before it finished'
+    >>> failure_reason("ValueError: blocks do not fit VMEM\\n")
+    'ValueError: blocks do not fit VMEM'
+    """
+    if "SIGTERM" in error or "signal 15" in error:
+        return "the compile was stopped (SIGTERM: its time limit, or the run interrupted) before it finished"
+    lines = [line.strip() for line in error.splitlines() if line.strip()]
+    return (lines or ["?"])[-1][-160:]
+
+
 def append_line(path: Path, record: dict) -> None:
     """Append ``record`` to the .jsonl file ``path`` as one line, flushed and synced at once."""
     with open(path, "a") as handle:

@@ -170,6 +170,8 @@ def ratios(records: dict[tuple, dict]) -> list[dict]:
 
 def format_table(records: dict[tuple, dict]) -> str:
     """The ratios as a Markdown table, then every case that was not estimated and why."""
+    from stlib.bench.records import failure_reason
+
     lines = [
         (
             f"STATIC ESTIMATES (not measurements): {SVG_MIX}, 10 heads x head dim 128, bf16, glue "
@@ -186,7 +188,8 @@ def format_table(records: dict[tuple, dict]) -> str:
         )
     for r in records.values():
         if not r["estimated"]:
-            lines.append(f"not estimated: {r['chip']} {r['video']} {r['impl']} {_anchor(r)}: {r['error']}")
+            reason = failure_reason(r["error"])
+            lines.append(f"not estimated: {r['chip']} {r['video']} {r['impl']} {_anchor(r)}: {reason}")
     return "\n".join(lines)
 
 

@@ -96,15 +96,15 @@ def training_step(fn):
     return grads
 
 
-def measure_case(case: dict, trials: int) -> list[dict]:
-    """The forward and training-step records of ``case`` on this TPU (median, min and max of
-    ``trials`` calls after one warm-up; compile time apart)."""
+def measure_case(case: dict, trials: int, directions=DIRECTIONS) -> list[dict]:
+    """The records of ``case`` on this TPU, one per direction of ``directions`` (forward, training
+    step): median, min and max of ``trials`` calls after one warm-up, compile time apart."""
     from stlib.bench.records import time_function
     from stlib.device import current_chip
 
     fn, resolved, q, k, v = case_call(case)
     out = []
-    for direction in DIRECTIONS:
+    for direction in directions:
         timed = fn if direction == "forward" else training_step(fn)
         timing = time_function(timed, q, k, v, trials=trials)
         out.append(

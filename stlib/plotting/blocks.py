@@ -22,9 +22,11 @@ def vmem_bars(rows: list[dict], title: str, limit_bytes: float | None = None, li
         widths = np.array([row["parts"].get(name, 0) / mib for row in rows])
         ax.barh(y, widths, left=left, color=PALETTE[i % len(PALETTE)], label=name, height=0.55)
         left += widths
+    widest = 0.0
     for yi, total, row in zip(y, left, rows):
         asked = (row.get("compiler_total") or 0) / mib
         text = f"{total:.2f} MiB" + (f" counted, {asked:.2f} asked for" if asked else "")
+        widest = max(widest, total, asked)
         # clear of the bar's end and of a marker there (8 points wide)
         ax.annotate(
             text, (max(total, asked), yi), xytext=(8, 0), textcoords="offset points", va="center", fontsize=8
@@ -38,7 +40,6 @@ def vmem_bars(rows: list[dict], title: str, limit_bytes: float | None = None, li
             ax.plot([m[1] for m in marked], [m[0] for m in marked], style, markersize=8, label=label)
     if limit_bytes is not None:
         ax.axvline(limit_bytes / mib, color="black", ls="--", lw=1.2, label=limit_label)
-    widest = max(max(left), *((row.get("compiler_total") or 0) / mib for row in rows))
     ax.set_xlim(0, 1.3 * widest)  # room for the totals' text
     ax.set_yticks(y, [row["label"] for row in rows])
     ax.invert_yaxis()

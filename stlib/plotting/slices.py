@@ -40,15 +40,15 @@ def device_tables(device_layouts: list, title: str):
 
 def _traffic_kind(row: dict) -> str:
     if row.get("all-to-alls") and row.get("permutes"):
-        return "all-to-alls + ring permutes (model)"
-    return "all-to-alls (model)" if row.get("all-to-alls") else "ring permutes, overlapped (model)"
+        return "all-to-alls + ring permutes"
+    return "all-to-alls" if row.get("all-to-alls") else "ring permutes, overlapped"
 
 
-#: Line style of a case's traffic by its kind (the kernel's line is solid, one per slice).
+#: Line style of a case's (modelled) traffic by its kind (the kernel's line is solid, one per slice).
 _TRAFFIC_STYLES = {
-    "all-to-alls (model)": "--",
-    "ring permutes, overlapped (model)": ":",
-    "all-to-alls + ring permutes (model)": "-.",
+    "all-to-alls": "--",
+    "ring permutes, overlapped": ":",
+    "all-to-alls + ring permutes": "-.",
 }
 
 
@@ -90,7 +90,7 @@ def communication_vs_kernel(rows: list[dict], title: str):
                 color=color,
                 ls=_TRAFFIC_STYLES[kind],
                 lw=1.3,
-                label=f"{slice_name} {r['strategy']}: {kind.removesuffix(' (model)')}"
+                label=f"{slice_name} {r['strategy']}: {kind}"
                 + (f", x at d = {crossing:.3f}" if meets else ""),
             )
             if meets:  # the density in the legend: labels at the points crowd where the curves start
