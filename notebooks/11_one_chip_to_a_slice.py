@@ -101,7 +101,7 @@ from jax.sharding import PartitionSpec as P
 
 import stlib
 from stlib import exercises, masks, notebook, parallel, plotting, ring
-from stlib.bench import block_sweep, collectives, slice_compile
+from stlib.bench import backward_estimate, block_sweep, collectives, slice_compile, slice_traffic
 
 cfg = notebook.setup(SIZE, solutions=SOLUTIONS)
 tolerance = notebook.tolerance
@@ -455,15 +455,16 @@ exercises.verify("11.all_to_all_bytes", check_bytes, all_to_all_bytes)
 # is a measurement.
 
 # %%
-rows = slice_compile.table(slice_compile.read(cfg.data / "slice_compiles.jsonl"),
-                           block_sweep.read(cfg.data / "tile_block_sweep.jsonl"))
-print(slice_compile.format_table(rows))
+rows = slice_traffic.table(slice_compile.read(cfg.data / "slice_compiles.jsonl"),
+                           block_sweep.read(cfg.data / "tile_block_sweep.jsonl"),
+                           backward_estimate.read(cfg.data / "backward_estimates.jsonl"))
+print(slice_traffic.format_table(rows))
 fig = plotting.communication_vs_kernel(
     rows, "all-to-alls and ring permutes (model, a lower bound) vs the sparse kernel per device (static estimates)\n"
     "40 heads x 128 bf16; kernel line through the band 0.25 and dense estimates")
 plotting.save(fig, cfg.figure("11_ulysses_traffic"))
 print("\nthe fastest strategy on a sequence split, per density (modelled ms per call):")
-print(slice_compile.format_fastest(slice_compile.fastest(rows)))
+print(slice_traffic.format_fastest(slice_traffic.fastest(rows)))
 
 # %% [markdown]
 # Read the tables this way. Heads sharding moves nothing, and each device holds 1 / N of q, k, v

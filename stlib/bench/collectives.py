@@ -1,8 +1,9 @@
 """What a compiled program's collectives move: the all-to-alls and collective-permutes of its HLO
 text with their bytes per device (``all_to_all_bytes``, ``permute_bytes``), how many of a ring's
-transfers start before its first kernel (``permutes_ahead``), and the share of each collective's
+transfers start before its first kernel (``permutes_ahead``) and how many kernels run before the
+first of them lands (``kernels_before_arrival``), and the share of each collective's
 bytes bound for another chip, from the devices' chip coordinates (``chip_groups``: a TPU7x chip holds
-two devices). Read by ``stlib.bench.slice_compile`` and notebook 11."""
+two devices). Read by ``stlib.bench.slice_compile``, ``stlib.bench.slice_traffic`` and notebook 11."""
 
 from __future__ import annotations
 
@@ -52,6 +53,22 @@ def permutes_ahead(hlo_text: str) -> tuple[int, int]:
     return sum(n < first for n in starts), len(starts)
 
 
+_ENTRY_STEP = re.compile(r"= [^=\n]*? (collective-permute-done|conditional|custom-call)\(")
+
+
+def kernels_before_arrival(hlo_text: str) -> int:
+    """The kernels or branches a compiled program's entry computation runs before its first
+    collective-permute completes: a ring's local hop computing while the first kv shard travels
+    (0: each device waits for that shard with nothing to do).
+
+    >>> ops = ["conditional(%i)", "collective-permute-done(%s)", "conditional(%j)"]
+    >>> kernels_before_arrival("ENTRY %main {" + "".join(f" %{n} = bf16[2] {op}" + chr(10) for n, op in enumerate(ops)))
+    1
+    """
+    ops = _ENTRY_STEP.findall(hlo_text[hlo_text.index("ENTRY") :])
+    return ops.index("collective-permute-done") if "collective-permute-done" in ops else len(ops)
+
+
 def chip_groups(mesh, axis: str) -> np.ndarray:
     """int [groups, n]: the chip of each device of ``mesh`` (numbered by its chip coordinates: a
     TPU7x chip holds two devices), the groups of the collective over ``axis`` (of n devices) as rows."""
@@ -91,6 +108,7 @@ __all__ = [
     "all_to_all_bytes",
     "all_to_all_offchip",
     "chip_groups",
+    "kernels_before_arrival",
     "permute_bytes",
     "permute_offchip",
     "permutes_ahead",

@@ -53,8 +53,8 @@ _TRAFFIC_STYLES = {
 
 
 def communication_vs_kernel(rows: list[dict], title: str):
-    """Per case of ``stlib.bench.slice_compile.table`` with traffic (Ulysses' all-to-alls, a ring's
-    permutes), one panel per sequence length (``tokens``): the kernel's estimated time per device
+    """Per forward case of ``stlib.bench.slice_traffic.table`` with traffic (Ulysses' all-to-alls, a
+    ring's permutes), one panel per sequence length (``tokens``): the kernel's estimated time per device
     against density, one solid line per slice (through its band 0.25 and dense estimates: every
     strategy of a slice runs the same work per device), and each case's modelled traffic time as a
     horizontal line styled by its kind, with the density where they meet marked (x) where they do
@@ -62,7 +62,9 @@ def communication_vs_kernel(rows: list[dict], title: str):
     cases = [
         r
         for r in rows
-        if (r.get("all-to-alls") or r.get("permutes")) and r.get("kernel ms, dense (est.)") is not None
+        if (r.get("all-to-alls") or r.get("permutes"))
+        and r.get("kernel ms, dense (est.)") is not None
+        and r.get("call", "forward") == "forward"
     ]
     lengths = sorted({r["tokens"] for r in cases})
     slices = list(dict.fromkeys(r["slice"] for r in cases))
