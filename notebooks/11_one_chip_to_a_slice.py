@@ -394,7 +394,7 @@ for name, m in {"the spatial heads": masks.spatial(small_grid, 0), "the per-head
     ahead, starts = collectives.permutes_ahead(text)
     print(f"v6e:2x2 ring with {name}: {len(re.findall(r'collective-permute(?:-start)?[(]', text))} kv-shard "
           f"transfers (collective-permutes) in the compiled program, {ahead} of {starts} started before its "
-          "first kernel")
+          f"first kernel; kernels run before the first lands: {collectives.kernels_before_arrival(text)}")
 
 # %% [markdown]
 # ### Exercise 2: what one all-to-all moves
@@ -484,10 +484,24 @@ print(slice_traffic.format_fastest(slice_traffic.fastest(rows)))
 # TPU7x, Ulysses x ring keeps its ring on one chip's two TensorCores and ties Ulysses (its traffic
 # line lies on Ulysses' in the figure). From density 0.25 up the margins are about a tenth of the
 # call or less, within what a lower bound on the traffic can tell apart; at the lowest densities
-# on v6e 2x2 the ring leads by more. The
-# overlap is the compiler's: in the small ring programs above every transfer starts before the first
-# kernel runs (the last number of their lines), so each hop's kv shard moves while the earlier hops
-# compute.
+# on v6e 2x2 the ring leads by more.
+#
+# The overlap is the compiler's, and it is not complete. In the small ring programs above every
+# transfer starts before the first kernel runs, but no kernel runs before the first shard lands (the
+# last number of their lines): the compiler schedules the local hop's kernel, the one that waits for
+# nothing, after it. The first remote hop's transfer then has nothing to hide behind. The model
+# charges one hop's share of the permutes as exposed where a compiled record counts no kernel before
+# the first arrival (the "kernels before the first shard lands" and "exposed" columns): in a ring of
+# 2 that is all of it. Records compiled before that count was kept show "-" and are taken as
+# overlapping, so their rows are the model's best case.
+#
+# The cases ending in `-train` compile a training step's attention: the forward, then dq, dk, dv from
+# an output cotangent sharded as q (`jax.grad`). Ulysses issues seven all-to-alls there, not eight:
+# q, k, v and the cotangent in, dq, dk, dv out; the forward's output stays on its device, since the
+# step does not return it. A ring moves k and v once (the backward reuses the shards the forward
+# brought over) and sends dk and dv home, in f32, on every issued hop past the first. Their kernel
+# columns are the tile kernel's forward plus backward estimates (notebook 10,
+# `python -m stlib.bench.backward_estimate table`).
 
 # %% [markdown]
 # ## The model: a Wan-style block in flax nnx
@@ -534,7 +548,8 @@ print(f"PASSED  WanBlock ({params:,} parameters, {H} heads, sliding tile {tile_m
 #   per-device head slice. Laying heads out so the slices coincide (the exercise) compiles one kernel.
 # * At Wan 14B's shape the traffic of Ulysses, the ring and Ulysses x ring is a small fraction of
 #   the sparse kernel's estimated time on v6e and TPU7x, and at one minute of video (compiled for
-#   heads and Ulysses only) Ulysses' is smaller still; a ring's permutes hide behind its kernel. It would only match the kernel at a density far below
-#   any pattern here.
+#   heads and Ulysses only) Ulysses' is smaller still; a ring's permutes hide behind its kernel,
+#   except the first remote hop's, which the compiler leaves exposed. It would only match the kernel
+#   at a density far below any pattern here, in the forward and in a training step.
 # * `stlib.attention_fn` drops into flax's `MultiHeadAttention`. The block trains (gradients through
 #   `impl="xla"` here; the Pallas kernels' backward is the subject of the training notebook).

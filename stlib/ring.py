@@ -13,7 +13,12 @@ a shard passed on device by device (a ring that skips hops has no one to pass it
 hop N - o are equally far, one each way round, and the interconnect routes each. In the programs
 compiled for a v6e 2x2 slice (the tests, notebook 11) every hop's transfer starts before the first
 kernel runs (``stlib.bench.collectives.permutes_ahead``), so later hops move while earlier ones
-compute.
+compute; but no kernel runs before the first shard lands (``collectives.kernels_before_arrival``
+is 0: the local hop, which waits for nothing, is scheduled after it), so that first transfer has no
+kernel to hide behind. The same holds for the Ulysses x ring training step compiled at Wan 14B's
+shape on v6e 4x4 (``stlib.bench.slice_compile``), not for the small Ulysses x ring forward, where
+one kernel runs first. (Ordering hop 0 first with ``jax.lax.optimization_barrier`` made the compiler
+start each transfer only after the kernel before it: every transfer exposed.)
 
 The backward rides the same hops: the kv shard comes over again, the kernel's own backward gives
 the hop's dq (kept) and dk, dv (sent back to their owner by the inverse ``ppermute`` and summed

@@ -204,6 +204,14 @@ def notebook_run(tmp_path_factory, stlib_home):
 #: missing (a fresh clone): node-id prefixes, the first that matches counts.
 KNOWN_LONG = {
     "tests/test_notebooks.py::test_runs_at_small_configuration[08_": 600,
+    "tests/test_notebooks.py::test_runs_at_small_configuration[07_": 80,
+    "tests/test_analysis_estimate.py::test_the_backward_estimate_reads_the_fused_and_splash_backward_kernels": 40,
+    "tests/test_exercises.py::test_a_kernel_notebook_with_its_stubs_reaches_its_end": 30,
+    "tests/test_ring.py::test_a_ring_compiles_for_a_v6e_slice": 25,
+    "tests/test_ring.py::test_the_ring_equals_single_device_attention_gradients_included[per-head SVG mix-pallas_": 25,
+    "tests/test_model_attention.py::test_the_wan_block_runs_forward_and_backward_sharded_as_on_one_device": 20,
+    "tests/test_gradients.py::test_video_attention_and_routed_plans_train_through_the_tile_kernels": 18,
+    "tests/test_doctests.py::test_docstring_examples_run[stlib.analysis.static]": 16,
     "tests/test_notebooks.py::test_runs_at_small_configuration[0": 50,
     "tests/test_notebooks.py::test_runs_at_small_configuration[11_": 100,
     "tests/test_notebooks.py::test_runs_at_small_configuration[10_": 30,

@@ -41,6 +41,7 @@ def test_a_ring_costs_the_longer_of_its_traffic_and_its_kernel():
     record = {
         **ring, "case": "v6e-2x2-ring", "slice": "v6e-2x2", "strategy": "ring", "devices": 4, "hops_issued": [0, 1, 2, 3],
         "argument_bytes_per_device": 1, "global_input_bytes": 4, "compile_s": 1.0, "shape": [40, 75600, 128],
+        "kernels_before_first_arrival": 1,  # the local hop computes while the first shard travels
     }  # fmt: skip
     sweep = [
         {"chip": "v6e", "family": family, "impl": block_sweep.NAME, "total_ms": ms, "shape": [10, 75600, 128]}
@@ -70,9 +71,9 @@ def test_a_ring_whose_local_hop_runs_last_exposes_one_hops_transfer():
             "hops_issued": [0, 1, 2, 3], "argument_bytes_per_device": 1, "global_input_bytes": 4, "compile_s": 1.0,
             "shape": [40, 75600, 128]}  # fmt: skip
     moved = slice_traffic.permute_seconds(ring)
-    assert slice_traffic.exposed_seconds(ring, moved) == 0.0  # not counted: taken as overlapping
     late = {**ring, "kernels_before_first_arrival": 0}
     assert slice_traffic.exposed_seconds(late, moved) == pytest.approx(moved / 3)  # one of three remote hops
+    assert slice_traffic.exposed_seconds(ring, moved) == 0.0  # not counted: taken as overlapping
     assert slice_traffic.exposed_seconds({**ring, "kernels_before_first_arrival": 1}, moved) == 0.0
     sweep = [
         {"chip": "v6e", "family": family, "impl": block_sweep.NAME, "total_ms": ms, "shape": [10, 75600, 128]}

@@ -98,7 +98,9 @@ def exposed_seconds(record: dict, moved: float) -> float:
     """The part of a ring's permutes (``moved`` seconds) that no kernel hides: one hop's share where
     the compiled program runs no kernel before the first kv shard lands (its
     ``kernels_before_first_arrival`` is 0: the local hop's kernel scheduled after the transfers), else
-    none (a record without the count is taken as overlapping)."""
+    none. A record without the count (compiled before it was kept) is taken as overlapping: the
+    compiled programs differ (the small ring programs of notebook 11 run no kernel before the first
+    arrival, the small Ulysses x ring program one)."""
     remote = [offset for offset in record.get("hops_issued") or () if offset]
     if not remote or record.get("kernels_before_first_arrival") != 0:
         return 0.0
