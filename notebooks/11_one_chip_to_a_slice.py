@@ -301,14 +301,14 @@ def ring_attention(q, k, v, mask):
     return jax.jit(sharded)(q, k, v), issued  # jit: one program, not every op dispatched on its own
 
 
-want_mix = stlib.video_attention(q, k, v, grid, mix, impl="reference")
+in_view = {}
 for name, m in {"the per-head mix": mix, "its spatial heads alone": spatial}.items():
-    got, issued = ring_attention(q, k, v, m)
-    err = float(jnp.max(jnp.abs(got - stlib.attention(q, k, v, m, impl="reference"))))
+    in_view[name], issued = ring_attention(q, k, v, m)
+    err = float(jnp.max(jnp.abs(in_view[name] - stlib.attention(q, k, v, m, impl="reference"))))
     assert err < tolerance(jnp.float32), (name, err)
     print(f"PASSED  ring in view with {name} == one device (max error {err:.1e}); hops issued {issued} of {list(range(N))}")
 library = stlib.parallel_attention(q, k, v, mix, mesh=mesh, axis_name="x", strategy="ring", impl="xla")
-lib_err = float(jnp.max(jnp.abs(library - ring_attention(q, k, v, mix)[0])))
+lib_err = float(jnp.max(jnp.abs(library - in_view["the per-head mix"])))
 assert lib_err < tolerance(jnp.float32), lib_err
 got = jax.jit(jax.grad(loss(lambda q, k, v: stlib.parallel_attention(
     q, k, v, mix, mesh=mesh, axis_name="x", strategy="ring", impl="xla")), argnums=(0, 1, 2)))(q, k, v)
@@ -480,11 +480,14 @@ print(slice_traffic.format_fastest(slice_traffic.fastest(rows)))
 # estimates, solved for the traffic): at most 0.0358 at 75,600 tokens (the ring's six permutes), and
 # nowhere at 219,600 tokens, where the kernel's work grows with the square of the length and the
 # traffic only with it. The last table says which sequence-split strategy the model puts first at
-# each density: where the ring was compiled its permutes hide behind the kernel and it leads; on
-# TPU7x, Ulysses x ring keeps its ring on one chip's two TensorCores and ties Ulysses (its traffic
+# each density. On v6e 2x2 the ring leads: its record predates the count of the next paragraph, so
+# its permutes are taken to hide behind the kernel (the model's best case for it). On v6e 4x4 Ulysses
+# leads, forward and training step: the Ulysses x ring programs compiled there run no kernel before
+# their one transfer lands, so in a ring of 2 all of it is exposed. On TPU7x, Ulysses x ring keeps
+# its ring on one chip's two TensorCores, moves nothing over the ICI and ties Ulysses (its traffic
 # line lies on Ulysses' in the figure). From density 0.25 up the margins are about a tenth of the
-# call or less, within what a lower bound on the traffic can tell apart; at the lowest densities
-# on v6e 2x2 the ring leads by more.
+# call or less, within what a lower bound on the traffic can tell apart; at the lowest densities on
+# v6e 2x2 the ring leads by more.
 #
 # The overlap is the compiler's, and it is not complete. In the small ring programs above every
 # transfer starts before the first kernel runs, but no kernel runs before the first shard lands (the
@@ -548,8 +551,9 @@ print(f"PASSED  WanBlock ({params:,} parameters, {H} heads, sliding tile {tile_m
 #   per-device head slice. Laying heads out so the slices coincide (the exercise) compiles one kernel.
 # * At Wan 14B's shape the traffic of Ulysses, the ring and Ulysses x ring is a small fraction of
 #   the sparse kernel's estimated time on v6e and TPU7x, and at one minute of video (compiled for
-#   heads and Ulysses only) Ulysses' is smaller still; a ring's permutes hide behind its kernel,
-#   except the first remote hop's, which the compiler leaves exposed. It would only match the kernel
-#   at a density far below any pattern here, in the forward and in a training step.
+#   heads and Ulysses only) Ulysses' is smaller still. A ring's permutes hide behind its kernel
+#   except where the compiler runs no kernel before the first shard lands (the v6e programs counted
+#   here): then one hop's transfer is exposed. The traffic would only match the kernel at a density
+#   far below any pattern here, in the forward and in a training step.
 # * `stlib.attention_fn` drops into flax's `MultiHeadAttention`. The block trains (gradients through
 #   `impl="xla"` here; the Pallas kernels' backward is the subject of the training notebook).

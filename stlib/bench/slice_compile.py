@@ -13,6 +13,7 @@ as the sparse kernel.
 
     python -m stlib.bench.slice_compile run [--only v6e-2x2-ulysses ...]   # ~10-20 s a case, minutes in all
     python -m stlib.bench.slice_compile run --only v6e-2x2-ring            # tens of minutes on 2 cores
+    python -m stlib.bench.slice_compile run --only v6e-4x4-ulysses-train   # a training step's attention
     python -m stlib.bench.slice_compile table
 """
 
