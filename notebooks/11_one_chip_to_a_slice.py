@@ -331,8 +331,9 @@ plotting.save(fig, cfg.figure("11_ring_blocks"))
 # its neighbours only: hop 2 is skipped, and on hops 1 and 3 the devices at the ends of the sequence
 # run no kernel. In the library (`stlib.ring`) each hop runs the tile kernel on that block's own
 # tables, devices whose blocks allow the same pairs share one compiled branch, and the backward
-# rides the same hops: the kv shard comes over again, the kernel's own backward gives the hop's dq
-# and dk, dv, and dk, dv go back to their owner by the inverse `ppermute`.
+# rides the same hops: it asks for the kv shard again (a compiled training step moves k and v once:
+# the compiler reuses the forward's transfer), the kernel's own backward gives the hop's dq and dk,
+# dv, and dk, dv go back to their owner by the inverse `ppermute`.
 
 # %% [markdown]
 # ### Balancing the ring
@@ -479,13 +480,18 @@ print(slice_traffic.format_fastest(slice_traffic.fastest(rows)))
 # column gives where it would match the kernel (the kernel's line through its dense and band 0.25
 # estimates, solved for the traffic): at most 0.0358 at 75,600 tokens (the ring's six permutes), and
 # nowhere at 219,600 tokens, where the kernel's work grows with the square of the length and the
-# traffic only with it. The last table says which sequence-split strategy the model puts first at
-# each density. On v6e 2x2 the ring leads: its record predates the count of the next paragraph, so
+# traffic only with it. That column sets all the traffic, a ring's permutes included, against the
+# kernel, whether or not they hide behind it; "none: below the kernel at any density" means the
+# traffic is below the kernel line's value at density 0. The last table says which sequence-split
+# strategy the model puts first at each density, among the strategies compiled for that slice,
+# length and call (at 219,600 tokens and for v6e 2x2's training step only Ulysses was). On v6e 2x2,
+# forward at 75,600 tokens, the ring leads: its record predates the count of the next paragraph, so
 # its permutes are taken to hide behind the kernel (the model's best case for it). On v6e 4x4 Ulysses
 # leads, forward and training step: the Ulysses x ring programs compiled there run no kernel before
-# their one transfer lands, so in a ring of 2 all of it is exposed. On TPU7x, Ulysses x ring keeps
-# its ring on one chip's two TensorCores, moves nothing over the ICI and ties Ulysses (its traffic
-# line lies on Ulysses' in the figure). From density 0.25 up the margins are about a tenth of the
+# the shards of their one remote hop land (k and v; in a training step dk and dv go back as well),
+# so in a ring of 2 all of that traffic is exposed. On TPU7x at 75,600 tokens, Ulysses x ring keeps
+# its ring on one chip's two TensorCores, moves nothing over the ICI and ties Ulysses, forward and
+# training step (its traffic line lies on Ulysses' in the figure). From density 0.25 up the margins are about a tenth of the
 # call or less, within what a lower bound on the traffic can tell apart; at the lowest densities on
 # v6e 2x2 the ring leads by more.
 #

@@ -8,8 +8,8 @@ mask (``Mask.block_view``), and a sparse video mask leaves most of them empty: a
 empty on every device and for every head is not issued at all (no transfer, no kernel), and a device
 whose block is empty on an issued hop runs no kernel on it. Devices whose blocks allow the same
 pairs share one compiled branch (``lax.switch`` on the axis index), as ``parallel`` does for heads.
-Each issued hop is one collective-permute straight from the shard's owner by the hop's offset, not
-a shard passed on device by device (a ring that skips hops has no one to pass it along): hop o and
+Each issued hop moves k and v by one collective-permute each, straight from the shard's owner by the
+hop's offset, not a shard passed on device by device (a ring that skips hops has no one to pass it along): hop o and
 hop N - o are equally far, one each way round, and the interconnect routes each. In the programs
 compiled for a v6e 2x2 slice (the tests, notebook 11) every hop's transfer starts before the first
 kernel runs (``stlib.bench.collectives.permutes_ahead``), so later hops move while earlier ones
@@ -20,9 +20,9 @@ shape on v6e 4x4 (``stlib.bench.slice_compile``), not for the small Ulysses x ri
 one kernel runs first. (Ordering hop 0 first with ``jax.lax.optimization_barrier`` made the compiler
 start each transfer only after the kernel before it: every transfer exposed.)
 
-The backward rides the same hops: the kv shard comes over again, the kernel's own backward gives
-the hop's dq (kept) and dk, dv (sent back to their owner by the inverse ``ppermute`` and summed
-there), from the merged output and log-sum-exp the forward kept (a ``jax.custom_vjp``). A kernel
+The backward rides the same hops: it asks for the kv shard again (in a compiled training step the
+compiler reuses the forward's transfer: k and v move once), the kernel's own backward gives the
+hop's dq (kept) and dk, dv (sent back to their owner by the inverse ``ppermute`` and summed there), from the merged output and log-sum-exp the forward kept (a ``jax.custom_vjp``). A kernel
 takes part when its ``Backward`` keeps (q, k, v, o, lse) (``Backward.lse_residuals``: every stlib
 tile kernel); the plain-JAX implementations run each hop as materialised attention of the block.
 """
