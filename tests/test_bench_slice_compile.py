@@ -90,7 +90,7 @@ def test_a_training_steps_case_reads_the_forward_and_backward_estimates():
     from stlib.bench.backward_estimate import TILE_KERNEL
 
     steps = {
-        ("v6e", TILE_KERNEL, mask, backward, "{}"): {"total_ms": ms}
+        ("v6e", TILE_KERNEL, mask, backward, "{}"): {"total_ms": ms, "estimated": True}
         for mask, backward, ms in (("full", False, 40.0), ("full", True, 100.0),
                                    ("band (density 0.25)", False, 12.0), ("band (density 0.25)", True, 30.0))
     }  # fmt: skip

@@ -35,7 +35,16 @@ def permute_bytes(hlo_text: str) -> list[int]:
     return _collective_bytes(_PERMUTE, hlo_text)
 
 
-_ENTRY_OP = re.compile(r"= [^=\n]*? (collective-permute-start|conditional|custom-call)\(")
+_ENTRY_OP = re.compile(
+    r"= [^=\n]*? (collective-permute-start|collective-permute-done|conditional|custom-call)\("
+)
+_KERNEL_OPS = ("conditional", "custom-call")
+
+
+def _entry_ops(hlo_text: str) -> list[str]:
+    """The permute starts and dones, branches and kernels of a compiled program's entry computation,
+    in the order it runs them."""
+    return _ENTRY_OP.findall(hlo_text[hlo_text.index("ENTRY") :])
 
 
 def permutes_ahead(hlo_text: str) -> tuple[int, int]:
@@ -46,14 +55,10 @@ def permutes_ahead(hlo_text: str) -> tuple[int, int]:
     >>> permutes_ahead("ENTRY %main {" + "".join(f" %{n} = bf16[2] {op}" + chr(10) for n, op in enumerate(ops)))
     (1, 2)
     """
-    entry = hlo_text[hlo_text.index("ENTRY") :]
-    ops = _ENTRY_OP.findall(entry)
+    ops = _entry_ops(hlo_text)
     starts = [n for n, op in enumerate(ops) if op == "collective-permute-start"]
-    first = next((n for n, op in enumerate(ops) if op != "collective-permute-start"), len(ops))
+    first = next((n for n, op in enumerate(ops) if op in _KERNEL_OPS), len(ops))
     return sum(n < first for n in starts), len(starts)
-
-
-_ENTRY_STEP = re.compile(r"= [^=\n]*? (collective-permute-done|conditional|custom-call)\(")
 
 
 def kernels_before_arrival(hlo_text: str) -> int:
@@ -65,8 +70,9 @@ def kernels_before_arrival(hlo_text: str) -> int:
     >>> kernels_before_arrival("ENTRY %main {" + "".join(f" %{n} = bf16[2] {op}" + chr(10) for n, op in enumerate(ops)))
     1
     """
-    ops = _ENTRY_STEP.findall(hlo_text[hlo_text.index("ENTRY") :])
-    return ops.index("collective-permute-done") if "collective-permute-done" in ops else len(ops)
+    ops = _entry_ops(hlo_text)
+    arrival = ops.index("collective-permute-done") if "collective-permute-done" in ops else len(ops)
+    return sum(op in _KERNEL_OPS for op in ops[:arrival])
 
 
 def chip_groups(mesh, axis: str) -> np.ndarray:

@@ -52,11 +52,17 @@ def attention_devices(record: dict) -> int:
     return int(np.prod([size for name, size in record["mesh"].items() if name != "batch"]))
 
 
+def _scaled(ms: float, heads: int, length: int, measured_heads: int, measured_length: int) -> float:
+    """Seconds for ``heads`` heads at ``length`` tokens from ``ms`` estimated at ``measured_heads`` x
+    ``measured_length``, scaled by the pairs (heads x length^2: a density's pairs grow with the square
+    of the length; a model, the estimates compiled one length)."""
+    return ms * 1e-3 * heads / measured_heads * (length / measured_length) ** 2
+
+
 def kernel_seconds(sweep_records, chip: str, family: str, heads: int, length: int) -> float | None:
     """The tile kernel's best static estimate (seconds, glue included) for ``family`` on ``chip``
     in the committed block sweep (10 heads x 75,600 x 128), scaled to ``heads`` heads at ``length``
-    tokens by the pairs (heads x length^2: a density's pairs grow with the square of the length; a
-    model, the sweep compiled one length); None where the sweep has no such record."""
+    tokens (``_scaled``); None where the sweep has no such record."""
     from stlib.bench.block_sweep import NAME
 
     times = [
@@ -69,24 +75,21 @@ def kernel_seconds(sweep_records, chip: str, family: str, heads: int, length: in
     swept_heads, swept_length, _ = next(
         r["shape"] for r in sweep_records if r["chip"] == chip and r["family"] == family
     )
-    return min(times) * 1e-3 * heads / swept_heads * (length / swept_length) ** 2
+    return _scaled(min(times), heads, length, swept_heads, swept_length)
 
 
-def step_seconds(step_records, chip: str, mask: str, heads: int, length: int) -> float | None:
+def step_seconds(step_rows, chip: str, mask: str, heads: int, length: int) -> float | None:
     """The tile kernel's static estimate of a training step's attention (forward + backward, seconds,
     glue included) for ``mask`` (a mask name of ``stlib.bench.backward_estimate``) on ``chip``, from
-    its records (``backward_estimate.read()``: the case-study shape, 10 heads x 75,600 x 128),
-    scaled as ``kernel_seconds`` scales; None where either direction has no estimate."""
-    from stlib.bench.backward_estimate import TILE_KERNEL
+    ``backward_estimate.targets`` rows (the case-study shape, 10 heads x 75,600 x 128), scaled to
+    ``heads`` heads at ``length`` tokens (``_scaled``); None where the chip and mask have no row."""
     from stlib.configs import CASE_STUDY
 
-    times = [
-        step_records.get((chip, TILE_KERNEL, mask, backward, "{}"), {}).get("total_ms")
-        for backward in (False, True)
-    ]
-    if None in times:
+    row = next((r for r in step_rows if r["chip"] == chip and r["mask"] == mask), None)
+    if row is None:
         return None
-    return sum(times) * 1e-3 * heads / CASE_STUDY.num_heads * (length / CASE_STUDY.num_tokens) ** 2
+    ms = row["forward_ms"] + row["backward_ms"]
+    return _scaled(ms, heads, length, CASE_STUDY.num_heads, CASE_STUDY.num_tokens)
 
 
 #: The masks of ``stlib.bench.backward_estimate`` whose training-step estimates stand for dense and
@@ -122,12 +125,16 @@ def crossing_density(comm: float, band: float, dense: float) -> float:
 def table(records, sweep_records, step_records=None) -> list[dict]:
     """One row per compiled case: its collectives and their modelled time beside the per-device
     kernel estimate (dense and band 0.25 from the block sweep, ``kernel_seconds``, or for a training
-    step's case from ``step_records``, ``step_seconds``; each device does the work of 40 / devices
+    step's case from ``step_records``, ``backward_estimate.read()``'s records, ``step_seconds``; each
+    device does the work of 40 / devices
     heads at full length, whatever the strategy), the modelled attention time at band 0.25
     (all-to-alls, a ring's exposed permutes, ``exposed_seconds``, plus the longer of its other
     permutes and the kernel: the ring's next hop moves while the current one computes), and the
     density at which the traffic equals the kernel's time (``crossing_density``; ``NEVER`` where it
     is below the kernel at every density)."""
+    from stlib.bench.backward_estimate import targets
+
+    step_rows = None if step_records is None else targets(step_records)
     rows = []
     for r in records:
         training = r.get("direction") == "training"
@@ -141,8 +148,8 @@ def table(records, sweep_records, step_records=None) -> list[dict]:
         if training:
             dense, band = (
                 None
-                if step_records is None
-                else step_seconds(step_records, r["chip"], STEP_MASKS[f], heads, length)
+                if step_rows is None
+                else step_seconds(step_rows, r["chip"], STEP_MASKS[f], heads, length)
                 for f in ("dense", SVG_FAMILY)
             )
         else:
@@ -169,11 +176,9 @@ def table(records, sweep_records, step_records=None) -> list[dict]:
             "of the permutes exposed ms (model)": exposed * 1e3,
             "kernel ms, dense (est.)": None if dense is None else dense * 1e3,
             "kernel ms, band 0.25 (est.)": None if band is None else band * 1e3,
-            "band 0.25 ms (model)": None
-            if band is None
-            else (exchanged + exposed + max(moved - exposed, band)) * 1e3,
-            "compile s": r["compile_s"],
         }
+        row["band 0.25 ms (model)"] = modelled_ms(row, 0.25)
+        row["compile s"] = r["compile_s"]
         if comm and dense is not None and band is not None:
             crossing = crossing_density(comm, band, dense)
             row["density where traffic = kernel"] = crossing if crossing >= 0 else NEVER
