@@ -104,3 +104,48 @@ def test_the_backward_sweep_runs_candidates_within_the_forward_blocks_and_tunes_
     assert (
         "not estimated: v6e band (density 0.25) (2560, 2560, 640): killed" in table.splitlines()
     )  # one line
+
+
+def test_a_missed_target_is_listed_with_its_bundles_only_reading_dense_pace_and_largest_path():
+    baseline, sliding = registry.baseline().name, "sliding tile, 3-D tiled order"
+
+    def record(impl, mask, backward, total_ms, bundles_ms, options=None, fed=0):
+        kernel = {
+            "kernel": f"{impl}-{mask}-{backward}",
+            "bundles": {"step": 10, "compute": 100},
+            "mxu_fed": {"compute": fed} if fed else {},
+            "counts": {"step": 50, "compute": 50},
+        }
+        return {
+            "chip": "v6e",
+            "impl": impl,
+            "mask": mask,
+            "backward": backward,
+            "options": options,
+            "estimated": True,
+            "total_ms": total_ms,
+            "bundles_only_ms": bundles_ms,
+            "kernels": [kernel],
+        }
+
+    records = {
+        be._key(r): r
+        for r in [
+            record(be.TILE_KERNEL, sliding, False, 15.0, 12.0, fed=150),  # forward / Splash 0.15
+            record(be.TILE_KERNEL, sliding, True, 30.0, 27.0),  # backward / forward 2.0: met
+            record(be.TILE_KERNEL, "full", False, 80.0, 80.0),
+            record(be.TILE_KERNEL, "full", True, 180.0, 180.0),
+            record(baseline, "none", False, 100.0, 100.0),
+            record(baseline, "none", True, 200.0, 200.0, {"fused_backward": True}),
+        ]
+    }
+    rows = {r["quantity"]: r for r in be.missed(records)}
+    assert set(rows) == {"forward / Splash forward", "train / dense Splash train"}  # 2.0 <= 2.7 is met
+    forward = rows["forward / Splash forward"]
+    assert forward["estimate"] == pytest.approx(0.15) and forward["target"] == 0.105
+    assert forward["bundles only"] == pytest.approx(0.12)
+    assert forward["density x dense"] == pytest.approx(be.mask_density(sliding) * 0.8)
+    path = forward["largest path"]  # the forward's compute path, charged its feed: 150 x 50 of 150 x 50 + 500
+    assert path["path"] == "compute" and path["share"] == pytest.approx(7500 / 8000)
+    assert rows["train / dense Splash train"]["estimate"] == pytest.approx(45.0 / 300.0)
+    assert "forward / Splash forward | 0.150 | 0.105 | 0.120" in be.format_missed(records)

@@ -20,7 +20,7 @@ from jax.sharding import PartitionSpec as P
 
 import stlib
 from stlib import masks
-from stlib.bench.collectives import all_to_all_bytes, permute_bytes, permutes_ahead
+from stlib.bench.collectives import all_to_all_bytes, kernel_bodies, permute_bytes, permutes_ahead
 from stlib.parallel import parallel_attention
 from stlib.registry import Role, by_role
 from stlib.ring import plan_mask, ring_hops
@@ -184,6 +184,10 @@ def test_a_ring_compiles_for_a_v6e_slice():
     assert len(PERMUTE.findall(text)) == 6  # the temporal heads need every hop
     assert permutes_ahead(text) == (6, 6)  # every transfer under way before the first kernel
     assert any(name in text for name in kernel.estimator.kernel_names)
+    # one kernel call and one kernel body (what libtpu compiles) per distinct (hop, device) block:
+    # 16 for the 4 x 4 blocks here, since the temporal heads' blocks all differ
+    blocks = {branch for hop in ring_hops(mask, 4) for branch in hop.branches if branch is not None}
+    assert kernel_bodies(text) == (len(blocks), len(blocks)) == (16, 16)
     grad = jax.jit(jax.grad(lambda *a: fn(*a).astype(jnp.float32).sum(), argnums=(0, 1, 2)))
     assert "tpu_custom_call" in grad.lower(shape, shape, shape).compile().as_text()
 

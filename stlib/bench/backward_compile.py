@@ -122,32 +122,46 @@ def compile_backward(impl: str, mask_name: str, chip: str, options=None, video=N
     }
 
 
-def cases(chips=None, impls=None, long_videos=False) -> list[tuple[str, str, str, dict | None, str | None]]:
+def cases(
+    chips=None, impls=None, long_videos=False, videos=None
+) -> list[tuple[str, str, str, dict | None, str | None]]:
     """(impl, mask, chip, options, video): every trainable kernel x ``MASKS`` x chip, Splash fused
-    and split; with ``long_videos``, the tile kernels x the SVG mix x ``LONG_VIDEOS`` x chip."""
+    and split; with ``long_videos``, the tile kernels x the SVG mix x ``videos`` (names of
+    ``LONG_VIDEOS``, default all of them) x chip.
+
+    >>> cases(["v6e"], ["pallas_tile_lane_dense"], long_videos=True, videos=["1080p"])[0][-1]
+    '1080p'
+    """
     from stlib import registry
     from stlib.device import CHIPS
 
+    unknown = sorted(set(videos or ()) - set(LONG_VIDEOS))
+    if unknown:
+        raise ValueError(f"videos {unknown} are not among LONG_VIDEOS {sorted(LONG_VIDEOS)}")
     out = []
     for chip in chips or CHIPS:
         for impl in impls or trainable_kernels():
             baseline = registry.get(impl).baseline
             if long_videos:
-                out += [] if baseline else [(impl, SVG_MIX, chip, None, video) for video in LONG_VIDEOS]
+                out += (
+                    []
+                    if baseline
+                    else [(impl, SVG_MIX, chip, None, video) for video in videos or LONG_VIDEOS]
+                )
                 continue
             variants = [{"fused_backward": True}, {"fused_backward": False}] if baseline else [None]
             out += [(impl, mask, chip, options, None) for mask in MASKS for options in variants]
     return out
 
 
-def run(chips=None, impls=None, path=None, long_videos=False) -> list[dict]:
+def run(chips=None, impls=None, path=None, long_videos=False, videos=None) -> list[dict]:
     """Compile every case (``cases``), appending each record to ``path`` (default ``RECORDS`` under
     ``stlib.paths.home()``) with the run's provenance."""
     from stlib.bench.records import record_each
 
     path = path or paths.home() / RECORDS
     return record_each(
-        cases(chips, impls, long_videos), lambda c: compile_backward(*c), path, "backward compiles"
+        cases(chips, impls, long_videos, videos), lambda c: compile_backward(*c), path, "backward compiles"
     )
 
 
@@ -195,10 +209,11 @@ def main(argv=None) -> None:
     run_parser.add_argument(
         "--long-videos", action="store_true", help="the tile kernels on the SVG mix at LONG_VIDEOS"
     )
+    run_parser.add_argument("--videos", nargs="*", help="with --long-videos: these of LONG_VIDEOS only")
     sub.add_parser("table", help="the records as a table")
     args = parser.parse_args(argv)
     if args.command == "run":
-        run(args.chips, args.impls, long_videos=args.long_videos)
+        run(args.chips, args.impls, long_videos=args.long_videos, videos=args.videos)
     print(format_table(read()))
 
 

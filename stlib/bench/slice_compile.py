@@ -138,6 +138,7 @@ def compile_case(case: Case, plan=None) -> dict:
         all_to_all_bytes,
         all_to_all_offchip,
         chip_groups,
+        kernel_bodies,
         kernels_before_arrival,
         permute_bytes,
         permute_offchip,
@@ -212,6 +213,7 @@ def compile_case(case: Case, plan=None) -> dict:
         "kernels_in_program": len(  # its forward's and, in a training step, its backward's
             {name for name in re.findall(r"%([\w.]+) = ", text) if kernel.owns_kernel(name)}
         ),
+        "kernel_bodies": kernel_bodies(text)[1],  # what libtpu compiles: one Mosaic kernel per body
         "compile_s": round(seconds, 1),
         "global_input_bytes": global_bytes,
         "argument_bytes_per_device": int(memory.argument_size_in_bytes),
