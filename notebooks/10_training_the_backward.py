@@ -574,7 +574,7 @@ for direction in (False, True):
 # exactly 2.5x the forward's, but its time can be less than 2.5x: the forward pays exponentials and
 # step overheads the backward's matrix work hides, so a ratio under 2.5 is no paradox) and its
 # training step. Where a row
-# misses, the records' per-kernel breakdown (`bundles` per path, the MXU feed above) says why.
+# misses, the table at the end of this section says what stands in the way.
 #
 # Every row's backward is step-coded now. The sliding tile runs rows of 3-D tiles as pattern steps
 # at the forward's blocks; dense and the band run the forward's step codes at the backward's own
@@ -588,6 +588,28 @@ for direction in (False, True):
 # dq window fits in VMEM). Whatever the backward gains, a training step also pays its forward: the
 # sliding tile's backward is within its target ratio of its forward, so its training step can only
 # reach its target through a faster forward.
+
+# %% [markdown]
+# ### What stands in the way of a missed target
+#
+# `backward_estimate.missed` lists every target the estimates miss, each with three readings from the
+# same records (the last lines of `python -m stlib.bench.backward_estimate table`):
+#
+# - **every path at its bundles**: the same ratio with each path charged its bundles alone, without
+#   the MXU-feed rule that the v5e ran against;
+# - **the mask's density times the kernel's own ratio without a mask**: where every allowed pair
+#   costs what a pair costs the kernel with no mask. A target below it is out of reach of any
+#   schedule at the kernel's mask-free pace; that pace has to improve first;
+# - **the largest path**: the kernel path with the most charged cycles, its share of the cycles the
+#   ratio reads, and its MXU feed over its bundles (above 1: charged its feed).
+
+# %%
+print(f"density of the sliding tile (3-D tiled order): {backward_estimate.mask_density('sliding tile, 3-D tiled order'):.3f}; "
+      f"of the band: {backward_estimate.mask_density('band (density 0.25)'):.3f}\n")
+print(backward_estimate.format_missed(backward_estimate.read(cfg.data / "backward_estimates.jsonl")))
+
+# %% [markdown]
+# READING
 
 # %% [markdown]
 # The backward also compiles for real chips without one. `python -m stlib.bench.backward_compile

@@ -30,20 +30,22 @@ def test_impls_keeps_one_kernels_cases_and_refuses_a_kernel_not_in_the_table():
         be.cases(impls=["pallas_dense"])
 
 
+def record(impl, mask, backward, total_ms, options=None, **more):
+    """A v6e estimate record of the table's form, ``more`` fields beside."""
+    return {
+        "chip": "v6e",
+        "impl": impl,
+        "mask": mask,
+        "backward": backward,
+        "options": options,
+        "estimated": True,
+        "total_ms": total_ms,
+        **more,
+    }
+
+
 def test_the_latest_record_of_a_case_wins_and_the_ratios_come_from_it(tmp_path):
     baseline = registry.baseline().name
-
-    def record(impl, mask, backward, total_ms, options=None):
-        return {
-            "chip": "v6e",
-            "impl": impl,
-            "mask": mask,
-            "backward": backward,
-            "options": options,
-            "estimated": True,
-            "total_ms": total_ms,
-        }
-
     band = be.MASKS[0]
     lines = [
         record(be.TILE_KERNEL, band, False, 99.0),  # an older forward, superseded below
@@ -109,34 +111,24 @@ def test_the_backward_sweep_runs_candidates_within_the_forward_blocks_and_tunes_
 def test_a_missed_target_is_listed_with_its_bundles_only_reading_dense_pace_and_largest_path():
     baseline, sliding = registry.baseline().name, "sliding tile, 3-D tiled order"
 
-    def record(impl, mask, backward, total_ms, bundles_ms, options=None, fed=0):
+    def estimate(impl, mask, backward, total_ms, bundles_ms, options=None, fed=0):
         kernel = {
             "kernel": f"{impl}-{mask}-{backward}",
             "bundles": {"step": 10, "compute": 100},
             "mxu_fed": {"compute": fed} if fed else {},
             "counts": {"step": 50, "compute": 50},
         }
-        return {
-            "chip": "v6e",
-            "impl": impl,
-            "mask": mask,
-            "backward": backward,
-            "options": options,
-            "estimated": True,
-            "total_ms": total_ms,
-            "bundles_only_ms": bundles_ms,
-            "kernels": [kernel],
-        }
+        return record(impl, mask, backward, total_ms, options, bundles_only_ms=bundles_ms, kernels=[kernel])
 
     records = {
         be._key(r): r
         for r in [
-            record(be.TILE_KERNEL, sliding, False, 15.0, 12.0, fed=150),  # forward / Splash 0.15
-            record(be.TILE_KERNEL, sliding, True, 30.0, 27.0),  # backward / forward 2.0: met
-            record(be.TILE_KERNEL, "full", False, 80.0, 80.0),
-            record(be.TILE_KERNEL, "full", True, 180.0, 180.0),
-            record(baseline, "none", False, 100.0, 100.0),
-            record(baseline, "none", True, 200.0, 200.0, {"fused_backward": True}),
+            estimate(be.TILE_KERNEL, sliding, False, 15.0, 12.0, fed=150),  # forward / Splash 0.15
+            estimate(be.TILE_KERNEL, sliding, True, 30.0, 27.0),  # backward / forward 2.0: met
+            estimate(be.TILE_KERNEL, "full", False, 80.0, 80.0),
+            estimate(be.TILE_KERNEL, "full", True, 180.0, 180.0),
+            estimate(baseline, "none", False, 100.0, 100.0),
+            estimate(baseline, "none", True, 200.0, 200.0, {"fused_backward": True}),
         ]
     }
     rows = {r["quantity"]: r for r in be.missed(records)}
