@@ -609,7 +609,27 @@ print(f"density of the sliding tile (3-D tiled order): {backward_estimate.mask_d
 print(backward_estimate.format_missed(backward_estimate.read(cfg.data / "backward_estimates.jsonl")))
 
 # %% [markdown]
-# READING
+# Read it chip by chip (static estimates, not measurements):
+#
+# - **The sliding tile's forward** misses by the most: 0.149 of dense Splash's forward on v6e and
+#   0.145 on TPU7x, against 0.105 and 0.100. One path carries it, the forward's `pattern0` (75% of
+#   its cycles on both chips), charged its MXU feed at 1.33x and 1.37x its bundles. With every path
+#   at its bundles it reads 0.117 and 0.110. The kernel's mask-free pace does not reach the target
+#   either: the mask's density, 0.132, times the kernel's own forward over Splash's without a mask
+#   gives 0.114 and 0.110. So the target needs a faster forward with no mask first (or a chip that
+#   refutes the feed rule, as the v5e did for its forward); no sliding-tile schedule of this kernel
+#   gets below it at the kernel's dense pace.
+# - **The sliding tile's training step** is within reach on paper: 0.160 and 0.161 against 0.130,
+#   with 0.114 at the mask-free pace. Its largest path is the fused backward's `pattern0` (59% of
+#   the step on v6e), charged 1.43x its bundles; at its bundles the step reads 0.134 on v6e and
+#   0.143 on TPU7x.
+# - **The band's training step** (0.231 on v6e, 0.237 on TPU7x, against 0.220) sits a few percent
+#   above its mask-free pace, 0.217 and 0.218: the band costs about what its density says, and what
+#   is left is the dense kernel's pace. At its bundles it reads 0.220 on v6e, and 0.245 on TPU7x,
+#   where dense Splash's backward loses more to the feed rule than the tile kernel's does.
+# - On v5e the feed rule charges the kernel's mask-free forward about twice its bundles (notebook 08
+#   measured it at Splash's pace), so there the mask-free pace, 0.222, reads above the sliding
+#   tile's own estimate, 0.194.
 
 # %% [markdown]
 # The backward also compiles for real chips without one. `python -m stlib.bench.backward_compile
