@@ -128,10 +128,10 @@ _KERNEL_BODY = re.compile(r'"custom_call_config":\{"body":"([^"]+)"')
 def kernel_bodies(hlo_text: str) -> tuple[int, int]:
     """(Mosaic kernel calls, distinct kernel bodies among them) in a compiled program's HLO text.
 
-    A program compiles one Mosaic kernel per distinct body: six calls of one band kernel on 8 x
-    16,384 x 128 compiled for v6e in 12.9 s against 9.0 s for one call, and six bands of different
-    widths (two bodies' worth of patterns, six bodies) in 47.6 s. So a ring whose hops share one
-    body (their tables as data) compiles in the time of one hop.
+    A program compiles one Mosaic kernel per distinct body: ``python -m stlib.bench.slice_compile
+    reuse`` compiles six calls of one band kernel in about the time of one call, and six bands of
+    different widths (six bodies) in about four times that. So a ring whose hops shared one body
+    (their tables as data) would compile in the time of one hop.
 
     >>> call = 'custom_call_target="tpu_custom_call", backend_config={"custom_call_config":{"body":"%s"}}'
     >>> kernel_bodies("\\n".join([call % "QUJD", call % "QUJD", call % "REVG"]))

@@ -15,6 +15,11 @@ as the sparse kernel.
     python -m stlib.bench.slice_compile run --only v6e-2x2-ring            # tens of minutes on 2 cores
     python -m stlib.bench.slice_compile run --only v6e-4x4-ulysses-train   # a training step's attention
     python -m stlib.bench.slice_compile table
+    python -m stlib.bench.slice_compile reuse                               # ~1 min: one kernel body, many calls
+
+A program's compile time follows its distinct kernel bodies, not its kernel calls (``reuse``;
+``collectives.kernel_bodies`` counts them in a compiled program): a ring whose (hop, device) blocks
+each get a kernel of their own compiles one Mosaic kernel per block.
 """
 
 from __future__ import annotations
@@ -274,6 +279,52 @@ def read(path=None) -> list[dict]:
     return list(latest_per_key(path or paths.home() / RECORDS, lambda r: r["case"]).values())
 
 
+def compile_reuse(calls: int = 6, length: int = 16_384, heads: int = 8, chip: str = "v6e") -> list[dict]:
+    """Deviceless compile time for ``chip`` of one program that sums ``calls`` attention calls of the
+    best tile kernel on ``heads`` x ``length`` x 128 bf16: one call of a band; ``calls`` calls of that
+    same band (one kernel body, its tables the same data); and ``calls`` bands of different widths (a
+    kernel body each). Per program: its kernel calls, distinct bodies and compile seconds.
+
+    >>> rows = compile_reuse(calls=2, length=2048, heads=2)
+    >>> [(r["program"], r["kernel_calls"], r["kernel_bodies"]) for r in rows]
+    [('one band once', 1, 1), ('one band 2 times', 2, 1), ('2 bands of different widths', 2, 2)]
+    """
+    import jax
+    import jax.numpy as jnp
+
+    from stlib import masks, registry
+    from stlib.api import attention
+    from stlib.bench.collectives import kernel_bodies
+    from stlib.device import compile_for_tpu
+    from stlib.registry import Role
+
+    kernel = registry.by_role(Role.BEST_TILE).name
+    shape = jax.ShapeDtypeStruct((heads, length, HEAD_DIM), jnp.bfloat16)
+    band = masks.band(length, length // 8)
+    programs = {
+        "one band once": [band],
+        f"one band {calls} times": [band] * calls,
+        f"{calls} bands of different widths": [
+            masks.band(length, length // 8 + 256 * i) for i in range(calls)
+        ],
+    }
+    rows = []
+    for name, bands in programs.items():
+
+        def program(q, k, v, bands=bands):  # each call on its own q, so no two calls are one
+            outs = [
+                attention(q * (i + 1), k, v, m, impl=kernel, interpret=False) for i, m in enumerate(bands)
+            ]
+            return sum(o.astype(jnp.float32) for o in outs)
+
+        start = time.perf_counter()
+        compiled = compile_for_tpu(program, shape, shape, shape, chip=chip)
+        seconds = time.perf_counter() - start
+        found, distinct = kernel_bodies(compiled.text())
+        rows.append({"program": name, "kernel_calls": found, "kernel_bodies": distinct, "compile_s": seconds})
+    return rows
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m stlib.bench.slice_compile", description=__doc__.split("\n")[0]
@@ -282,7 +333,15 @@ def main(argv=None) -> None:
     run_parser = sub.add_parser("run", help="compile the model-shape cases for their slices (no TPU needed)")
     run_parser.add_argument("--only", nargs="*", help="case names, e.g. v6e-2x2-ulysses")
     sub.add_parser("table", help="the communication table from the records")
+    sub.add_parser("reuse", help="compile time of one kernel body called many times (no TPU needed)")
     args = parser.parse_args(argv)
+    if args.command == "reuse":
+        for row in compile_reuse():
+            print(
+                f"{row['program']:<30} {row['kernel_calls']} kernel calls, {row['kernel_bodies']} bodies: "
+                f"compiled for v6e in {row['compile_s']:.1f} s"
+            )
+        return
     if args.command == "run":
         run(args.only)
     from stlib.bench import backward_estimate, block_sweep
