@@ -285,7 +285,7 @@ def compile_reuse(calls: int = 6, length: int = 16_384, heads: int = 8, chip: st
     same band (one kernel body, its tables the same data); and ``calls`` bands of different widths (a
     kernel body each). Per program: its kernel calls, distinct bodies and compile seconds.
 
-    >>> rows = compile_reuse(calls=2, length=2048, heads=2)
+    >>> rows = compile_reuse(calls=2, length=1024, heads=1)
     >>> [(r["program"], r["kernel_calls"], r["kernel_bodies"]) for r in rows]
     [('one band once', 1, 1), ('one band 2 times', 2, 1), ('2 bands of different widths', 2, 2)]
     """
