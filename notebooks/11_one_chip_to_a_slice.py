@@ -440,8 +440,12 @@ exercises.verify("11.all_to_all_bytes", check_bytes, all_to_all_bytes)
 # (`run --only v6e-2x2-ring ...`): a ring compiles one tile kernel per distinct block it attends,
 # and at this shape the blocks differ from device to device (18,900 tokens a device on 4: the
 # frames fall at a different place in every shard): one kernel per hop and device on v6e 2x2, tens
-# of minutes of compiling on this series' 2-core machine (the table's compile column). The records are committed; the table reads
-# them.
+# of minutes of compiling on this series' 2-core machine (the table's compile column). The time
+# follows the distinct kernel bodies, not the calls: libtpu compiles a body once however many calls
+# run it (`python -m stlib.bench.slice_compile reuse` compiles six calls of one band kernel in about
+# the time of one, six bands of different widths in about four times that), so a ring whose hops
+# passed their tables as data to one shared kernel would compile in the time of one hop. The
+# records are committed; the table reads them.
 #
 # The traffic model: a collective of S bytes per device moves, per chip, its devices' S times the
 # share bound for another chip (an all-to-all over n chips: (n - 1) / n; a ring's permute: all of it
