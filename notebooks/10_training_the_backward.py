@@ -600,8 +600,9 @@ for direction in (False, True):
 # - **the mask's density times the kernel's own ratio without a mask**: where every allowed pair
 #   costs what a pair costs the kernel with no mask. A target below it is out of reach of any
 #   schedule at the kernel's mask-free pace; that pace has to improve first;
-# - **the largest path**: the kernel path with the most charged cycles, its share of the cycles the
-#   ratio reads, and its MXU feed over its bundles (above 1: charged its feed).
+# - **the largest path**: the tile kernel's path with the most charged cycles in the call the ratio
+#   reads (its forward, or its forward and backward for a training step), its share of the tile
+#   kernel's cycles there, and its MXU feed over its bundles (above 1: charged its feed).
 
 # %%
 print(f"density of the sliding tile (3-D tiled order): {backward_estimate.mask_density('sliding tile, 3-D tiled order'):.3f}; "

@@ -247,7 +247,8 @@ def mask_density(mask: str) -> float:
 
 def largest_path(kernel_records: list[dict]) -> dict | None:
     """The path of the records' kernels with the most charged cycles (count x the longer of its
-    bundles and its MXU feed, as the estimate charges): its kernel, path, share of all their cycles,
+    bundles and its MXU feed, as the estimate charges): its kernel, path, share of all the records'
+    kernel cycles,
     and feed over bundles (above 1: charged its MXU feed). None for records without path counts.
 
     >>> record = {"kernels": [{"kernel": "k", "bundles": {"step": 50, "compute": 900},
