@@ -188,8 +188,11 @@ def test_the_committed_records_give_each_device_its_share_and_a_table_row():
     for r in records:
         assert r["argument_bytes_per_device"] * r["devices"] == r["global_input_bytes"], r["case"]
         remote = len(r["hops_issued"]) - 1 if "ring" in r["strategy"] else 0
+        if r.get("kernel_bodies") is not None:  # records since the count: one body per distinct kernel
+            assert 1 <= r["kernel_bodies"] <= r["kernels_in_program"], r["case"]
         if r.get("direction", "forward") == "forward":
             assert r["kernels_in_program"] == r["branches"] >= 1, r["case"]
+            assert r.get("kernel_bodies") in (None, r["branches"]), r["case"]  # a branch is one body
             assert len(r["all_to_all_bytes"]) == (4 if "ulysses" in r["strategy"] else 0), r["case"]
             assert len(r["permute_bytes"]) == 2 * remote, r[
                 "case"
