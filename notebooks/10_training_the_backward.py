@@ -551,7 +551,7 @@ def dkv_steps_kernel(tiles_ref, codes_ref, counts_ref, q_ref, k_ref, v_ref, do_r
         dk_acc[...] = jnp.zeros(dk_acc.shape, jnp.float32)
         dv_acc[...] = jnp.zeros(dv_acc.shape, jnp.float32)
 
-    for c, pieces in updates.items():  # one region per code present
+    for c, pieces in updates.items():  # one region per code present (a padding step's code is -1)
         @pl.when((j < counts_ref[r]) & (code == c))
         def _(pieces=pieces):
             for k0, keys, q0, lanes, masked in pieces:  # kv rows [k0, k0 + keys) x q lanes [q0, q0 + lanes)
@@ -595,12 +595,14 @@ def dk_dv_steps(q, k, v, do, lse, di, *, plan, grain, width, interpret=cfg.inter
     ``plan`` (L a multiple of its blocks) in updates of ``grain`` keys; lse, di [L]."""
     (length, head_dim), lay = q.shape, plan.layout
     bq, bkv = lay.block_q, lay.block_kv
-    codes = StepCodes(plan.codes, plan.patterns, None, lay.mask, grain, length)
-    updates = {int(c): codes.updates(int(c), bq, bkv) for c in plan.present}
-    tiles, step_codes, counts, extent = transposed_steps(plan.codes[0])
-    q_spec = pl.BlockSpec((bq, head_dim), lambda r, j, tiles, codes, counts: (tiles[r * extent + j], 0))
-    kv_spec = pl.BlockSpec((bkv, head_dim), lambda r, j, tiles, codes, counts: (r, 0))
-    row_spec = pl.BlockSpec((1, bq), lambda r, j, tiles, codes, counts: (0, tiles[r * extent + j]))
+    assert length % bq == 0 and length % bkv == 0, "no RAGGED code here: L a multiple of the blocks"
+    step_codes = StepCodes(plan.codes, plan.patterns, None, lay.mask, grain, length)
+    updates = {int(c): step_codes.updates(int(c), bq, bkv) for c in plan.present}
+    tiles, codes, counts, extent = transposed_steps(plan.codes[0])
+    # the index maps get the three prefetched tables after the grid indices (only the q tiles are read)
+    q_spec = pl.BlockSpec((bq, head_dim), lambda r, j, tiles_, *_: (tiles_[r * extent + j], 0))
+    kv_spec = pl.BlockSpec((bkv, head_dim), lambda r, j, *_: (r, 0))
+    row_spec = pl.BlockSpec((1, bq), lambda r, j, tiles_, *_: (0, tiles_[r * extent + j]))
     grid_spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=3,
         grid=(lay.grid_shape[1], extent),
@@ -616,7 +618,7 @@ def dk_dv_steps(q, k, v, do, lse, di, *, plan, grain, width, interpret=cfg.inter
         out_shape=[jax.ShapeDtypeStruct((length, head_dim), jnp.float32)] * 2,
         compiler_params=None if interpret else pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
         interpret=interpret,
-    )(*(jnp.asarray(a.reshape(-1)) for a in (tiles, step_codes, counts)), q, k, v, do, lse[None], di[None])
+    )(*(jnp.asarray(a.reshape(-1)) for a in (tiles, codes, counts)), q, k, v, do, lse[None], di[None])
 
 
 SL, SB, GRAIN = 4096, 512, 128
@@ -637,36 +639,46 @@ for label, plan_ in (("patterns", s_plan), ("patterns off", plan_steps(s_layout,
           f"(largest gap {gap:.1e} of the largest entry)")
 
 # %% [markdown]
-# Compiled for v6e at 8,192 tokens in bf16 (the same blocks and updates), and read as above: the
-# bundles of each code's region per step, and per 1,000 score pairs it computes
-# (`StepCodes.pairs`).
+# Compiled for v6e at 8,192 tokens in bf16 (the same blocks and updates), with patterns and with
+# patterns off, and read as above: the bundles of each code's region per step and per 1,000 score
+# pairs it computes (`StepCodes.pairs`), and the kernel's bundles in all (grid steps times the
+# step's bundles, plus each code's steps times its region's), as for the tile kernel above.
 
 # %%
 CL = 8192
 c_band = masks.band(CL, masks.band_width_for_density(CL, 0.25))
 c_layout, c_plan = block_steps(stlib.block_layout(c_band, SB, SB), CL, SB, SB)
 c_arg, c_row = jax.ShapeDtypeStruct((CL, 128), jnp.bfloat16), jax.ShapeDtypeStruct((CL,), jnp.float32)
-c_fn = functools.partial(dk_dv_steps, plan=c_plan, grain=GRAIN, width=c_band.width, interpret=False)
-c_names = [region_name(int(c)) for c in c_plan.present]
-(c_schedule,) = kernel_schedules(c_fn, *[c_arg] * 4, *[c_row] * 2, chip="v6e", kernel_prefix="dkv_steps_in_view",
-                                 compute_names=c_names)
-c_bundles = per_step(c_schedule)
-c_codes = StepCodes(c_plan.codes, c_plan.patterns, None, c_band, GRAIN, CL)
-print(f"step-coded dk / dv kernel in view, v6e: grid step {c_bundles['step']:,} bundles (a static schedule, "
-      "not a measurement)")
-for c, name in zip(c_plan.present, c_names):
-    pairs = c_codes.pairs(int(c), SB, SB)
-    print(f"    {name.removeprefix('compute_'):9s} {int((c_plan.codes == c).sum()):>3} steps, {pairs:>7,} pairs a step: "
-          f"{c_bundles[name]:>6,} bundles ({c_bundles[name] / (pairs / 1000):.2f} per 1,000 pairs)")
+print("step-coded dk / dv kernel in view, v6e (static schedules, not measurements):")
+for label, plan_ in (("patterns", c_plan), ("patterns off", plan_steps(c_layout, CL, 0))):
+    c_fn = functools.partial(dk_dv_steps, plan=plan_, grain=GRAIN, width=c_band.width, interpret=False)
+    c_names = [region_name(int(c)) for c in plan_.present]
+    (c_schedule,) = kernel_schedules(c_fn, *[c_arg] * 4, *[c_row] * 2, chip="v6e",
+                                     kernel_prefix="dkv_steps_in_view", compute_names=c_names)
+    c_bundles = per_step(c_schedule)
+    c_codes = StepCodes(plan_.codes, plan_.patterns, None, c_band, GRAIN, CL)
+    c_steps = {name: int((plan_.codes == c).sum()) for c, name in zip(plan_.present, c_names)}
+    c_grid = plan_.codes.shape[2] * transposed_steps(plan_.codes[0])[3]  # kv tiles x the widest kv tile
+    c_total = c_grid * c_bundles["step"] + sum(n * c_bundles[name] for name, n in c_steps.items())
+    print(f"  {label}: grid step {c_bundles['step']:,} bundles, {c_grid:,} grid steps; about {c_total:,} "
+          "bundles in all")
+    for c, name in zip(plan_.present, c_names):
+        pairs = c_codes.pairs(int(c), SB, SB)
+        print(f"    {name.removeprefix('compute_'):9s} {c_steps[name]:>3} steps, {pairs:>7,} pairs a step: "
+              f"{c_bundles[name]:>6,} bundles ({c_bundles[name] / (pairs / 1000):.2f} per 1,000 pairs)")
 
 # %% [markdown]
-# Read it against the dk / dv tile kernel above (6.76 bundles per 1,000 pairs, the band evaluated
-# on every tile): a FULL step costs 5.94, the same four matmuls with no mask. A pattern costs more
-# per pair it computes (8.94 to 14.34): its updates are single 128-key sub-tiles against runs of
-# q lanes, and the sub-tiles the band cuts evaluate it. What a pattern saves is the pairs it does
-# not compute: its EMPTY sub-tiles, which a tile kernel computes and masks away. The library's
-# fused kernel (`stlib.kernels.backward_kernels`) is this kernel with dq's matmul in each update,
-# the RAGGED code, padded patterns, per-head tables and the forward's base-2 exponentials.
+# Read it against the dk / dv tile kernel above (6.76 bundles per 1,000 pairs, about 187,380
+# bundles in all, the band evaluated on every tile). A FULL step costs 5.94 per 1,000 pairs, the
+# same four matmuls with no mask, and a MASKED step 6.56. The patterns are not all a saving here:
+# the two large ones (13 of 16 sub-tiles, in updates of one 128-key sub-tile against a run of q
+# lanes) cost 1,905 and 2,080 bundles a step against a MASKED step's 1,720, although the planner
+# (`Pattern.cost`) prices them at about half a MASKED step. The saving comes from the FULL steps and
+# from the one-sub-tile patterns (235 bundles). More regions also lengthen the grid step (133
+# bundles against 101 with patterns off). In all: about 148,372 bundles with patterns, 175,768
+# with patterns off. The library's fused kernel (`stlib.kernels.backward_kernels`) is this kernel
+# with dq's matmul in each update, the RAGGED code, padded patterns, per-head tables and the
+# forward's base-2 exponentials; its updates and blocks are swept per chip.
 
 # %% [markdown]
 # ## The backward in the static estimate
@@ -737,9 +749,8 @@ for direction in (False, True):
 # and the separate scale-and-cast pass. With one 3-D tile a block every small step would pay the
 # fixed cost, and at 1,024 x 1,024 every sliding-tile step would evaluate the mask (the estimates
 # of both are in the docstring of `stlib.kernels.backward.one_tile_layout`, the fallback where no
-# dq window fits in VMEM). Whatever the backward gains, a training step also pays its forward: the
-# sliding tile's backward is within its target ratio of its forward, so its training step can only
-# reach its target through a faster forward.
+# dq window fits in VMEM). Whatever the backward gains, a training step also pays its forward; the
+# table at the end of this section says which of the two holds each missed target back.
 
 # %% [markdown]
 # ### What stands in the way of a missed target
@@ -747,14 +758,16 @@ for direction in (False, True):
 # `backward_estimate.missed` lists every target the estimates miss, each with three readings from the
 # same records (the last lines of `python -m stlib.bench.backward_estimate table`):
 #
-# - **every path at its bundles**: the same ratio with each path charged its bundles alone, without
-#   the MXU-feed rule that the v5e ran against;
-# - **the mask's density times the kernel's own ratio without a mask**: where every allowed pair
-#   costs what a pair costs the kernel with no mask. A target below it is out of reach of any
-#   schedule at the kernel's mask-free pace; that pace has to improve first;
-# - **the largest path**: the tile kernel's path with the most charged cycles in the call the ratio
-#   reads (its forward, or its forward and backward for a training step), its share of the tile
-#   kernel's cycles there, and its MXU feed over its bundles (above 1: charged its feed).
+# - **every path at its bundles**: the same ratio with each path charged its bundles alone and no
+#   exposed DMA, that is without the MXU-feed rule that measurements on a v5e contradicted;
+# - **the mask's density times the kernel's own ratio without a mask** (and, in brackets, the same
+#   at every record's bundles): where every allowed pair costs what a pair costs the kernel with no
+#   mask. A target below it is out of reach of any schedule at the kernel's mask-free pace; that
+#   pace has to improve first;
+# - **the largest path**: the tile kernel's path with the most charged cycles in the calls the ratio
+#   reads (its forward, or its forward and backward for a training step; a region split over dq
+#   windows counted once, its windows together), its share of the tile kernel's cycles there, and
+#   its MXU feed over its bundles (above 1: charged its feed).
 
 # %%
 print(f"density of the sliding tile (3-D tiled order): {backward_estimate.mask_density('sliding tile, 3-D tiled order'):.3f}; "
@@ -762,27 +775,31 @@ print(f"density of the sliding tile (3-D tiled order): {backward_estimate.mask_d
 print(backward_estimate.format_missed(backward_estimate.read(cfg.data / "backward_estimates.jsonl")))
 
 # %% [markdown]
-# Read it chip by chip (static estimates, not measurements):
+# Read it chip by chip (static estimates, not measurements; the second number in the density column
+# reads every record at its bundles):
 #
 # - **The sliding tile's forward** misses by the most: 0.149 of dense Splash's forward on v6e and
 #   0.145 on TPU7x, against 0.105 and 0.100. One path carries it, the forward's `pattern0` (75% of
-#   its cycles on both chips), charged its MXU feed at 1.33x and 1.37x its bundles. With every path
-#   at its bundles it reads 0.117 and 0.110. The kernel's mask-free pace does not reach the target
-#   either: the mask's density, 0.132, times the kernel's own forward over Splash's without a mask
-#   gives 0.114 and 0.110. So the target needs a faster forward with no mask first (or a chip that
-#   refutes the feed rule, as the v5e did for its forward); no sliding-tile schedule of this kernel
-#   gets below it at the kernel's dense pace.
-# - **The sliding tile's training step** is within reach on paper: 0.160 and 0.161 against 0.130,
-#   with 0.114 at the mask-free pace. Its largest path is the fused backward's `pattern0` (59% of
-#   the step on v6e), charged 1.43x its bundles; at its bundles the step reads 0.134 on v6e and
-#   0.143 on TPU7x.
-# - **The band's training step** (0.231 on v6e, 0.237 on TPU7x, against 0.220) sits a few percent
-#   above its mask-free pace, 0.217 and 0.218: the band costs about what its density says, and what
-#   is left is the dense kernel's pace. At its bundles it reads 0.220 on v6e, and 0.245 on TPU7x,
-#   where dense Splash's backward loses more to the feed rule than the tile kernel's does.
-# - On v5e the feed rule charges the kernel's mask-free forward about twice its bundles (notebook 08
-#   measured it at Splash's pace), so there the mask-free pace, 0.222, reads above the sliding
-#   tile's own estimate, 0.194.
+#   the kernel's cycles on both chips), charged its MXU feed at 1.33x and 1.37x its bundles. Under
+#   the feed rule the target lies below the kernel's own mask-free pace (the mask's density, 0.132,
+#   times the kernel's forward over Splash's without a mask: 0.114 and 0.110), so no sliding-tile
+#   schedule reaches it without a faster mask-free forward. At its bundles the mask-free pace is
+#   0.091 and 0.085, below the targets, and yet the sliding tile reads 0.117 and 0.110: a pair in a
+#   pattern step costs more than a pair of the kernel without a mask, as the dk / dv kernel in view
+#   showed for the backward. So dropping the feed rule would not reach the target on its own;
+#   cheaper pattern steps would have to.
+# - **The sliding tile's training step** reads 0.160 and 0.161 against 0.130, above its mask-free
+#   pace (0.114 on both chips). Its largest path is the fused backward's `pattern0` (59% and 58% of
+#   the kernel's cycles, its dq windows together on TPU7x), charged 1.43x and 1.40x its bundles; at
+#   its bundles the step reads 0.134 and 0.143.
+# - **The band's training step** reads 0.231 and 0.237 against 0.220, above its mask-free pace
+#   (0.217 and 0.218): its edge steps cost more per pair than the kernel without a mask, and its
+#   largest path is the fused backward's FULL region. At its bundles v6e reads 0.220; TPU7x reads
+#   0.245, because dense Splash's backward there is charged more by the feed rule than the tile
+#   kernel's (the MXU-feed table above).
+# - On v5e the kernel's mask-free forward is charged its MXU feed, which notebook 08 measured the
+#   v5e not to pay; so its mask-free pace under the rule, 0.222, reads above the sliding tile's own
+#   estimate, 0.194 (0.126 at its bundles).
 
 # %% [markdown]
 # The backward also compiles for real chips without one. `python -m stlib.bench.backward_compile

@@ -137,6 +137,7 @@ def test_a_missed_target_is_listed_with_its_bundles_only_reading_dense_pace_and_
     assert forward["estimate"] == pytest.approx(0.15) and forward["target"] == 0.105
     assert forward["bundles only"] == pytest.approx(0.12)
     assert forward["density x dense"] == pytest.approx(be.mask_density(sliding) * 0.8)
+    assert forward["density x dense, bundles only"] == pytest.approx(be.mask_density(sliding) * 0.8)
     path = forward["largest path"]  # the forward's compute path, charged its feed: 150 x 50 of 150 x 50 + 500
     assert path["path"] == "compute" and path["share"] == pytest.approx(7500 / 8000)
     assert rows["train / dense Splash train"]["estimate"] == pytest.approx(45.0 / 300.0)

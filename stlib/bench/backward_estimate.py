@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import re
 
 import stlib.kernels  # noqa: F401 - registers the kernels the roles name
 from stlib import paths
@@ -27,8 +28,8 @@ RECORDS = "data/backward_estimates.jsonl"
 MASKS = ("band (density 0.25)", "sliding tile, 3-D tiled order", "full")
 CHIPS = ("v6e", "tpu7x", "v5e")
 #: The targets (static, clock-free; v6e and TPU7x) per tile-kernel mask: its backward over dense
-#: Splash's (dense only), its backward over its forward (sliding tile), and its forward + backward
-#: over dense Splash's, both at their tuned blocks.
+#: Splash's (dense only), its backward over its forward and its forward over dense Splash's forward
+#: (sliding tile), and its forward + backward over dense Splash's, each at its tuned blocks.
 TARGETS = {
     "full": {"backward / Splash backward": 0.92},
     "band (density 0.25)": {"train / dense Splash train": 0.22},
@@ -154,22 +155,25 @@ def read(path=None) -> dict[tuple, dict]:
     return latest_per_key(path or paths.home() / RECORDS, _key)
 
 
-def _splash(records: dict[tuple, dict], chip: str) -> tuple[dict | None, dict | None]:
-    """Dense Splash's forward record on ``chip`` and its better (fused or split) backward record,
-    each None where not estimated."""
+def _splash(
+    records: dict[tuple, dict], chip: str, field: str = "total_ms"
+) -> tuple[dict | None, dict | None]:
+    """Dense Splash's forward record on ``chip`` and its better (fused or split) backward record by
+    ``field``, each None where not estimated."""
     baseline = _baseline()
     forward = records.get((chip, baseline, "none", False, "{}"))
     backward = [
         records.get((chip, baseline, "none", True, json.dumps({"fused_backward": f}))) for f in (True, False)
     ]
-    backward = [r for r in backward if r and r["estimated"]]
-    best = min(backward, key=lambda r: r["total_ms"]) if backward else None
+    backward = [r for r in backward if r and r["estimated"] and field in r]
+    best = min(backward, key=lambda r: r[field]) if backward else None
     return (forward if forward and forward["estimated"] else None), best
 
 
 def _ratios(fwd: dict, bwd: dict, splash_fwd: dict | None, splash_bwd: dict | None, field: str) -> dict:
     """The tile kernel's ratios from its forward and backward records and dense Splash's, each
-    record read at ``field`` ("total_ms", or "bundles_only_ms": every path charged its bundles)."""
+    record read at ``field`` ("total_ms", or "bundles_only_ms": every path charged its bundles, no
+    exposed DMA)."""
     f, b = fwd[field], bwd[field]
     sf = splash_fwd[field] if splash_fwd else None
     sb = splash_bwd[field] if splash_bwd else None
@@ -240,45 +244,65 @@ def mask_density(mask: str) -> float:
     from stlib.layout import block_layout
 
     config = KernelConfig(
-        TILE_KERNEL, mask, CASE_STUDY.num_heads, CASE_STUDY.head_dim, "bfloat16", 0, 0, "v6e"
+        TILE_KERNEL, mask=mask, num_heads=CASE_STUDY.num_heads, head_dim=CASE_STUDY.head_dim
     )
     return block_layout(resolve_mask(config), 2048, 2048).density
 
 
 def largest_path(kernel_records: list[dict]) -> dict | None:
-    """The path of the records' kernels with the most charged cycles (count x the longer of its
-    bundles and its MXU feed, as the estimate charges): its kernel, path, share of all the records'
-    kernel cycles,
-    and feed over bundles (above 1: charged its MXU feed). None for records without path counts.
+    """The path with the most charged cycles (count x the longer of its bundles and its MXU feed, as
+    the estimate charges) among the records' kernels, a region of a kernel split over dq windows
+    (``..._w0``, ``..._w1``) summed over its windows: its kernel (without the window), path, share of
+    all the records' kernel cycles, and MXU feed over bundles (count-weighted; above 1: charged its
+    feed). None for records without path counts or kernels.
 
-    >>> record = {"kernels": [{"kernel": "k", "bundles": {"step": 50, "compute": 900},
-    ...                        "mxu_fed": {"compute": 1200}, "counts": {"step": 10, "compute": 10}}]}
-    >>> path = largest_path([record])
+    >>> def kernel(name, fed):
+    ...     return {"kernel": name, "bundles": {"step": 50, "compute": 900}, "mxu_fed": {"compute": fed},
+    ...             "counts": {"step": 10, "compute": 10}}
+    >>> path = largest_path([{"kernels": [kernel("k.1", 1200)]}])
     >>> path["path"], round(path["share"], 3), round(path["fed / bundles"], 2)
     ('compute', 0.96, 1.33)
+    >>> split = [{"kernels": [kernel("fwd.1", 1300), kernel("bwd_w0.1", 1000), kernel("bwd_w1.1", 1000)]}]
+    >>> path = largest_path(split)  # the backward's two windows together outweigh the forward
+    >>> path["kernel"], round(path["share"], 3)
+    ('bwd', 0.58)
     """
-    paths_ = []
+    cycles: dict[tuple[str, str], list[int]] = {}
     for record in kernel_records:
         for kernel in record["kernels"]:
             if "counts" not in kernel:
                 return None
+            name = re.sub(r"_w\d+$", "", kernel["kernel"].split(".")[0])
             for path, count in kernel["counts"].items():
                 bundles = kernel["bundles"][path]
                 fed = kernel.get("mxu_fed", {}).get(path, 0)
-                paths_.append(
-                    (count * max(bundles, fed), kernel["kernel"], path, fed / bundles if bundles else 0)
-                )
-    total = sum(p[0] for p in paths_)
-    cycles, kernel, path, fed = max(paths_)
-    return {"kernel": kernel, "path": path, "share": cycles / total, "fed / bundles": fed}
+                total = cycles.setdefault((name, path), [0, 0, 0])
+                total[0] += count * max(bundles, fed)
+                total[1] += count * fed
+                total[2] += count * bundles
+    if not cycles:
+        return None
+    (name, path), (charged, fed, bundles) = max(cycles.items(), key=lambda item: item[1][0])
+    share = charged / sum(c[0] for c in cycles.values())
+    return {"kernel": name, "path": path, "share": share, "fed / bundles": fed / bundles if bundles else 0.0}
+
+
+#: The tile kernel's calls each ratio reads (the largest path is sought among their kernels).
+READS = {
+    "forward / Splash forward": ("forward",),
+    "backward / Splash backward": ("backward",),
+    "backward / forward": ("forward", "backward"),
+    "train / dense Splash train": ("forward", "backward"),
+}
 
 
 def missed(records: dict[tuple, dict]) -> list[dict]:
     """Every target a row of ``targets`` misses, beside what the estimate shows in its way: the
-    quantity with every path charged its bundles alone (the MXU-feed rule, which a TPU v5e ran
-    against: notebook 08), the mask's density times the same quantity of the kernel without a mask
-    (where the target lies below it, no schedule of this kernel at its dense pace reaches it: the
-    mask-free pace has to improve), and the largest path of the kernels the quantity reads."""
+    quantity with every path charged its bundles alone and no exposed DMA (without the MXU-feed rule,
+    which measurements on a TPU v5e contradicted: notebook 08); the mask's density times the same
+    quantity of the kernel without a mask, read both ways (where a target lies below it, no schedule
+    of this kernel at its mask-free pace reaches it); and the largest path of the kernels the
+    quantity reads (``READS``)."""
     rows = []
     full = {row["chip"]: row for row in targets(records) if row["mask"] == "full"}
     for row in targets(records):
@@ -288,14 +312,14 @@ def missed(records: dict[tuple, dict]) -> list[dict]:
             if value is None or value <= goal:
                 continue
             fwd, bwd = _tile_records(records, chip, mask)
-            splash = _splash(records, chip)
-            with_bundles = None
-            if all(r and "bundles_only_ms" in r for r in (fwd, bwd, *splash)):
-                with_bundles = _ratios(fwd, bwd, *splash, "bundles_only_ms")[quantity]
-            dense_pace = None
+            at_bundles = _bundles_only(records, chip, mask)
+            dense, dense_at_bundles = None, None
             if quantity in DENSE_PACE and chip in full and full[chip][quantity] is not None:
-                dense_pace = mask_density(mask) * full[chip][quantity]
-            read = [fwd] if quantity.startswith("forward") else [fwd, bwd]
+                dense = mask_density(mask) * full[chip][quantity]
+                full_at_bundles = _bundles_only(records, chip, "full")
+                if full_at_bundles and full_at_bundles[quantity] is not None:
+                    dense_at_bundles = mask_density(mask) * full_at_bundles[quantity]
+            calls = {"forward": fwd, "backward": bwd}
             rows.append(
                 {
                     "chip": chip,
@@ -303,12 +327,23 @@ def missed(records: dict[tuple, dict]) -> list[dict]:
                     "quantity": quantity,
                     "estimate": value,
                     "target": goal,
-                    "bundles only": with_bundles,
-                    "density x dense": dense_pace,
-                    "largest path": largest_path(read),
+                    "bundles only": at_bundles[quantity] if at_bundles else None,
+                    "density x dense": dense,
+                    "density x dense, bundles only": dense_at_bundles,
+                    "largest path": largest_path([calls[c] for c in READS[quantity]]),
                 }
             )
     return rows
+
+
+def _bundles_only(records: dict[tuple, dict], chip: str, mask: str) -> dict | None:
+    """``_ratios`` of the tile kernel on ``mask`` with every record read at its bundles alone (dense
+    Splash's better backward by that reading too); None where a record lacks it."""
+    tile = _tile_records(records, chip, mask)
+    splash = _splash(records, chip, "bundles_only_ms")
+    if tile is None or not all(r and "bundles_only_ms" in r for r in (*tile, *splash)):
+        return None
+    return _ratios(*tile, *splash, "bundles_only_ms")
 
 
 def format_missed(records: dict[tuple, dict]) -> str:
@@ -316,10 +351,15 @@ def format_missed(records: dict[tuple, dict]) -> str:
     lines = [
         (
             "| chip | tile-kernel mask | quantity | estimate | target | every path at its bundles | "
-            "density x the kernel's own ratio without a mask | largest path (share of cycles, MXU feed / bundles) |"
+            "density x the kernel's own ratio without a mask (at its bundles) | "
+            "largest path (share of the kernel's cycles, MXU feed / bundles) |"
         ),
         "|" + "---|" * 8,
     ]
+
+    def cell(value):
+        return "-" if value is None else f"{value:.3f}"
+
     for r in missed(records):
         path = r["largest path"]
         where = (
@@ -327,8 +367,8 @@ def format_missed(records: dict[tuple, dict]) -> str:
             if path
             else "-"
         )
-        cells = [f"{r[k]:.3f}" if r[k] is not None else "-" for k in ("estimate", "target", "bundles only")]
-        dense = f"{r['density x dense']:.3f}" if r["density x dense"] is not None else "-"
+        cells = [cell(r[k]) for k in ("estimate", "target", "bundles only")]
+        dense = f"{cell(r['density x dense'])} ({cell(r['density x dense, bundles only'])})"
         lines.append(
             f"| {r['chip']} | {r['mask']} | {r['quantity']} | {' | '.join(cells)} | {dense} | {where} |"
         )
@@ -342,7 +382,7 @@ def format_table(records: dict[tuple, dict]) -> str:
     goals = "; ".join(
         f"{mask.split(' (')[0].split(',')[0]}: " + ", ".join(f"{k} <= {v}" for k, v in goal.items())
         for mask, goal in TARGETS.items()
-    )
+    ) + "".join(f" ({chip}: {quantity} <= {v})" for (chip, _, quantity), v in CHIP_TARGETS.items())
     lines = [
         f"STATIC ESTIMATES (not measurements), 10 x 75,600 x 128 bf16, glue included; targets: {goals}",
         "",
