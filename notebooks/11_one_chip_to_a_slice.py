@@ -489,20 +489,23 @@ print(slice_traffic.format_fastest(slice_traffic.fastest(rows)))
 # traffic is below the kernel line's value at density 0. The last table says which sequence-split
 # strategy the model puts first at each density, among the strategies compiled for that slice,
 # length and call (at 219,600 tokens and for v6e 2x2's training step only Ulysses was). On v6e 2x2,
-# forward at 75,600 tokens, the ring leads: its record predates the count of the next paragraph, so
-# its permutes are taken to hide behind the kernel (the model's best case for it). On v6e 4x4 Ulysses
+# forward at 75,600 tokens, the ring and Ulysses x ring tie: the ring runs no kernel before its first
+# shard lands, so one remote hop's share of its permutes is exposed (next paragraph); Ulysses x ring
+# runs one kernel first and hides its ring hop, but its all-to-alls wait for the kernel and it for
+# them, and the two exposures come to the same time. On v6e 4x4 Ulysses
 # leads, forward and training step: the Ulysses x ring programs compiled there run no kernel before
 # the shards of their one remote hop land (k and v; in a training step dk and dv go back as well),
 # so in a ring of 2 all of that traffic is exposed. On TPU7x at 75,600 tokens, Ulysses x ring keeps
 # its ring on one chip's two TensorCores, moves nothing over the ICI and ties Ulysses, forward and
 # training step (its traffic line lies on Ulysses' in the figure). From density 0.25 up the margins are about a tenth of the
-# call or less, within what a lower bound on the traffic can tell apart; at the lowest densities on
-# v6e 2x2 the ring leads by more.
+# call or less, within what a lower bound on the traffic can tell apart.
 #
 # The overlap is the compiler's, and it is not complete. In the small ring programs above every
 # transfer starts before the first kernel runs, but no kernel runs before the first shard lands (the
 # last number of their lines): the compiler schedules the local hop's kernel, the one that waits for
-# nothing, after it. The first remote hop's transfer then has nothing to hide behind. The model
+# nothing, after it. The first remote hop's transfer then has nothing to hide behind. At Wan 14B's
+# shape the v6e 2x2 ring and the v6e 4x4 Ulysses x ring programs do the same, while the v6e 2x2
+# Ulysses x ring forward and the TPU7x Ulysses x ring training step run kernels first. The model
 # charges one hop's share of the permutes as exposed where a compiled record counts no kernel before
 # the first arrival (the "kernels before the first shard lands" and "exposed" columns): in a ring of
 # 2 that is all of it. Records compiled before that count was kept show "-" and are taken as
@@ -562,8 +565,8 @@ print(f"PASSED  WanBlock ({params:,} parameters, {H} heads, sliding tile {tile_m
 # * At Wan 14B's shape the traffic of Ulysses, the ring and Ulysses x ring is a small fraction of
 #   the sparse kernel's estimated time on v6e and TPU7x, and at one minute of video (compiled for
 #   heads and Ulysses only) Ulysses' is smaller still. A ring's permutes hide behind its kernel
-#   except where the compiler runs no kernel before the first shard lands (the v6e programs counted
-#   here): then one hop's transfer is exposed. The traffic would only match the kernel at a density
+#   except where the compiler runs no kernel before the first shard lands (the v6e 2x2 ring and the
+#   v6e 4x4 Ulysses x ring programs here): then one hop's transfer is exposed. The traffic would only match the kernel at a density
 #   far below any pattern here, in the forward and in a training step.
 # * `stlib.attention_fn` drops into flax's `MultiHeadAttention`. The block trains (gradients through
 #   `impl="xla"` here; the Pallas kernels' backward is the subject of the training notebook).
