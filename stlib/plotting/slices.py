@@ -41,13 +41,13 @@ def device_tables(device_layouts: list, title: str):
 def _traffic_kind(row: dict) -> str:
     if row.get("all-to-alls") and row.get("permutes"):
         return "all-to-alls + ring permutes"
-    return "all-to-alls" if row.get("all-to-alls") else "ring permutes, overlapped"
+    return "all-to-alls" if row.get("all-to-alls") else "ring permutes"
 
 
 #: Line style of a case's (modelled) traffic by its kind (the kernel's line is solid, one per slice).
 _TRAFFIC_STYLES = {
     "all-to-alls": "--",
-    "ring permutes, overlapped": ":",
+    "ring permutes": ":",
     "all-to-alls + ring permutes": "-.",
 }
 
@@ -58,7 +58,8 @@ def communication_vs_kernel(rows: list[dict], title: str):
     against density, one solid line per slice (through its band 0.25 and dense estimates: every
     strategy of a slice runs the same work per device), and each case's modelled traffic time as a
     horizontal line styled by its kind, with the density where they meet marked (x) where they do
-    and written in the case's legend entry (the legend below the panels)."""
+    and written in the case's legend entry (the legend below the panels), beside the part of its
+    ring permutes the model charges as exposed where there is one."""
     cases = [
         r
         for r in rows
@@ -87,12 +88,14 @@ def communication_vs_kernel(rows: list[dict], title: str):
             kind = _traffic_kind(r)
             crossing = r.get("density where traffic = kernel")
             meets = isinstance(crossing, float) and 0 <= crossing <= 1
+            exposed = r.get("of the permutes exposed ms (model)")  # no kernel before the first shard lands
             ax.axhline(
                 r["traffic ms (model)"],
                 color=color,
                 ls=_TRAFFIC_STYLES[kind],
                 lw=1.3,
                 label=f"{slice_name} {r['strategy']}: {kind}"
+                + (f" ({exposed:.2f} ms exposed)" if exposed else "")
                 + (f", x at d = {crossing:.3f}" if meets else ""),
             )
             if meets:  # the density in the legend: labels at the points crowd where the curves start
