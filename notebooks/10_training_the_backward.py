@@ -755,8 +755,8 @@ for direction in (False, True):
 # %% [markdown]
 # ### What stands in the way of a missed target
 #
-# `backward_estimate.missed` lists every target the estimates miss, each with three readings from the
-# same records (the last lines of `python -m stlib.bench.backward_estimate table`):
+# `stlib.bench.target_gaps.missed` (`python -m stlib.bench.target_gaps`) lists every target the
+# estimates miss, each with three readings from the same records:
 #
 # - **every path at its bundles**: the same ratio with each path charged its bundles alone and no
 #   exposed DMA, that is without the MXU-feed rule that measurements on a v5e contradicted;
@@ -770,9 +770,11 @@ for direction in (False, True):
 #   its MXU feed over its bundles (above 1: charged its feed).
 
 # %%
-print(f"density of the sliding tile (3-D tiled order): {backward_estimate.mask_density('sliding tile, 3-D tiled order'):.3f}; "
-      f"of the band: {backward_estimate.mask_density('band (density 0.25)'):.3f}\n")
-print(backward_estimate.format_missed(backward_estimate.read(cfg.data / "backward_estimates.jsonl")))
+from stlib.bench import target_gaps
+
+print(f"density of the sliding tile (3-D tiled order): {target_gaps.mask_density('sliding tile, 3-D tiled order'):.3f}; "
+      f"of the band: {target_gaps.mask_density('band (density 0.25)'):.3f}\n")
+print(target_gaps.format_missed(backward_estimate.read(cfg.data / "backward_estimates.jsonl")))
 
 # %% [markdown]
 # Read it chip by chip (static estimates, not measurements; the second number in the density column

@@ -9,6 +9,7 @@ import pytest
 
 from stlib import registry
 from stlib.bench import backward_estimate as be
+from stlib.bench import target_gaps
 
 
 def test_every_chip_has_the_tile_kernel_both_ways_on_every_mask_and_splash_fused_and_split():
@@ -131,14 +132,14 @@ def test_a_missed_target_is_listed_with_its_bundles_only_reading_dense_pace_and_
             estimate(baseline, "none", True, 200.0, 200.0, {"fused_backward": True}),
         ]
     }
-    rows = {r["quantity"]: r for r in be.missed(records)}
+    rows = {r["quantity"]: r for r in target_gaps.missed(records)}
     assert set(rows) == {"forward / Splash forward", "train / dense Splash train"}  # 2.0 <= 2.7 is met
     forward = rows["forward / Splash forward"]
     assert forward["estimate"] == pytest.approx(0.15) and forward["target"] == 0.105
     assert forward["bundles only"] == pytest.approx(0.12)
-    assert forward["density x dense"] == pytest.approx(be.mask_density(sliding) * 0.8)
-    assert forward["density x dense, bundles only"] == pytest.approx(be.mask_density(sliding) * 0.8)
+    assert forward["density x dense"] == pytest.approx(target_gaps.mask_density(sliding) * 0.8)
+    assert forward["density x dense, bundles only"] == pytest.approx(target_gaps.mask_density(sliding) * 0.8)
     path = forward["largest path"]  # the forward's compute path, charged its feed: 150 x 50 of 150 x 50 + 500
     assert path["path"] == "compute" and path["share"] == pytest.approx(7500 / 8000)
     assert rows["train / dense Splash train"]["estimate"] == pytest.approx(45.0 / 300.0)
-    assert "forward / Splash forward | 0.150 | 0.105 | 0.120" in be.format_missed(records)
+    assert "forward / Splash forward | 0.150 | 0.105 | 0.120" in target_gaps.format_missed(records)

@@ -13,9 +13,7 @@ backward is the better of its fused and split kernels, each at the best of its t
 from __future__ import annotations
 
 import argparse
-import functools
 import json
-import re
 
 import stlib.kernels  # noqa: F401 - registers the kernels the roles name
 from stlib import paths
@@ -41,9 +39,6 @@ TARGETS = {
 }
 #: A chip's own target where it differs from ``TARGETS``: (chip, mask, quantity) -> target.
 CHIP_TARGETS = {("tpu7x", "sliding tile, 3-D tiled order", "forward / Splash forward"): 0.10}
-#: The quantities whose floor at the kernel's mask-free pace is the mask's density times the same
-#: quantity without a mask (a ratio of times over dense Splash's).
-DENSE_PACE = ("forward / Splash forward", "train / dense Splash train")
 
 
 def _baseline() -> str:
@@ -155,11 +150,19 @@ def read(path=None) -> dict[tuple, dict]:
     return latest_per_key(path or paths.home() / RECORDS, _key)
 
 
-def _splash(
+def splash_records(
     records: dict[tuple, dict], chip: str, field: str = "total_ms"
 ) -> tuple[dict | None, dict | None]:
     """Dense Splash's forward record on ``chip`` and its better (fused or split) backward record by
-    ``field``, each None where not estimated."""
+    ``field``, each None where not estimated.
+
+    >>> fused = {"estimated": True, "total_ms": 140.0, "bundles_only_ms": 120.0}
+    >>> split = {"estimated": True, "total_ms": 150.0, "bundles_only_ms": 110.0}
+    >>> records = {("v6e", _baseline(), "none", True, json.dumps({"fused_backward": f})): r
+    ...            for f, r in ((True, fused), (False, split))}
+    >>> splash_records(records, "v6e")[1] is fused, splash_records(records, "v6e", "bundles_only_ms")[1] is split
+    (True, True)
+    """
     baseline = _baseline()
     forward = records.get((chip, baseline, "none", False, "{}"))
     backward = [
@@ -170,10 +173,15 @@ def _splash(
     return (forward if forward and forward["estimated"] else None), best
 
 
-def _ratios(fwd: dict, bwd: dict, splash_fwd: dict | None, splash_bwd: dict | None, field: str) -> dict:
+def ratios(fwd: dict, bwd: dict, splash_fwd: dict | None, splash_bwd: dict | None, field: str) -> dict:
     """The tile kernel's ratios from its forward and backward records and dense Splash's, each
     record read at ``field`` ("total_ms", or "bundles_only_ms": every path charged its bundles, no
-    exposed DMA)."""
+    exposed DMA).
+
+    >>> r = ratios({"total_ms": 10.0}, {"total_ms": 25.0}, {"total_ms": 50.0}, {"total_ms": 125.0}, "total_ms")
+    >>> r["backward / forward"], r["forward / Splash forward"], r["train / dense Splash train"]
+    (2.5, 0.2, 0.2)
+    """
     f, b = fwd[field], bwd[field]
     sf = splash_fwd[field] if splash_fwd else None
     sb = splash_bwd[field] if splash_bwd else None
@@ -186,7 +194,13 @@ def _ratios(fwd: dict, bwd: dict, splash_fwd: dict | None, splash_bwd: dict | No
     }
 
 
-def _tile_records(records: dict[tuple, dict], chip: str, mask: str) -> tuple[dict, dict] | None:
+def tile_records(records: dict[tuple, dict], chip: str, mask: str) -> tuple[dict, dict] | None:
+    """The tile kernel's forward and backward records on ``chip`` and ``mask`` (a ``read`` dict);
+    None unless both were estimated.
+
+    >>> tile_records({}, "v6e", "full") is None
+    True
+    """
     fwd = records.get((chip, TILE_KERNEL, mask, False, "{}"))
     bwd = records.get((chip, TILE_KERNEL, mask, True, "{}"))
     return (fwd, bwd) if fwd and bwd and fwd["estimated"] and bwd["estimated"] else None
@@ -197,9 +211,9 @@ def targets(records: dict[tuple, dict]) -> list[dict]:
     dense Splash's (its forward tuned, its backward the better of fused and split, each tuned)."""
     rows = []
     for chip in sorted({k[0] for k in records}):
-        splash_fwd, best_bwd = _splash(records, chip)
+        splash_fwd, best_bwd = splash_records(records, chip)
         for mask in MASKS:
-            tile = _tile_records(records, chip, mask)
+            tile = tile_records(records, chip, mask)
             if tile is None:
                 continue
             fwd, bwd = tile
@@ -214,7 +228,7 @@ def targets(records: dict[tuple, dict]) -> list[dict]:
                     "splash_backward_kind": (
                         ("fused" if best_bwd["options"]["fused_backward"] else "split") if best_bwd else None
                     ),
-                    **_ratios(fwd, bwd, splash_fwd, best_bwd, "total_ms"),
+                    **ratios(fwd, bwd, splash_fwd, best_bwd, "total_ms"),
                 }
             )
     return rows
@@ -230,149 +244,6 @@ def target(chip: str, mask: str, quantity: str) -> float | None:
     True
     """
     return CHIP_TARGETS.get((chip, mask, quantity), TARGETS.get(mask, {}).get(quantity))
-
-
-@functools.cache
-def mask_density(mask: str) -> float:
-    """Allowed pairs / L^2 of a case-study mask (its real tokens; the catalogue name of ``MASKS``).
-
-    >>> round(mask_density("sliding tile, 3-D tiled order"), 3)
-    0.132
-    """
-    from stlib.analysis.dump import KernelConfig, resolve_mask
-    from stlib.configs import CASE_STUDY
-    from stlib.layout import block_layout
-
-    config = KernelConfig(
-        TILE_KERNEL, mask=mask, num_heads=CASE_STUDY.num_heads, head_dim=CASE_STUDY.head_dim
-    )
-    return block_layout(resolve_mask(config), 2048, 2048).density
-
-
-def largest_path(kernel_records: list[dict]) -> dict | None:
-    """The path with the most charged cycles (count x the longer of its bundles and its MXU feed, as
-    the estimate charges) among the records' kernels, a region of a kernel split over dq windows
-    (``..._w0``, ``..._w1``) summed over its windows: its kernel (without the window), path, share of
-    all the records' kernel cycles, and MXU feed over bundles (count-weighted; above 1: charged its
-    feed). None for records without path counts or kernels.
-
-    >>> def kernel(name, fed):
-    ...     return {"kernel": name, "bundles": {"step": 50, "compute": 900}, "mxu_fed": {"compute": fed},
-    ...             "counts": {"step": 10, "compute": 10}}
-    >>> path = largest_path([{"kernels": [kernel("k.1", 1200)]}])
-    >>> path["path"], round(path["share"], 3), round(path["fed / bundles"], 2)
-    ('compute', 0.96, 1.33)
-    >>> split = [{"kernels": [kernel("fwd.1", 1300), kernel("bwd_w0.1", 1000), kernel("bwd_w1.1", 1000)]}]
-    >>> path = largest_path(split)  # the backward's two windows together outweigh the forward
-    >>> path["kernel"], round(path["share"], 3)
-    ('bwd', 0.58)
-    """
-    cycles: dict[tuple[str, str], list[int]] = {}
-    for record in kernel_records:
-        for kernel in record["kernels"]:
-            if "counts" not in kernel:
-                return None
-            name = re.sub(r"_w\d+$", "", kernel["kernel"].split(".")[0])
-            for path, count in kernel["counts"].items():
-                bundles = kernel["bundles"][path]
-                fed = kernel.get("mxu_fed", {}).get(path, 0)
-                total = cycles.setdefault((name, path), [0, 0, 0])
-                total[0] += count * max(bundles, fed)
-                total[1] += count * fed
-                total[2] += count * bundles
-    if not cycles:
-        return None
-    (name, path), (charged, fed, bundles) = max(cycles.items(), key=lambda item: item[1][0])
-    share = charged / sum(c[0] for c in cycles.values())
-    return {"kernel": name, "path": path, "share": share, "fed / bundles": fed / bundles if bundles else 0.0}
-
-
-#: The tile kernel's calls each ratio reads (the largest path is sought among their kernels).
-READS = {
-    "forward / Splash forward": ("forward",),
-    "backward / Splash backward": ("backward",),
-    "backward / forward": ("forward", "backward"),
-    "train / dense Splash train": ("forward", "backward"),
-}
-
-
-def missed(records: dict[tuple, dict]) -> list[dict]:
-    """Every target a row of ``targets`` misses, beside what the estimate shows in its way: the
-    quantity with every path charged its bundles alone and no exposed DMA (without the MXU-feed rule,
-    which measurements on a TPU v5e contradicted: notebook 08); the mask's density times the same
-    quantity of the kernel without a mask, read both ways (where a target lies below it, no schedule
-    of this kernel at its mask-free pace reaches it); and the largest path of the kernels the
-    quantity reads (``READS``)."""
-    rows = []
-    full = {row["chip"]: row for row in targets(records) if row["mask"] == "full"}
-    for row in targets(records):
-        chip, mask = row["chip"], row["mask"]
-        for quantity in TARGETS.get(mask, {}):
-            goal, value = target(chip, mask, quantity), row[quantity]
-            if value is None or value <= goal:
-                continue
-            fwd, bwd = _tile_records(records, chip, mask)
-            at_bundles = _bundles_only(records, chip, mask)
-            dense, dense_at_bundles = None, None
-            if quantity in DENSE_PACE and chip in full and full[chip][quantity] is not None:
-                dense = mask_density(mask) * full[chip][quantity]
-                full_at_bundles = _bundles_only(records, chip, "full")
-                if full_at_bundles and full_at_bundles[quantity] is not None:
-                    dense_at_bundles = mask_density(mask) * full_at_bundles[quantity]
-            calls = {"forward": fwd, "backward": bwd}
-            rows.append(
-                {
-                    "chip": chip,
-                    "mask": mask,
-                    "quantity": quantity,
-                    "estimate": value,
-                    "target": goal,
-                    "bundles only": at_bundles[quantity] if at_bundles else None,
-                    "density x dense": dense,
-                    "density x dense, bundles only": dense_at_bundles,
-                    "largest path": largest_path([calls[c] for c in READS[quantity]]),
-                }
-            )
-    return rows
-
-
-def _bundles_only(records: dict[tuple, dict], chip: str, mask: str) -> dict | None:
-    """``_ratios`` of the tile kernel on ``mask`` with every record read at its bundles alone (dense
-    Splash's better backward by that reading too); None where a record lacks it."""
-    tile = _tile_records(records, chip, mask)
-    splash = _splash(records, chip, "bundles_only_ms")
-    if tile is None or not all(r and "bundles_only_ms" in r for r in (*tile, *splash)):
-        return None
-    return _ratios(*tile, *splash, "bundles_only_ms")
-
-
-def format_missed(records: dict[tuple, dict]) -> str:
-    """``missed`` as a Markdown table."""
-    lines = [
-        (
-            "| chip | tile-kernel mask | quantity | estimate | target | every path at its bundles | "
-            "density x the kernel's own ratio without a mask (at its bundles) | "
-            "largest path (share of the kernel's cycles, MXU feed / bundles) |"
-        ),
-        "|" + "---|" * 8,
-    ]
-
-    def cell(value):
-        return "-" if value is None else f"{value:.3f}"
-
-    for r in missed(records):
-        path = r["largest path"]
-        where = (
-            f"{path['kernel']} {path['path']} ({path['share']:.0%}, {path['fed / bundles']:.2f})"
-            if path
-            else "-"
-        )
-        cells = [cell(r[k]) for k in ("estimate", "target", "bundles only")]
-        dense = f"{cell(r['density x dense'])} ({cell(r['density x dense, bundles only'])})"
-        lines.append(
-            f"| {r['chip']} | {r['mask']} | {r['quantity']} | {' | '.join(cells)} | {dense} | {where} |"
-        )
-    return "\n".join(lines)
 
 
 def format_table(records: dict[tuple, dict]) -> str:
@@ -480,10 +351,8 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if args.command == "run":
         run(args.chips, impls=args.impls)
-    records = read()
-    print(format_table(records))
-    print("\nWhere a target is missed, what the estimate shows in its way:\n")
-    print(format_missed(records))
+    print(format_table(read()))
+    print("\nWhere a target is missed, what stands in its way: python -m stlib.bench.target_gaps")
 
 
 if __name__ == "__main__":
