@@ -578,16 +578,13 @@ def dkv_steps_kernel(tiles_ref, codes_ref, counts_ref, q_ref, k_ref, v_ref, do_r
 
 def transposed_steps(codes):
     """The kv-major step table of one head's codes [nq, nk] (-1: not computed): per kv tile its q
-    tiles and their codes in q order, padded to the widest kv tile (a padding step repeats the last
-    q tile, so it fetches nothing new); and each kv tile's count."""
-    per_kv = [np.flatnonzero(codes[:, r] >= 0) for r in range(codes.shape[1])]
-    extent = max(1, max(len(t) for t in per_kv))
-    tiles = np.zeros((len(per_kv), extent), np.int32)
-    step_codes = np.full((len(per_kv), extent), -1, np.int32)
-    for r, t in enumerate(per_kv):
-        tiles[r, : len(t)], step_codes[r, : len(t)] = t, codes[t, r]
-        tiles[r, len(t):] = t[-1] if len(t) else 0
-    return tiles, step_codes, np.array([len(t) for t in per_kv], np.int32), extent
+    tiles in q order (``row_tables`` of the transposed grid: padding steps repeat the last q tile,
+    so they fetch nothing new), their codes (-1 past the count), the counts and the widest kv tile."""
+    tiles, counts = row_tables(np.ascontiguousarray((codes >= 0).T[None]))
+    tiles, counts = tiles[0], counts[0]
+    step_codes = np.where(np.arange(tiles.shape[1]) < counts[:, None],
+                          np.take_along_axis(codes.T, tiles, axis=1), -1).astype(np.int32)
+    return tiles, step_codes, counts, tiles.shape[1]
 
 
 def dk_dv_steps(q, k, v, do, lse, di, *, plan, grain, width, interpret=cfg.interpret):

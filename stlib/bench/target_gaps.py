@@ -89,9 +89,9 @@ def missed(records: dict[tuple, dict]) -> list[dict]:
     quantity of the kernel without a mask, read both ways (where a target lies below it, no schedule
     of this kernel at its mask-free pace reaches it); and the largest path of the kernels the
     quantity reads (``READS``)."""
-    rows = []
-    full = {row["chip"]: row for row in be.targets(records) if row["mask"] == "full"}
-    for row in be.targets(records):
+    rows, computed = [], be.targets(records)
+    full = {row["chip"]: row for row in computed if row["mask"] == "full"}
+    for row in computed:
         chip, mask = row["chip"], row["mask"]
         for quantity in be.TARGETS.get(mask, {}):
             goal, value = be.target(chip, mask, quantity), row[quantity]
