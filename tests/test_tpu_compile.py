@@ -137,11 +137,12 @@ def test_per_head_svg_routing_compiles_for_v6e():
     assert_pallas_kernel(compiled, "pallas_tile")
 
 
-def test_lane_dense_sliding_tile_in_rows_of_tiles_compiles(chip="tpu7x"):
-    """pallas_tile_lane_dense's own blocks for the 3-D tiled order (rows of five 3x8x16 tiles, 1,920
-    tokens: two rows of queries against one row of keys), run as pattern steps: the compiled kernel
-    holds pattern regions, no masked one, and fits VMEM and SMEM on TPU7x, the chip with the least
-    VMEM (v5e and v6e compile it in the block sweep and in ``python -m stlib.estimate table``)."""
+@pytest.mark.parametrize("chip", CHIPS)
+def test_lane_dense_sliding_tile_runs_in_rows_of_tiles(chip):
+    """pallas_tile_lane_dense's own blocks for the 3-D tiled order: rows of five 3x8x16 tiles (1,920
+    tokens), ``tiled_rows(chip)`` of them each way, keys in chunks of one tile. The forward these
+    blocks compile to (pattern regions only, no masked one; VMEM and SMEM fit) is compiled at the
+    case-study shape, with its backward, in ``test_the_backward_compiles_at_case_study_shape``."""
     from stlib.kernels import tile_lane_dense as ld
 
     mask = case_mask("sliding_tile")
@@ -151,24 +152,14 @@ def test_lane_dense_sliding_tile_in_rows_of_tiles_compiles(chip="tpu7x"):
     )
     rows_q, rows_kv = ld.tiled_rows(chip)
     assert (sizes.block_q, sizes.block_kv, sizes.block_kv_compute) == (1920 * rows_q, 1920 * rows_kv, 384)
-    compiled = compile_for_tpu(
-        lambda q, k, v: stlib.video_attention(
-            q, k, v, GRID, mask, impl=ld.NAME, orders=order, options={"chip": chip}, interpret=False
-        ),
-        SHAPE,
-        SHAPE,
-        SHAPE,
-        chip=chip,
-    )
-    (name,) = set(re.findall(r"stlib_tile_ld_[a-z0-9_]+", compiled.text()))
-    assert re.fullmatch(r"stlib_tile_ld(_p\d)+", name), name  # pattern regions only: no mask evaluated
 
 
 # the backward: one case-study compile per chip of the backward kernels every stlib Pallas kernel
-# shares (here through pallas_tile_lane_dense, impl="auto" on a TPU): the sliding tile's pattern
-# steps (one finishing call on v5e and v6e, the dq window split on TPU7x); Splash's own on v6e; the
-# band's step-coded pass at a smaller shape below (at the case-study shape it takes 60-100 s to
-# compile); the rest of the matrix: python -m stlib.bench.backward_compile (its records in data/)
+# shares (here through pallas_tile_lane_dense, impl="auto" on a TPU), sized for the chip as on that
+# TPU: the sliding tile's pattern steps (one finishing call on v5e and v6e, the dq window split on
+# TPU7x); Splash's own on v6e; the band's step-coded pass at a smaller shape below (at the case-study
+# shape it takes 60-100 s to compile); the rest of the matrix: python -m stlib.bench.backward_compile
+# (its records in data/)
 
 BACKWARD_CASES = [(AUTO_TPU_KERNEL, chip, "sliding_tile") for chip in CHIPS] + [("splash", "v6e", "band")]
 
@@ -190,13 +181,17 @@ def step_coded_kernels(text: str, codes: str) -> set[str]:
 def test_the_backward_compiles_at_case_study_shape(impl, chip, mask_name):
     mask = case_mask(mask_name)
     order = stlib.tiled_order(GRID, CASE_STUDY.sta_tile) if mask_name == "sliding_tile" else None
+    # sized for the chip, as on that TPU (its own blocks and VMEM); Splash takes no chip
+    options = None if registry.get(impl).baseline else {"chip": chip}
 
     def grads(q, k, v):
         def loss(q, k, v):
             if order is None:
-                out = stlib.attention(q, k, v, mask, impl=impl, interpret=False)
+                out = stlib.attention(q, k, v, mask, impl=impl, options=options, interpret=False)
             else:
-                out = stlib.video_attention(q, k, v, GRID, mask, impl=impl, orders=order, interpret=False)
+                out = stlib.video_attention(
+                    q, k, v, GRID, mask, impl=impl, orders=order, options=options, interpret=False
+                )
             return jnp.sum(out.astype(jnp.float32))
 
         return jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
@@ -208,7 +203,10 @@ def test_the_backward_compiles_at_case_study_shape(impl, chip, mask_name):
     if registry.get(impl).baseline:
         assert "splash" in text
         return
-    step_coded_kernels(text, r"(_p\d)+")  # rows of 3-D tiles: the forward's pattern steps, nothing masked
+    # rows of 3-D tiles: the forward's pattern steps and the backward's, nothing masked in either
+    (forward,) = set(re.findall(r"stlib_tile_ld_[a-z0-9_]+", text))
+    assert re.fullmatch(r"stlib_tile_ld(_p\d)+", forward), forward
+    step_coded_kernels(text, r"(_p\d)+")
 
 
 @pytest.mark.parametrize("head_dim", [64, 256])
