@@ -305,12 +305,14 @@ def _ring(q, k, v, mask, mesh, axes, batch_axis_name, implementation, kwargs):
     whole = ring.dense_mask(mask, length)
     per = heads // groups
     slices = [head_slice(whole, g * per, (g + 1) * per) for g in range(groups)]
+    hops, call = ring.ring_hops(slices, size), ring.ring_call(implementation, q.shape[-1], kwargs)
     local_ring = ring.ring_local(
-        ring.ring_hops(slices, size),
-        *ring.hop_functions(implementation, ring.ring_call(implementation, q.shape[-1], kwargs)),
+        hops,
+        *ring.hop_functions(implementation, call),
         axis_name=ring_axis,
         num_devices=size,
         group_axis=ulysses_axis,
+        shared=ring.shared_forward(implementation, call, hops, whole, size, per),
     )
     batched = q.ndim == 4
     head_axis = 1 if batched else 0

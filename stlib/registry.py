@@ -55,7 +55,10 @@ class Implementation:
     ``block_kv_compute``; options with the chunk resolved): the one rule by which it picks its
     blocks (None: it has none). ``capabilities``: see ``Capabilities``. ``plan_runner(q, k, v,
     plan, *, scale, options, interpret)`` runs a routed ``stlib.routing.SvgPlan`` with the plan's
-    own tile layout (None: the plan's masks go through ``forward``). ``backward``: its training path
+    own tile layout (None: the plan's masks go through ``forward``). ``stack_forward(q, k, v, stack,
+    block, *, scale, config, interpret) -> (o, lse [H, L] f32)`` runs block ``block`` (a traced int32)
+    of a ``stlib.masks.StackedBlocks`` with one compiled kernel for every block (a ring's hops; None:
+    a kernel a block). ``backward``: its training path
     (``Backward``; None: differentiable only where ``forward`` is plain JAX). ``roles``: the
     ``Role`` entries it holds (one holder a role). ``estimator`` and ``presentation``: its adapters,
     given to ``register``.
@@ -72,6 +75,7 @@ class Implementation:
     )
     capabilities: Capabilities = field(default_factory=Capabilities)
     plan_runner: Callable | None = None
+    stack_forward: Callable | None = None
     backward: Backward | None = None
     roles: frozenset = frozenset()  # the ``Role`` entries it holds
     estimator: EstimatorHooks | None = None  # set by ``register``

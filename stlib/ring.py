@@ -8,6 +8,11 @@ mask (``Mask.block_view``), and a sparse video mask leaves most of them empty: a
 empty on every device and for every head is not issued at all (no transfer, no kernel), and a device
 whose block is empty on an issued hop runs no kernel on it. Devices whose blocks allow the same
 pairs share one compiled branch (``lax.switch`` on the axis index), as ``parallel`` does for heads.
+A kernel with a ``stack_forward`` (the best tile kernel) runs every hop's forward through one
+compiled body instead (``shared_forward``): the ring's blocks stacked as heads of one mask
+(``stlib.masks.StackedBlocks``) with one step plan, each device's rows of its tables and its block's
+offsets selected by the axis index as the kernel's data; a compiled ring then holds one forward body
+however many blocks it runs, where libtpu spent 80-185 s a body at Wan 14B's shape.
 Each issued hop moves k and v by one collective-permute each, straight from the shard's owner by the
 hop's offset, not a shard passed on device by device (a ring that skips hops has no one to pass it along): hop o and
 hop N - o are equally far, one each way round, and the interconnect routes each. In the programs
@@ -41,7 +46,7 @@ import numpy as np
 from stlib.device import LANES
 from stlib.geometry import SHARD_KINDS, shard_order
 from stlib.layout import TileKind, block_layout
-from stlib.masks import DENSE_LIMIT, Mask, full, per_head
+from stlib.masks import DENSE_LIMIT, Mask, StackedBlocks, full, per_head
 from stlib.reference import merge_partials, reference_attention_lse, reference_gradients
 from stlib.registry import Implementation
 
@@ -221,6 +226,74 @@ def hop_functions(implementation: Implementation, call: dict):
     return forward, backward
 
 
+@dataclass(frozen=True)
+class SharedForward:
+    """Every hop's forward through one compiled kernel (``Implementation.stack_forward``): ``stack``
+    holds the ring's blocks, ``positions[n][g * N + i]`` is device i's (of group g) block in it on
+    issued hop n (-1: nothing to do), ``run(q, k, v, block) -> (o, lse [H, S, 1] f32)``."""
+
+    stack: StackedBlocks
+    positions: tuple[tuple[int, ...], ...]
+    run: object
+
+
+def shared_forward(
+    implementation: Implementation, call: dict, hops: list[RingHop], base: Mask, num_devices: int, heads: int
+):
+    """The ``SharedForward`` of a ring of ``num_devices`` over ``base`` (the whole call's mask; group
+    g runs its heads [g * heads, (g + 1) * heads)), or None where ``implementation`` compiles a
+    kernel a block. One body for the ring's (hop, device) blocks, not one each: libtpu compiles a
+    body once however often it is called (``stlib.bench.slice_compile`` ``reuse``: one band once
+    7.5 s, six times 8.0 s, six widths 30.4 s on v6e), and a ring of 8 has up to 64 blocks. The
+    blocks share one step plan: at most ``MAX_PATTERNS`` patterns for all of them (rarer tiles run
+    MASKED) and the widest row of any block as every block's grid extent.
+
+    >>> import stlib
+    >>> from stlib.registry import Role, by_role
+    >>> grid = stlib.VideoGrid(4, 8, 16)
+    >>> hops = ring_hops(stlib.masks.frame_causal(grid), 4)
+    >>> kernel = by_role(Role.BEST_TILE)  # pallas_tile_lane_dense
+    >>> call = ring_call(kernel, 64, {"block_q": 128, "block_kv": 128, "interpret": True})
+    >>> shared = shared_forward(kernel, call, hops, stlib.masks.frame_causal(grid), 4, 1)
+    >>> shared.stack.num_blocks, shared.positions[1]  # hop 1: device 0 would see a later frame
+    (4, (-1, 1, 1, 1))
+    """
+    if implementation.stack_forward is None:
+        return None
+    size = base.length // num_devices
+    starts, positions = [], []
+    for hop in hops:
+        of_branch = {}
+        for flat, branch in enumerate(hop.branch_of_device):
+            if hop.branches[branch] is not None and branch not in of_branch:
+                group, device = divmod(flat, num_devices)
+                first = 0 if base.num_heads is None else group * heads
+                of_branch[branch] = len(starts)
+                starts.append((first, device * size, (device - hop.offset) % num_devices * size))
+        positions.append(tuple(of_branch.get(branch, -1) for branch in hop.branch_of_device))
+    stack = StackedBlocks(base, starts, size, 1 if base.num_heads is None else heads)
+    config = implementation.kernel_call(stack, size, **call)
+
+    def run(q, k, v, block):
+        o, lse = implementation.stack_forward(q, k, v, stack, block, **config)
+        return o, lse.reshape(*lse.shape[:2], 1).astype(jnp.float32)
+
+    return SharedForward(stack, tuple(positions), run)
+
+
+def _shared_hop(shared: SharedForward, n: int, device, q, k, v):
+    """Hop ``n`` of the ring through the shared kernel: this device's block, or nothing."""
+    positions = shared.positions[n]
+    position = jnp.asarray(np.asarray(positions, np.int32))[device()]
+    if min(positions) >= 0:
+        return shared.run(q, k, v, position)
+    return jax.lax.cond(
+        position >= 0,
+        lambda: shared.run(q, k, v, jnp.maximum(position, 0)),
+        lambda: _empty_forward(q, k, v),
+    )
+
+
 def _dense_block(block: Mask) -> np.ndarray:
     """bool [S, S] (or [H, S, S]) of ``block``, for materialised attention."""
     return block.to_dense()
@@ -250,11 +323,21 @@ def _shifted(x, offset: int, num_devices: int, axis_name: str):
     return jax.lax.ppermute(x, axis_name, perm)
 
 
-def ring_local(hops: list[RingHop], forward, backward, *, axis_name: str, num_devices: int, group_axis=None):
+def ring_local(
+    hops: list[RingHop],
+    forward,
+    backward,
+    *,
+    axis_name: str,
+    num_devices: int,
+    group_axis=None,
+    shared: SharedForward | None = None,
+):
     """The per-device body of the ring (inside ``shard_map``): (q, k, v) [H, S, D] shards -> o, a
     ``jax.custom_vjp`` whose backward rides the same hops (``forward`` / ``backward``:
     ``hop_functions``); the ring runs over ``axis_name``, one ring per index of ``group_axis``
-    (None: one ring)."""
+    (None: one ring). ``shared``: every hop's forward through one kernel (``shared_forward``)
+    instead of ``forward``'s kernel a block."""
 
     def device():
         position = jax.lax.axis_index(axis_name)
@@ -266,10 +349,13 @@ def ring_local(hops: list[RingHop], forward, backward, *, axis_name: str, num_de
     def merged(q, k, v):
         o = jnp.zeros(q.shape, jnp.float32)
         lse = jnp.full((*q.shape[:2], 1), -jnp.inf, jnp.float32)
-        for hop in hops:
+        for n, hop in enumerate(hops):
             kh, vh = (_shifted(x, hop.offset, num_devices, axis_name) for x in (k, v))
-            fns = branches(hop, _empty_forward, lambda q, k, v, block: forward(q, k, v, block))
-            o_h, lse_h = _switch(hop, fns, device, q, kh, vh)
+            if shared is not None:
+                o_h, lse_h = _shared_hop(shared, n, device, q, kh, vh)
+            else:
+                fns = branches(hop, _empty_forward, lambda q, k, v, block: forward(q, k, v, block))
+                o_h, lse_h = _switch(hop, fns, device, q, kh, vh)
             o, lse = merge_partials(o, lse, o_h, lse_h)
         return o.astype(q.dtype), lse
 
@@ -344,6 +430,7 @@ def dense_mask(mask: Mask | None, length: int) -> Mask:
 
 __all__ = [
     "RingHop",
+    "SharedForward",
     "balanced_order",
     "dense_mask",
     "device_steps",
@@ -353,4 +440,5 @@ __all__ = [
     "ring_call",
     "ring_hops",
     "ring_local",
+    "shared_forward",
 ]

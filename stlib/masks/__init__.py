@@ -15,6 +15,7 @@ from stlib.masks.base import (
     CombineOp,
     Mask,
     PermutedMask,
+    StackedBlocks,
 )
 from stlib.masks.catalogue import case_study_masks
 from stlib.masks.sequence import (
@@ -76,6 +77,7 @@ __all__ = [
     "RadialMask",
     "SlidingTileMask",
     "SpatialNeighbourMask",
+    "StackedBlocks",
     "TokenMajorBandMask",
     "TokenMajorPrefixMask",
     "VideoBandMask",

@@ -363,3 +363,69 @@ class BlockView(Mask):
 
     def __repr__(self):
         return f"{self.base!r}.block_view(q_start={self.q_start}, k_start={self.k_start}, size={self.length})"
+
+
+class StackedBlocks(Mask):
+    """Blocks of one mask ``base`` stacked as heads, for one compiled kernel that runs any of them:
+    block b is the ``BlockView`` of ``size`` tokens at (q_start, k_start) = ``starts[b][1:]`` of
+    ``base``'s heads from ``starts[b][0]`` on, ``heads`` of them (1 for a head-uniform ``base``), and
+    head b * heads + h of the stack is head h of block b. A kernel reads a block's
+    ``offsets`` as data and evaluates ``base`` itself at the offset indices, so every block shares
+    one body (a ring's (q shard, kv shard) blocks: ``stlib.ring``). ``mask_function`` with a traced
+    head is refused: the head alone does not say which block's offsets apply.
+
+    >>> import stlib
+    >>> stack = StackedBlocks(stlib.masks.causal(8), [(0, 4, 0), (0, 0, 4)], 4, 1)
+    >>> stack.num_heads, stack.head(0).to_dense().all(), stack.head(1).to_dense().any()
+    (2, np.True_, np.False_)
+    """
+
+    def __init__(self, base: Mask, starts, size: int, heads: int):
+        self.base, self.size, self.heads = base, int(size), int(heads)
+        self.starts = tuple(tuple(int(x) for x in s) for s in starts)
+        if not self.starts:
+            raise ValueError("StackedBlocks needs at least one block")
+        if base.num_heads is None and self.heads != 1:
+            raise ValueError(f"a head-uniform base stacks one head a block, not heads={heads}")
+        for head, q_start, k_start in self.starts:
+            BlockView(base, q_start, k_start, size)  # refuses a block outside the mask
+            if base.num_heads is not None and not 0 <= head <= head + self.heads <= base.num_heads:
+                raise ValueError(
+                    f"heads [{head}, {head + self.heads}) lie outside the {base.num_heads} of the base"
+                )
+        self.length = self.size
+        self.num_heads = len(self.starts) * self.heads
+        self.traceable, self.has_intervals = base.traceable, base.has_intervals
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.starts)
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """int32 [blocks, 3]: each block's (first head, q_start, k_start) in ``base``."""
+        return np.asarray(self.starts, np.int32).reshape(-1, 3)
+
+    def _key(self):
+        return (self.base, self.starts, self.size, self.heads)
+
+    def children(self):
+        return (self.base,)
+
+    def head(self, index):
+        self._check_head(index)
+        block, h = divmod(index, self.heads)
+        first, q_start, k_start = self.starts[block]
+        base = self.base if self.base.num_heads is None else self.base.head(first + h)
+        return BlockView(base, q_start, k_start, self.size)
+
+    def _allowed(self, q, k, head):
+        if not isinstance(head, (int, np.integer)):
+            raise TypeError("a stack of blocks is evaluated from its base at each block's offsets")
+        return self.head(int(head))._allowed(q, k, 0)
+
+    def _intervals(self, rows, head):
+        return self.head(head).key_intervals(rows)
+
+    def __repr__(self):
+        return f"StackedBlocks({self.base!r}, {self.num_blocks} blocks of {self.size} x {self.heads} heads)"

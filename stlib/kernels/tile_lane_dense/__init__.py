@@ -256,6 +256,23 @@ def _forward(q, k, v, mask: Mask | None, *, scale, config: Config, interpret):
     return lane_dense_attention(q, k, v, layout, scale=scale, options=config.options, interpret=interpret)
 
 
+def _forward_block(q, k, v, stack, block, *, scale, config: Config, interpret):
+    """Block ``block`` (traced) of ``stack`` (``StackedBlocks``) -> (o, lse [H, L]): the stack's
+    joint step plan, the block's rows of its tables and its offsets as the kernel's data."""
+    layout = call_layout(stack, q.shape[1], config.block_q, config.block_kv)
+    return lane_dense_attention(
+        q,
+        k,
+        v,
+        layout,
+        scale=scale,
+        options=config.options,
+        interpret=interpret,
+        return_lse=True,
+        block=block,
+    )
+
+
 def run_plan(q, k, v, plan, *, scale, options, interpret):
     """pallas_tile_lane_dense on a routed plan's kernel layout (``stlib.routing.SvgPlan``; rounded
     tiles as FULL tiles): reorder per head, run, restore."""
@@ -342,6 +359,7 @@ IMPLEMENTATION = register(
         chips=CHIPS,
         resolve=resolve_blocks,
         plan_runner=run_plan,
+        stack_forward=_forward_block,
         backward=tile_training(
             lambda q, k, v, layout, mask, **kw: lane_dense_attention(q, k, v, layout, **kw, return_lse=True),
             lambda layout, options: split_passes(layout, BoundaryPolicy.EXACT),

@@ -37,6 +37,7 @@ from stlib.kernels.steps import (
 from stlib.kernels.tile_lane_dense.options import FOLD_LANES, LaneDenseOptions
 from stlib.kernels.tile_lane_dense.vmem import check_blocks, fit_lookahead
 from stlib.layout import BlockLayout
+from stlib.masks import StackedBlocks
 from stlib.passes import MaskPlan, MaskPlanMode, plan_mask
 from stlib.reference import MASK_VALUE
 
@@ -142,7 +143,11 @@ def _build_kernel(
     with_lse: bool = False,
     lookahead: int = 0,
     fold_lanes: int,
+    stack: StackedBlocks | None = None,
 ):
+    """The kernel body of ``lane_dense_attention``; with ``stack``, the third scalar-prefetch table
+    holds the block's (first head, q_start, k_start) in ``stack.base``, whose predicate the MASKED
+    steps and the patterns' PARTIAL sub-tiles evaluate at those offsets (one body for every block)."""
     layout, length, present = steps.layout, steps.length, steps.present
     bq, bkv = layout.block_q, layout.block_kv
     tail = length % bkv  # real rows of the last kv block (0: the array ends at a block edge)
@@ -165,6 +170,13 @@ def _build_kernel(
         o_ref, *lse_ref, m_ref, l_ref, acc_ref, qs_ref = rest[3:]
         h, i, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
         row = i if shared else h * nq + i
+
+        def predicate(queries, keys):  # the mask on (query, key) indices of this call's tokens
+            if stack is None:
+                return layout.mask.mask_function(queries, keys, h)
+            first, q_start, k_start = refs[2][0], refs[2][1], refs[2][2]
+            return stack.base.mask_function(queries + q_start, keys + k_start, h + first)
+
         entry = steps_ref[row * extent + j]
         step_code, ki = STEP.code.read(entry), STEP.kv.read(entry)
         active = j < counts_ref[row]
@@ -254,7 +266,7 @@ def _build_kernel(
                     shape = (chunk, lanes.stop - lanes.start)
                     keys = ki * bkv + c0 + jax.lax.broadcasted_iota(jnp.int32, shape, 0)
                     queries = i * bq + lanes.start + jax.lax.broadcasted_iota(jnp.int32, shape, 1)
-                    return mask_plan.mask.mask_function(queries, keys, h)
+                    return predicate(queries, keys)
 
                 def rows_ok(c0):  # the last kv block runs past the array: its stale rows are no keys
                     return ki * bkv + c0 + jax.lax.broadcasted_iota(jnp.int32, (chunk, 1), 0) < length
@@ -284,7 +296,7 @@ def _build_kernel(
                 def allowed(k0, keys, lane0, lanes):  # a PARTIAL sub-tile: the mask on it only
                     queries = i * bq + lane0 + jax.lax.broadcasted_iota(jnp.int32, (keys, lanes), 1)
                     key_ids = ki * bkv + k0 + jax.lax.broadcasted_iota(jnp.int32, (keys, lanes), 0)
-                    return layout.mask.mask_function(queries, key_ids, h)
+                    return predicate(queries, key_ids)
 
                 fold_all(
                     [
@@ -327,11 +339,18 @@ def lane_dense_attention(
     options: LaneDenseOptions = LaneDenseOptions(),  # noqa: B008 - a frozen dataclass
     interpret: bool | None = None,
     return_lse: bool = False,
+    block=None,
 ):
     """q, k, v [H, L, D] -> o [H, L, D] in q's dtype (and, with ``return_lse``, lse [H, L]: natural
     log, -inf for rows that see nothing, for the backward). ``layout`` is the tile layout of the
     mask for these tokens; its blocks must suit this kernel (``check_blocks``). Raises ValueError
-    for such blocks and for step tables that overflow SMEM."""
+    for such blocks and for step tables that overflow SMEM. A layout of a ``StackedBlocks`` mask runs
+    its block ``block`` (an int32 scalar, traced or not): its rows of the step tables (the stack's
+    joint plan: one pattern set, one width) and its offsets are the kernel's data, so every block of
+    the stack runs one compiled body."""
+    stack = layout.mask if isinstance(layout.mask, StackedBlocks) else None
+    if (stack is None) != (block is None):
+        raise ValueError("block= selects a block of a StackedBlocks layout, and such a layout needs it")
     num_heads, length, head_dim = q.shape
     bq, bkv = layout.block_q, layout.block_kv
     chunk = options.block_kv_compute or bkv
@@ -365,17 +384,20 @@ def lane_dense_attention(
         return (o, jnp.full((num_heads, length), -jnp.inf, jnp.float32)) if return_lse else o
     entries, counts = steps.tables()
     extent = entries.shape[2]
-    tables = [entries.reshape(-1), counts.reshape(-1)]
+    blocks = 1 if stack is None else stack.num_blocks
+    tables = [entries.reshape(blocks, -1), counts.reshape(blocks, -1)]
     nq = entries.shape[1]
-    shared = entries.shape[0] == 1
+    shared = entries.shape[0] == blocks
+    if stack is not None:
+        tables.append(stack.offsets)
     if table:
         idx = np.take_along_axis(
             np.broadcast_to(mask_plan.index, steps.codes.shape), STEP.kv.read(entries), axis=2
         )
         idx = np.where(np.arange(extent) < counts[:, :, None], idx, -1)
-        tables.append(mask_info.carried_index(idx).reshape(-1))
+        tables.append(np.stack([mask_info.carried_index(x) for x in idx.reshape(blocks, -1)]))
     mask_info.check_prefetch(
-        tables,
+        [t[0] for t in tables],  # one block's rows: SMEM holds the block a call runs
         mask_plan,
         bq,
         f"{NAME} ({entries.shape[0]} heads x {nq} x {layout.grid_shape[1]} tiles of {bq}x{bkv})",
@@ -397,7 +419,12 @@ def lane_dense_attention(
         with_lse=return_lse,
         lookahead=lookahead,
         fold_lanes=fold_lanes,
+        stack=stack,
     )
+    if stack is None:
+        tables = [t[0] for t in tables]
+    else:  # the block's rows, selected outside the kernel: its tables are data
+        tables = [jnp.asarray(t)[block] for t in tables]
 
     def row_of(h, i):
         return i if shared else h * nq + i
