@@ -394,9 +394,11 @@ for name, m in {"the spatial heads": masks.spatial(small_grid, 0), "the per-head
     text = jax.jit(lambda q, k, v, m=m: stlib.parallel_attention(
         q, k, v, m, mesh=tpu_mesh, axis_name="x", strategy="ring")).lower(ring_arg, ring_arg, ring_arg).compile().as_text()
     ahead, starts = collectives.permutes_ahead(text)
+    calls, bodies = collectives.kernel_bodies(text)
     print(f"v6e:2x2 ring with {name}: {len(re.findall(r'collective-permute(?:-start)?[(]', text))} kv-shard "
           f"transfers (collective-permutes) in the compiled program, {ahead} of {starts} started before its "
-          f"first kernel; kernels run before the first lands: {collectives.kernels_before_arrival(text)}")
+          f"first kernel; kernels run before the first lands: {collectives.kernels_before_arrival(text)}; "
+          f"{calls} kernel calls of {bodies} compiled {'body' if bodies == 1 else 'bodies'}")
 
 # %% [markdown]
 # ### Exercise 2: what one all-to-all moves
@@ -438,16 +440,25 @@ exercises.verify("11.all_to_all_bytes", check_bytes, all_to_all_bytes)
 # and Ulysses at one minute of 720p video too (61 latent frames: 219,600 tokens, the cases ending in
 # `-1min`). The ring, and Ulysses beside a ring of 2 (`ulysses-ring`: the axis split into
 # Ulysses x ring, the plan's exact masks riding the ring head by head), are compiled by name
-# (`run --only v6e-2x2-ring ...`): a ring compiles one tile kernel per distinct block it attends,
-# and at this shape the blocks differ from device to device (18,900 tokens a device on 4: the
-# frames fall at a different place in every shard): one kernel per hop and device on v6e 2x2, tens
-# of minutes of compiling on this series' 2-core machine (the table's compile column). The time
-# follows the distinct kernel bodies, not the calls: libtpu compiles a body once however many calls
-# run it (`python -m stlib.bench.slice_compile reuse` compiles six calls of one band kernel in about
-# the time of one, six bands of different widths in about four times that), so a ring whose hops
-# passed their tables as data to one shared kernel would compile in the time of one hop. The
-# records are committed; the table reads them.
-#
+# (`run --only v6e-2x2-ring ...`). A program's compile time follows its distinct kernel bodies,
+# not its calls: libtpu compiles a body once however many calls run it (`python -m
+# stlib.bench.slice_compile reuse` compiles six calls of one band kernel in about the time of one,
+# six bands of different widths in about four times that). At this shape a ring's blocks differ
+# from device to device (18,900 tokens a device on 4: the frames fall at a different place in every
+# shard), so a ring that compiled a kernel a block compiled a body a block. The ring's forward now
+# runs every hop through one kernel (`stlib.ring.shared_forward`): the ring's blocks stacked as heads
+# of one mask with one step plan, each device's rows of the step tables and its block's offsets
+# passed to the kernel as data. Its backward still compiles a body a block. The cell below lists
+# every ring program compiled, older records included: its kernel calls, its distinct bodies and the
+# seconds it took on this series' 2-core machine. The records are committed; the table reads them.
+
+# %%
+for record in slice_compile.read(cfg.data / "slice_compiles.jsonl"):
+    if "ring" in record["strategy"] and record.get("kernel_bodies") is not None:
+        print(f"{record['case']:30s} {record['direction']:8s}: {record['kernels_in_program']:2d} kernel calls, "
+              f"{record['kernel_bodies']:2d} bodies, compiled in {record['compile_s']:,.0f} s")
+
+# %% [markdown]
 # The traffic model: a collective of S bytes per device moves, per chip, its devices' S times the
 # share bound for another chip (an all-to-all over n chips: (n - 1) / n; a ring's permute: all of it
 # where the neighbour is on another chip, none where the two devices share a TPU7x chip), and

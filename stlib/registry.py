@@ -211,7 +211,15 @@ class Implementation:
 
     def owns_kernel(self, kernel: str) -> bool:
         """Whether a compiled Pallas kernel of this name belongs to this implementation (its
-        forward's or its backward's)."""
+        forward's or its backward's); a kernel called under ``jax.vmap`` is named ``vmap_<name>`` in
+        the compiled program (a batch of rings).
+
+        >>> import stlib.kernels
+        >>> by_role(Role.BEST_TILE).owns_kernel("vmap_stlib_tile_ld_p0_p1_.3")
+        True
+        """
+        while kernel.startswith("vmap_"):
+            kernel = kernel.removeprefix("vmap_")
         return any(hooks.kernel_names and kernel.startswith(hooks.kernel_names) for hooks in self._hooks())
 
     def _hooks(self) -> list[EstimatorHooks]:

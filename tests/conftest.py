@@ -207,7 +207,7 @@ KNOWN_LONG = {
     "tests/test_notebooks.py::test_runs_at_small_configuration[07_": 80,
     "tests/test_analysis_estimate.py::test_the_backward_estimate_reads_the_fused_and_splash_backward_kernels": 40,
     "tests/test_exercises.py::test_a_kernel_notebook_with_its_stubs_reaches_its_end": 30,
-    "tests/test_ring.py::test_the_ring_equals_single_device_attention_gradients_included[per-head SVG mix-pallas_": 25,
+    "tests/test_ring.py::test_the_ring_equals_single_device_attention_gradients_included[pallas_tile_lane_dense-per": 20,
     "tests/test_model_attention.py::test_the_wan_block_runs_forward_and_backward_sharded_as_on_one_device": 12,
     "tests/test_gradients.py::test_video_attention_and_routed_plans_train_through_the_tile_kernels": 18,
     "tests/test_doctests.py::test_docstring_examples_run[stlib.analysis.static]": 16,

@@ -214,8 +214,8 @@ def time_interleaved(
     """Time several functions of the same ``args`` fairly on a shared, noisy machine: each is compiled
     once, then ``rounds`` rounds each time every case ``trials`` times, in an order shuffled anew per
     round (a slow spell of the machine falls on different cases). Returns {name: Timing} over all
-    ``rounds * trials`` calls of each (median, min, max). ``progress``: called with each case's name
-    once its last round is timed."""
+    ``rounds * trials`` calls of each (median, min, max); both ``capped`` where ``TRIALS_CAP_ENV``
+    caps them (the tests). ``progress``: called with each case's name once its last round is timed."""
     import random
 
     compiled = {
@@ -223,7 +223,7 @@ def time_interleaved(
     }
     times = {name: [] for name in cases}
     order = list(cases)
-    rounds = capped(rounds)
+    rounds, trials = capped(rounds), capped(trials)
     shuffle = random.Random(seed).shuffle
     for round_ in range(rounds):
         shuffle(order)

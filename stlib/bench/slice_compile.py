@@ -12,14 +12,14 @@ the traffic beside the kernel's static estimate, and the density at which the tr
 as the sparse kernel.
 
     python -m stlib.bench.slice_compile run [--only v6e-2x2-ulysses ...]   # ~10-20 s a case, minutes in all
-    python -m stlib.bench.slice_compile run --only v6e-2x2-ring            # tens of minutes on 2 cores
+    python -m stlib.bench.slice_compile run --only v6e-2x2-ring            # ~3 min on 2 cores
     python -m stlib.bench.slice_compile run --only v6e-4x4-ulysses-train   # a training step's attention
     python -m stlib.bench.slice_compile table
     python -m stlib.bench.slice_compile reuse                               # ~1 min: one kernel body, many calls
 
 A program's compile time follows its distinct kernel bodies, not its kernel calls (``reuse``;
-``collectives.kernel_bodies`` counts them in a compiled program): a ring whose (hop, device) blocks
-each get a kernel of their own compiles one Mosaic kernel per block.
+``collectives.kernel_bodies`` counts them in a compiled program): a ring's forward runs its (hop,
+device) blocks through one kernel body (``stlib.ring.shared_forward``), its backward a body a block.
 """
 
 from __future__ import annotations
@@ -74,13 +74,13 @@ SLICES = (
     Slice("v6e-4x4", "v6e", "v6e:4x4", (2, 8), ("batch", "heads")),
 )
 STRATEGY_NAMES = ("heads", "ulysses", "ring", "ulysses-ring")
-#: What ``run`` compiles unless ``--only`` names cases. A ring compiles one tile kernel per distinct
-#: (hop, device) block: on v6e 2x2 every hop is issued and every device's block differs (the frames
-#: fall at a different place in each shard), 16 kernels of 40 heads, 49 minutes on 2 busy cores; a
-#: ring of 8 would be 64. So the rings run by name, and the long video only as heads and Ulysses.
+#: What ``run`` compiles unless ``--only`` names cases. A ring's forward runs every hop through one
+#: kernel (``stlib.ring.shared_forward``): v6e 2x2's 16 (hop, device) blocks compile as one body,
+#: 162 s (a kernel a block: 16 bodies, 1,932 s); its backward still compiles a body a block, so a
+#: ring's training step takes tens of minutes. The rings run by name.
 DEFAULT_STRATEGIES = ("heads", "ulysses")
-#: The strategies compiled at ``LONG_GRID`` too.
-LONG_STRATEGIES = ("heads", "ulysses")
+#: The strategies with cases at ``LONG_GRID`` too.
+LONG_STRATEGIES = STRATEGY_NAMES
 
 
 @dataclass(frozen=True)
