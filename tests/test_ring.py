@@ -132,6 +132,56 @@ def test_a_routed_plan_rides_the_ring_as_its_exact_masks_head_by_head():
         parallel_attention(q[:2], k[:2], v[:2], plan=plan, mesh=_mesh(), axis_name="x", strategy="ring")
 
 
+def test_the_shared_forward_stacks_each_issued_block_once_with_its_offsets():
+    """The stack of a 2 x 2 Ulysses x ring over the per-head mix: every issued (hop, device) block is
+    in it once (devices whose blocks allow the same pairs share one), head b * 2 + h of the stack is
+    head h of block b, at the offsets in the whole mask of its group's heads and devices' shards;
+    idle devices get -1."""
+    from stlib.ring import ring_call, shared_forward
+
+    mix = masks.per_head([*_svg_mix().masks, masks.spatial(GRID, 1)])
+    slices = [stlib.parallel.head_slice(mix, g * 2, (g + 1) * 2) for g in range(2)]
+    hops = ring_hops(slices, 2)
+    kernel = by_role(Role.BEST_TILE)
+    call = ring_call(kernel, 32, {"block_q": 128, "block_kv": 128, "interpret": True})
+    shared = shared_forward(kernel, call, hops, mix, 2, 2)
+    stack, size = shared.stack, GRID.num_tokens // 2
+    issued = [
+        (n, flat)
+        for n, hop in enumerate(hops)
+        for flat in range(4)
+        if hop.branches[hop.branch_of_device[flat]]
+    ]
+    assert {shared.positions[n][flat] for n, flat in issued} == set(range(stack.num_blocks))
+    for n, flat in issued:
+        hop = hops[n]
+        block = shared.positions[n][flat]
+        # the block's offsets are those of the first device with its pairs (devices alike share one)
+        group, device = divmod(hop.branch_of_device.index(hop.branch_of_device[flat]), 2)
+        assert tuple(stack.offsets[block]) == (2 * group, device * size, (device - hop.offset) % 2 * size)
+        for h in range(2):
+            want = hop.branches[hop.branch_of_device[flat]].head(h).to_dense()
+            assert np.array_equal(stack.head(2 * block + h).to_dense(), want)
+    idle = [
+        (n, flat)
+        for n, hop in enumerate(hops)
+        for flat in range(4)
+        if not hop.branches[hop.branch_of_device[flat]]
+    ]
+    assert all(shared.positions[n][flat] == -1 for n, flat in idle)
+
+
+def test_a_mask_without_a_predicate_rides_the_shared_kernel_by_its_tile_table():
+    """A mask the kernel cannot evaluate from indices (an array): the shared forward reads each
+    block's MASKED tiles from the stack's table of tile masks (each device's rows of its index)."""
+    allowed = np.random.default_rng(0).random((GRID.num_tokens, GRID.num_tokens)) < 0.3
+    mask = masks.from_array(allowed)
+    assert not mask.traceable
+    q, k, v = qkv(4, 2, GRID.num_tokens, 32)
+    out = jax.jit(_ring(mask, by_role(Role.BEST_TILE).name))(q, k, v)
+    assert_close(out, stlib.attention(q, k, v, mask, impl="reference"), TOL)
+
+
 def test_a_batch_axis_and_bad_data_go_through_the_ring():
     """[B, H, L, D] under the ring; a NaN in one key reaches exactly the rows that see it."""
     mask = masks.spatial(GRID)
