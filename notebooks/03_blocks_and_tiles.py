@@ -27,7 +27,7 @@
 #   the mask on the vector unit.
 #
 # `stlib.block_layout(mask, block_q, block_kv)` classifies every tile, row by row from the mask's
-# key intervals, without an L x L array: a second at the case-study shape.
+# key intervals, without an L x L array: cheap enough to build at the case-study shape on a CPU.
 
 # %% tags=["parameters"]
 SIZE = None  # "full", "small" or None (automatic: case-study sizes on a TPU, small elsewhere); env STLIB_SIZE wins

@@ -536,8 +536,8 @@ plotting.save(fig, cfg.figure("05_work"))
 # Read the two figures side by side. On a CPU the measured times are interpreter times: the
 # operations of each kernel body are dispatched one by one, so the times reflect how a body is
 # written as much as how much work it does (Splash's body interprets faster than stlib's, with or
-# without a mask: about twice as fast in a quiet run, but stlib's interpreted times swing widely
-# from run to run, up to several times Splash's, while Splash's hold still), and they say nothing about a TPU. Every Pallas kernel here runs
+# without a mask: about twice as fast in a quiet run, and stlib's times scatter more from call to
+# call, as the whiskers show), and they say nothing about a TPU. Every Pallas kernel here runs
 # with `options={"exp2": False}`, the natural exponential Splash uses, so no bar mixes in an exp2
 # difference.
 #

@@ -105,7 +105,7 @@ TOL = tolerance(workload.dtype)
 # token-major order (y, x, t) the 21 frames of one location are neighbours, and the pattern
 # becomes a plain band |p(q) - p(k)| <= w. Below: the temporal band at density 0.25 on the
 # case-study grid, in both orders, with the v6e default tiles of 512 x 1,024 (layouts are cheap
-# to build on a CPU: about a second each at 75,600 tokens).
+# to build on a CPU, even at 75,600 tokens).
 
 # %%
 temporal = masks.temporal_band(case.grid, 0.25)
@@ -298,7 +298,8 @@ print(f"radial: choose_orders keeps {choose_orders(case.grid, radial, 512, 1024)
 #   in far frames), so every far
 #   frame contributes a thin diagonal slice that still occupies whole 1,024-key tiles. With
 #   128 x 128 tiles the same mask wastes far less (the efficiencies printed above), at the price
-#   of 32x more grid steps and bigger tables: the trade-off of notebook 03.
+#   of many more grid steps (tiles of a 32nd of the area, fewer of them wasted) and bigger tables:
+#   the trade-off of notebook 03.
 
 # %%
 causal = masks.frame_causal(grid)

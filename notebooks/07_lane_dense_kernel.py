@@ -492,7 +492,7 @@ for name, (mask, grain) in cases.items():
 # one 3-D tile (384 tokens), but one-tile blocks are small for the MXU and pay the per-step overhead
 # 56,700 times. The kernel's own blocks for a tiled order hold whole **rows of tiles** (a row: the
 # 5 tiles along x, 5 x 384 = 1,920 tokens; the block sweep below picked two rows of queries against
-# one row of keys). Such a block is PARTIAL, yet cut into 384 x 384 sub-tiles it holds only EMPTY and
+# one row of keys on v6e and TPU7x, the reverse on v5e). Such a block is PARTIAL, yet cut into 384 x 384 sub-tiles it holds only EMPTY and
 # FULL ones: a *pattern*. The pattern's region runs each kv sub-tile against the run of q sub-tiles it
 # meets, a static lane slice of the q tile, with no mask at all; only kv blocks with padding slots
 # (the 45 rows make a last tile row of 5 real rows out of 8) mask their padding keys, by a per-key

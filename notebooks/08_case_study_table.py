@@ -24,7 +24,8 @@
 #
 # * on a TPU: at the full case-study shape, every kernel at six band densities and the
 #   sliding-tile pattern, timed on the chip;
-# * elsewhere: the same cases at the small shape in Pallas interpret mode (times that say nothing
+# * elsewhere: the same kernels at three of those band densities (0.15, 0.35, 0.65) and the
+#   sliding-tile pattern, at the small shape in Pallas interpret mode (times that say nothing
 #   about a TPU, labelled as such), **and** the hardware-independent work of every case at the full
 #   shape; the static estimates further down compile each kernel for v6e at that shape without a
 #   TPU (or read the schedules that an earlier run's compile left in the estimate cache).
@@ -514,7 +515,8 @@ print(f"{'tile-aligned sparse kernel of the case study':<56} {'n/a':>7} {'n/a':>
 # * **The dense tile.** The second-generation kernel's own dense estimate is the floor of every
 #   sparse speed-up it reports: each bundle saved in its FULL region (notebook 07's schedule table)
 #   is saved on every computed tile. Issuing a tile's later scores ahead (notebook 07) took the
-#   v6e FULL region to within a few percent of its MXU floor; the scores still pass through VMEM
+#   v6e FULL region from 2.68 to 2.35 bundles per 1,000 score pairs (notebook 07's schedule table);
+#   the scores still pass through VMEM
 #   between the max and the exponential, and v5e gained nothing from the new order, so v5e's dense
 #   tile is where the next bundles are. Under the estimate's MXU-feed rule (notebook 10: a pushed
 #   weight row costs the MXU what a streamed row does), the lane-dense FULL region at its default
@@ -591,7 +593,8 @@ plotting.save(fig, cfg.figure("08_estimate_published"))
 
 # %% [markdown]
 # Stars are the calibration points (on the diagonal by construction); every other point is a
-# prediction the model was not fitted to. Read the right panel before the left one: a log-log plot
+# prediction the model was not fitted to. In the right panel the stars carry no token label: the
+# "64K" and "32K" labels beside them belong to the held-out points just to their right. Read the right panel before the left one: a log-log plot
 # flatters any model whose times span three decades, the error in percent does not. Rows without an
 # estimate are listed with the reason (a schedule the reader does not know, a kernel that does not
 # compile): an estimate is never a silent guess.
@@ -643,10 +646,12 @@ print("\n" + tpu_measure.format_backward_sweep(
 # * **The MXU-feed rule is wrong for the tile kernel's forward.** Charging a path the rows its busiest
 #   MXU is fed, pushed weights included (`stlib.analysis.mxu_input`, adopted to mend the backward on
 #   TPU7x), raises the lane-dense forward's estimate well above its bundles-only one (the first
-#   table's two estimates); the chip runs it at the pace of its bundles, as it runs Splash. With every path charged its bundles alone, the estimates of the
-#   programs that fit run 13-22% over the measured times for the forwards and 3-11% over for the
-#   backwards, Splash and the tile kernel alike (the first table's measured and bundles-only
-#   columns): the v5e's borrowed clock (v6e's, scaled by peak) is then the common error.
+#   table's two estimates); the chip runs it at the pace of its bundles, as it runs Splash. With
+#   every path charged its bundles alone, the estimates of the programs that fit run 13-22% over
+#   the measured times for the forwards and 3-11% over for the backwards, Splash and the tile
+#   kernel alike (the first table's measured and bundles-only columns; the sweep's forwards measure
+#   0.82-0.91 of theirs, 10-22% over): the v5e's borrowed clock (v6e's, scaled by peak) is then the
+#   common error.
 # * **Some runs take far longer than their schedule, and the schedule does not say which.** Six
 #   candidates ran 2.45-2.81 times their bundles-only estimate: the band at 2,048 x 2,048 and
 #   2,560 x 2,560 blocks, and the sliding tile at 1,920 x 3,840 (82.60 ms measured, 33.68

@@ -409,7 +409,8 @@ print(f"dk / dv kernel in view, v6e: grid step {bundles['step']:,} bundles, comp
 # keeps a whole window of one head's dq rows, f32, in VMEM: read from HBM when the head's first kv
 # row starts, written back after its last (rows of one head are consecutive in the grid). At the
 # case-study shape one window holds all 75,776 padded rows of a head (38.8 MB) on v6e; a chip with
-# less VMEM (TPU7x) gets two windows. The split kernels stay, as the oracle the tests compare with.
+# less VMEM (TPU7x) splits it into several windows (two for the sliding tile, three for the full
+# mask at its tuned blocks: the kernel names ending in `_w0`, `_w1`, ... in the table below). The split kernels stay, as the oracle the tests compare with.
 
 # %% [markdown]
 # ## What the backward executes, at the case-study shape
@@ -738,7 +739,8 @@ for direction in (False, True):
 # misses, the table at the end of this section says what stands in the way.
 #
 # Every row's backward is step-coded now. The sliding tile runs rows of 3-D tiles as pattern steps
-# at the forward's blocks; dense and the band run the forward's step codes at the backward's own
+# at blocks of one row of tiles each way (1,920 x 1,920 on v6e, against the forward's 3,840 x
+# 1,920); dense and the band run the forward's step codes at the backward's own
 # tuned blocks, whose [keys, block_q] updates fit VMEM beside the dq window where whole
 # [block_kv, block_q] tiles did not. Where that one call is the whole backward (one dq window:
 # v5e and v6e), it also writes dq, dk and dv final, so the glue is only the inputs' padding and di.
@@ -797,8 +799,8 @@ print(target_gaps.format_missed(backward_estimate.read(cfg.data / "backward_esti
 #   0.245, because dense Splash's backward there is charged more by the feed rule than the tile
 #   kernel's (the MXU-feed table above).
 # - On v5e the kernel's mask-free forward is charged its MXU feed, which notebook 08 measured the
-#   v5e not to pay; so its mask-free pace under the rule, 0.222, reads above the sliding tile's own
-#   estimate, 0.194 (0.126 at its bundles).
+#   v5e not to pay; so its mask-free pace under the rule, 0.222 (0.126 at its bundles), reads
+#   above the sliding tile's own estimate, 0.194 (0.152 at its bundles).
 
 # %% [markdown]
 # The backward also compiles for real chips without one. `python -m stlib.bench.backward_compile

@@ -29,8 +29,8 @@
 # 3. **Ring**: the sequence stays split. Each kv shard travels to the devices whose queries see it
 #    (`ppermute`), the partial outputs merge by their log-sum-exp, and a sparse mask lets the ring
 #    skip the hops that no device needs. Any number of heads works.
-# 4. What that traffic costs beside the sparse kernel, at Wan 14B's shape and at one minute of video
-#    (219,600 tokens), for heads, Ulysses, the ring and Ulysses x ring, compiled for real slices
+# 4. What that traffic costs beside the sparse kernel, at Wan 14B's shape and at a longer clip
+#    (61 latent frames, 241 video frames: 219,600 tokens), for heads, Ulysses, the ring and Ulysses x ring, compiled for real slices
 #    (v6e 2x2, TPU7x 2x2x1, v6e 4x4) without a TPU.
 # 5. The model: a Wan-style block in flax nnx whose self-attention is `stlib.attention_fn`, sharded.
 #
@@ -430,15 +430,16 @@ def check_bytes(all_to_all_bytes):
 exercises.verify("11.all_to_all_bytes", check_bytes, all_to_all_bytes)
 
 # %% [markdown]
-# ## At Wan 14B's shape and at one minute of video: the slices and what the traffic costs
+# ## At Wan 14B's shape and at a longer clip: the slices and what the traffic costs
 #
 # `python -m stlib.bench.slice_compile run` compiles 40 heads x 75,600 x 128 bf16 with a routed
 # per-head SVG plan (20 spatial, 20 temporal heads at density 0.25) on three slices: v6e 2x2
 # (4 chips), TPU7x 2x2x1 (4 chips, 8 TensorCores) and v6e 4x4 (16 chips over 4 hosts). 40 heads do
 # not divide over 16 devices, so the 4x4 slice takes a 2-D mesh: a batch of 2 (classifier-free
 # guidance) x 8 for heads or sequence, like maxdiffusion's data x context meshes. It compiles heads
-# and Ulysses at one minute of 720p video too (61 latent frames: 219,600 tokens, the cases ending in
-# `-1min`). The ring, and Ulysses beside a ring of 2 (`ulysses-ring`: the axis split into
+# and Ulysses at a longer 720p clip too (61 latent frames, 241 video frames: 219,600 tokens; the
+# cases ending in `-1min`, after the one minute these frames make at 4 frames a second, 15 s at
+# Wan's 16). The ring, and Ulysses beside a ring of 2 (`ulysses-ring`: the axis split into
 # Ulysses x ring, the plan's exact masks riding the ring head by head), are compiled by name
 # (`run --only v6e-2x2-ring ...`). A program's compile time follows its distinct kernel bodies,
 # not its calls: libtpu compiles a body once however many calls run it (`python -m
@@ -492,25 +493,35 @@ print(slice_traffic.format_fastest(slice_traffic.fastest(rows)))
 # ring does both over fewer devices each. The temporal heads see their own position in every frame,
 # so the ring issues every hop for them: at this plan's mix the ring skips nothing (the spatial heads
 # alone skip a hop, as the ring written in view above shows). Modelled on the ICI, every strategy's
-# traffic is a small fraction of the sparse kernel's estimated time at density 0.25. The density
-# column gives where it would match the kernel (the kernel's line through its dense and band 0.25
-# estimates, solved for the traffic): at most 0.0358 at 75,600 tokens (the ring's six permutes), and
-# nowhere at 219,600 tokens, where the kernel's work grows with the square of the length and the
-# traffic only with it. That column sets all the traffic, a ring's permutes included, against the
-# kernel, whether or not they hide behind it; "none: below the kernel at any density" means the
-# traffic is below the kernel line's value at density 0. The last table says which sequence-split
-# strategy the model puts first at each density, among the strategies compiled for that slice,
-# length and call (at 219,600 tokens and for v6e 2x2's training step only Ulysses was). On v6e 2x2,
-# forward at 75,600 tokens, the ring and Ulysses x ring tie: the ring runs no kernel before its first
-# shard lands, so one remote hop's share of its permutes is exposed (next paragraph); Ulysses x ring
-# runs one kernel first and hides its ring hop, but its all-to-alls wait for the kernel and it for
-# them, and the two exposures come to the same time. On v6e 4x4 Ulysses
-# leads, forward and training step: the Ulysses x ring programs compiled there run no kernel before
-# the shards of their one remote hop land (k and v; in a training step dk and dv go back as well),
-# so in a ring of 2 all of that traffic is exposed. On TPU7x at 75,600 tokens, Ulysses x ring keeps
-# its ring on one chip's two TensorCores, moves nothing over the ICI and ties Ulysses, forward and
-# training step (its traffic line lies on Ulysses' in the figure). From density 0.25 up the margins are about a tenth of the
-# call or less, within what a lower bound on the traffic can tell apart.
+# traffic stays below the sparse kernel's estimated time at density 0.25: a small fraction of it
+# for heads, Ulysses and Ulysses x ring, about half for the rings of 8 (TPU7x 2x2x1: 3.87 of
+# 6.63 ms; v6e 4x4: 3.39 of 7.37 ms), whose 14 permutes move k and v to seven other devices. The
+# density column gives where the traffic would match the kernel (the kernel's line through its
+# dense and band 0.25 estimates, solved for the traffic): up to 0.135 at 75,600 tokens (TPU7x's ring
+# of 8), and at 219,600 tokens 0.0013 for v6e 2x2's ring and 0.0294 for TPU7x's, "none" for
+# Ulysses: the kernel's work grows with the square of the length and the traffic only with it. That
+# column sets all the traffic, a ring's permutes included, against the kernel, whether or not they
+# hide behind it; "none: below the kernel at any density" means the traffic is below the kernel
+# line's value at density 0. The last table says which sequence-split strategy the model puts first
+# at each density, among the strategies compiled for that slice, length and call (at 219,600 tokens
+# Ulysses and, on v6e 2x2 and TPU7x 2x2x1, the ring; for v6e 2x2's training step only Ulysses). On
+# v6e 2x2, forward at 75,600 tokens, the ring and Ulysses x ring tie: the ring runs no kernel before
+# its first shard lands, so one remote hop's share of its permutes is exposed (next paragraph);
+# Ulysses x ring runs one kernel first and hides its ring hop, but its all-to-alls wait for the
+# kernel and it for them, and the two exposures come to the same time. On TPU7x 2x2x1 and v6e 4x4,
+# forward at 75,600 tokens, Ulysses leads at density 0.05 (tied on TPU7x with Ulysses x ring, whose
+# ring stays on one chip's two TensorCores and moves nothing over the ICI) and the ring of 8 from
+# 0.1 up: it runs a kernel before its first shard lands, so its permutes hide behind the kernel
+# once the kernel takes longer than they do. At 219,600 tokens the ring leads on v6e 2x2 and TPU7x
+# at every density. For the training steps Ulysses leads (tied on TPU7x with Ulysses x ring): the
+# Ulysses x ring training step on v6e 4x4 runs no kernel before the shards of its one remote hop
+# land (k and v there, dk and dv back), so in a ring of 2 all of that traffic is exposed; no ring
+# training step was compiled at this shape (its backward still compiles a kernel a block). The
+# kernel column is the single-chip kernel's estimate scaled to each device's share for every
+# strategy: a ring's shared forward kernel, whose blocks share at most 8 patterns and one grid
+# width, is not estimated on its own, so the ring's rows are its best case. From density 0.25 up
+# the margins are about a tenth of the call or less, within what a lower bound on the traffic can
+# tell apart.
 #
 # The overlap is the compiler's, and it is not complete. In the small ring programs above every
 # transfer starts before the first kernel runs, but no kernel runs before the first shard lands (the
@@ -579,11 +590,14 @@ print(f"PASSED  WanBlock ({params:,} parameters, {H} heads, sliding tile {tile_m
 #   transfers. A zig-zag split evens out a frame-causal mask's work over the devices.
 # * Per-head masks must follow their heads. One SPMD program holds one branch per distinct
 #   per-device head slice. Laying heads out so the slices coincide (the exercise) compiles one kernel.
-# * At Wan 14B's shape the traffic of Ulysses, the ring and Ulysses x ring is a small fraction of
-#   the sparse kernel's estimated time on v6e and TPU7x, and at one minute of video (compiled for
-#   heads and Ulysses only) Ulysses' is smaller still. A ring's permutes hide behind its kernel
-#   except where the compiler runs no kernel before the first shard lands (the v6e 2x2 ring and the
-#   v6e 4x4 Ulysses x ring programs here): then one hop's transfer is exposed. The traffic would only match the kernel at a density
-#   far below any pattern here, in the forward and in a training step.
+# * At Wan 14B's shape the traffic of every strategy stays below the sparse kernel's estimated time
+#   at density 0.25 on v6e and TPU7x (about half of it for the rings of 8, a small fraction for the
+#   rest), and at the longer clip a smaller share still. A ring's permutes hide behind its kernel
+#   except where the compiler runs no kernel before the first shard lands (the v6e 2x2 rings and the
+#   v6e 4x4 Ulysses x ring programs here): then one hop's transfer is exposed. The traffic matches
+#   the kernel only below density 0.135 (TPU7x's ring of 8), in the forward and in a training step.
+# * A ring's forward compiles one kernel body for all its (hop, device) blocks, their tables and
+#   offsets passed as data: TPU7x's ring of 8 (64 blocks) compiled in 190 s, v6e 2x2's ring of 4
+#   (16 blocks) in 162 s.
 # * `stlib.attention_fn` drops into flax's `MultiHeadAttention`. The block trains (gradients through
 #   `impl="xla"` here; the Pallas kernels' backward is the subject of the training notebook).

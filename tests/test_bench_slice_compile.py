@@ -163,7 +163,7 @@ def test_the_crossing_density_lies_on_the_kernel_line():
 def test_cases_are_named_and_unknown_names_refused():
     names = [case.name for case in slice_compile.cases()]
     default = len(slice_compile.SLICES) * len(slice_compile.DEFAULT_STRATEGIES)
-    assert len(names) == 2 * default  # the model shape and one minute of video
+    assert len(names) == 2 * default  # the model shape and the longer clip
     assert "v6e-4x4-ulysses" in names and "v6e-4x4-ulysses-1min" in names
     assert "v6e-2x2-ring" not in names  # the ring's cases run by name
     assert not any(name.endswith("-train") for name in names)  # so do the training steps

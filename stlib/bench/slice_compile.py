@@ -1,8 +1,8 @@
 """Wan 14B's attention across a TPU slice, compiled without a TPU, and what its communication costs.
 
 ``run`` compiles ``stlib.parallel_attention`` at the model shape (40 heads x 75,600 tokens x 128,
-bf16; a per-head SVG plan of 20 spatial and 20 temporal heads at density 0.25), and at one minute
-of 720p video (61 latent frames: 219,600 tokens), for each slice of ``SLICES`` and strategy,
+bf16; a per-head SVG plan of 20 spatial and 20 temporal heads at density 0.25), and at a longer
+720p clip (61 latent frames: 219,600 tokens), for each slice of ``SLICES`` and strategy,
 deviceless, and records per case: the compile time, each device's share of the inputs, the Pallas
 kernels compiled, every all-to-all and collective-permute with its bytes and the share of them that
 leaves its chip (``stlib.bench.collectives``). "heads" and "ulysses" run the routed plan; "ring" and
@@ -38,7 +38,8 @@ from stlib.bench.slice_traffic import fastest, format_fastest, format_table, tab
 RECORDS = "data/slice_compiles.jsonl"
 #: Wan 14B's self-attention at 720p, 81 frames: 40 heads over 21 x 45 x 80 latent tokens.
 MODEL_HEADS, MODEL_GRID, HEAD_DIM = 40, (21, 45, 80), 128
-#: One minute of 720p video: 61 latent frames, 219,600 tokens (cases named "...-1min").
+#: A longer 720p clip: 61 latent frames (241 video frames), 219,600 tokens; cases named "...-1min"
+#: after the one minute the ring issue asked for, which 241 frames are at 4 fps (15 s at Wan's 16).
 LONG_GRID = (61, 45, 80)
 #: "ulysses-ring" splits a slice's axis of N devices into N / RING_SIZE for Ulysses x a ring of this.
 RING_SIZE = 2
