@@ -739,8 +739,8 @@ for direction in (False, True):
 # misses, the table at the end of this section says what stands in the way.
 #
 # Every row's backward is step-coded now. The sliding tile runs rows of 3-D tiles as pattern steps
-# at blocks of one row of tiles each way (1,920 x 1,920 on v6e, against the forward's 3,840 x
-# 1,920); dense and the band run the forward's step codes at the backward's own
+# at blocks of one row of tiles each way (1,920 x 1,920 on v6e, where the forward's q blocks hold
+# two rows); dense and the band run the forward's step codes at the backward's own
 # tuned blocks, whose [keys, block_q] updates fit VMEM beside the dq window where whole
 # [block_kv, block_q] tiles did not. Where that one call is the whole backward (one dq window:
 # v5e and v6e), it also writes dq, dk and dv final, so the glue is only the inputs' padding and di.

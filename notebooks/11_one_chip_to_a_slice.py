@@ -450,14 +450,18 @@ exercises.verify("11.all_to_all_bytes", check_bytes, all_to_all_bytes)
 # runs every hop through one kernel (`stlib.ring.shared_forward`): the ring's blocks stacked as heads
 # of one mask with one step plan, each device's rows of the step tables and its block's offsets
 # passed to the kernel as data. Its backward still compiles a body a block. The cell below lists
-# every ring program compiled, older records included: its kernel calls, its distinct bodies and the
-# seconds it took on this series' 2-core machine. The records are committed; the table reads them.
+# every ring program compiled, older records included: its distinct (hop, device) blocks, its kernel
+# calls, its distinct bodies and the seconds it took on this series' 2-core machine. The records are committed; the table reads them.
 
 # %%
-for record in slice_compile.read(cfg.data / "slice_compiles.jsonl"):
+from stlib.bench.records import read_records
+
+for record in read_records(cfg.data / "slice_compiles.jsonl"):  # every record, the earlier ones of a case too
     if "ring" in record["strategy"] and record.get("kernel_bodies") is not None:
-        print(f"{record['case']:30s} {record['direction']:8s}: {record['kernels_in_program']:2d} kernel calls, "
-              f"{record['kernel_bodies']:2d} bodies, compiled in {record['compile_s']:,.0f} s")
+        bodies = record["kernel_bodies"]
+        print(f"{record['case']:24s} {record['direction']:8s}: {record['branches']:2d} distinct blocks, "
+              f"{record['kernels_in_program']:2d} kernel calls, "
+              f"{bodies:2d} {'body  ' if bodies == 1 else 'bodies'}, compiled in {record['compile_s']:,.0f} s")
 
 # %% [markdown]
 # The traffic model: a collective of S bytes per device moves, per chip, its devices' S times the

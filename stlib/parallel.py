@@ -233,7 +233,7 @@ def parallel_attention(
         return out
 
     sharded = jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec, check_vma=False)
-    return sharded(*(_placed(x, mesh, spec) for x in (q, k, v)))
+    return jax.jit(sharded)(*(_placed(x, mesh, spec) for x in (q, k, v)))  # eager shard_map: op by op
 
 
 def check_strategy(mesh, axis_name, strategy: str, batch_axis_name=None, *, reordered: bool = False) -> tuple:
@@ -329,7 +329,7 @@ def _ring(q, k, v, mask, mesh, axes, batch_axis_name, implementation, kwargs):
     lead = (batch_axis_name,) if batched else ()
     spec = P(*lead, None, ring_axis if ulysses_axis is None else (ring_axis, ulysses_axis), None)
     sharded = jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec, check_vma=False)
-    out = sharded(*(_placed(x, mesh, spec) for x in (q, k, v)))
+    out = jax.jit(sharded)(*(_placed(x, mesh, spec) for x in (q, k, v)))  # one program, not op by op
     valid = None if mask is None else mask.token_validity()
     if valid is not None and not valid.all():  # padding slots of a permuted mask: zeros
         out = jax.numpy.where(jax.numpy.asarray(valid)[:, None], out, jax.numpy.zeros((), out.dtype))

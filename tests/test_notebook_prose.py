@@ -67,6 +67,7 @@ CITED: dict[str, dict[str, str]] = {
         "56,700": "the arithmetic of the prose, 75,600 x 0.75",
         "147,600": "a long video's tokens (41 x 45 x 80) where the library's fold_all met a VMEM overflow",
     },
+    "08": {"2.35": "notebook 07's schedule table: its FULL region per 1,000 score pairs, scores ahead"},
     "09": {
         "3,328": "the public design's q tile (REFERENCE.md)",
         "2,816": "the public design's kv tile (REFERENCE.md)",
