@@ -127,12 +127,16 @@ class Backward:
     joins them into a ``jax.custom_vjp``. ``estimator``: as ``Implementation``'s, for the
     backward's own Pallas kernels. ``lse_residuals``: the residuals are (q, k, v, o, lse), lse
     [H, L] f32 (natural log, -inf for rows that see nothing), and ``backward`` takes an o and lse
-    of a call over more keys than k and v (the flash decomposition a ring attention runs by)."""
+    of a call over more keys than k and v (the flash decomposition a ring attention runs by).
+    ``stack_backward(residuals, do, stack, block, **call) -> (dq, dk, dv)``: as ``backward`` for block
+    ``block`` (a traced int32) of a ``stlib.masks.StackedBlocks``, every block through one compiled
+    body a kernel (a ring's hops, as ``Implementation.stack_forward``; None: a kernel a block)."""
 
     forward: Callable
     backward: Callable
     estimator: EstimatorHooks | None = None
     lse_residuals: bool = False
+    stack_backward: Callable | None = None
 
 
 @dataclass(frozen=True)

@@ -312,7 +312,7 @@ def _ring(q, k, v, mask, mesh, axes, batch_axis_name, implementation, kwargs):
         axis_name=ring_axis,
         num_devices=size,
         group_axis=ulysses_axis,
-        shared=ring.shared_forward(implementation, call, hops, whole, size, per),
+        shared=ring.shared_kernel(implementation, call, hops, whole, size, per),
     )
     batched = q.ndim == 4
     head_axis = 1 if batched else 0

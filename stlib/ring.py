@@ -8,11 +8,11 @@ mask (``Mask.block_view``), and a sparse video mask leaves most of them empty: a
 empty on every device and for every head is not issued at all (no transfer, no kernel), and a device
 whose block is empty on an issued hop runs no kernel on it. Devices whose blocks allow the same
 pairs share one compiled branch (``lax.switch`` on the axis index), as ``parallel`` does for heads.
-A kernel with a ``stack_forward`` (the best tile kernel) runs every hop's forward through one
-compiled body instead (``shared_forward``): the ring's blocks stacked as heads of one mask
-(``stlib.masks.StackedBlocks``) with one step plan, each device's rows of its tables and its block's
-offsets selected by the axis index as the kernel's data; a compiled ring then holds one forward body
-however many blocks it runs, where libtpu spent 80-185 s a body at Wan 14B's shape.
+A kernel with a ``stack_forward`` (the best tile kernel) runs every hop through one compiled body a
+kernel call instead (``shared_kernel``), forward and backward: the ring's blocks stacked as heads of
+one mask (``stlib.masks.StackedBlocks``) with one step plan, each device's rows of its tables and
+its block's offsets selected by the axis index as the kernel's data; a compiled ring then holds one
+forward body however many blocks it runs, where libtpu spent 80-185 s a body at Wan 14B's shape.
 Each issued hop moves k and v by one collective-permute each, straight from the shard's owner by the
 hop's offset, not a shard passed on device by device (a ring that skips hops has no one to pass it along): hop o and
 hop N - o are equally far, one each way round, and the interconnect routes each. In the programs
@@ -227,26 +227,30 @@ def hop_functions(implementation: Implementation, call: dict):
 
 
 @dataclass(frozen=True)
-class SharedForward:
-    """Every hop's forward through one compiled kernel (``Implementation.stack_forward``): ``stack``
-    holds the ring's blocks, ``positions[n][g * N + i]`` is device i's (of group g) block in it on
-    issued hop n (-1: nothing to do), ``run(q, k, v, block) -> (o, lse [H, S, 1] f32)``."""
+class SharedKernel:
+    """Every hop through one compiled kernel a direction (``Implementation.stack_forward``, its
+    ``Backward.stack_backward``): ``stack`` holds the ring's blocks, ``positions[n][g * N + i]`` is
+    device i's (of group g) block in it on issued hop n (-1: nothing to do), ``forward(q, k, v,
+    block) -> (o, lse [H, S, 1] f32)`` and ``backward(q, k, v, o, lse, do, block) -> (dq, dk, dv)``
+    (None: the backward runs a kernel a block)."""
 
     stack: StackedBlocks
     positions: tuple[tuple[int, ...], ...]
-    run: object
+    forward: object
+    backward: object = None
 
 
-def shared_forward(
+def shared_kernel(
     implementation: Implementation, call: dict, hops: list[RingHop], base: Mask, num_devices: int, heads: int
 ):
-    """The ``SharedForward`` of a ring of ``num_devices`` over ``base`` (the whole call's mask; group
+    """The ``SharedKernel`` of a ring of ``num_devices`` over ``base`` (the whole call's mask; group
     g runs its heads [g * heads, (g + 1) * heads)), or None where ``implementation`` compiles a
     kernel a block. One body for the ring's (hop, device) blocks, not one each: libtpu compiles a
     body once however often it is called (``stlib.bench.slice_compile`` ``reuse``: one band once
     7.5 s, six times 8.0 s, six widths 30.4 s on v6e), and a ring of 8 has up to 64 blocks. The
-    blocks share one step plan: at most ``MAX_PATTERNS`` patterns for all of them (rarer tiles run
-    MASKED) and the widest row of any block as every block's grid extent.
+    blocks share one step plan a direction: in the forward at most ``MAX_PATTERNS`` patterns for all
+    of them (rarer tiles run MASKED) and the widest row of any block as every block's grid extent;
+    in the backward the widest row and the most worked rows of any block (the rest idle).
 
     >>> import stlib
     >>> from stlib.registry import Role, by_role
@@ -254,7 +258,7 @@ def shared_forward(
     >>> hops = ring_hops(stlib.masks.frame_causal(grid), 4)
     >>> kernel = by_role(Role.BEST_TILE)  # pallas_tile_lane_dense
     >>> call = ring_call(kernel, 64, {"block_q": 128, "block_kv": 128, "interpret": True})
-    >>> shared = shared_forward(kernel, call, hops, stlib.masks.frame_causal(grid), 4, 1)
+    >>> shared = shared_kernel(kernel, call, hops, stlib.masks.frame_causal(grid), 4, 1)
     >>> shared.stack.num_blocks, shared.positions[1]  # hop 1: device 0 would see a later frame
     (4, (-1, 1, 1, 1))
     """
@@ -274,24 +278,28 @@ def shared_forward(
     stack = StackedBlocks(base, starts, size, 1 if base.num_heads is None else heads)
     config = implementation.kernel_call(stack, size, **call)
 
-    def run(q, k, v, block):
+    def forward(q, k, v, block):
         o, lse = implementation.stack_forward(q, k, v, stack, block, **config)
         return o, lse.reshape(*lse.shape[:2], 1).astype(jnp.float32)
 
-    return SharedForward(stack, tuple(positions), run)
+    training = implementation.backward
+    if training is None or training.stack_backward is None:
+        return SharedKernel(stack, tuple(positions), forward)
+
+    def backward(q, k, v, o, lse, do, block):
+        return training.stack_backward((q, k, v, o, lse[..., 0]), do, stack, block, **config)
+
+    return SharedKernel(stack, tuple(positions), forward, backward)
 
 
-def _shared_hop(shared: SharedForward, n: int, device, q, k, v):
-    """Hop ``n`` of the ring through the shared kernel: this device's block, or nothing."""
+def _shared_hop(shared: SharedKernel, n: int, device, run, empty, *args):
+    """Hop ``n`` of the ring through the shared kernel's ``run`` (its forward or backward): this
+    device's block, or ``empty`` where it has nothing to do."""
     positions = shared.positions[n]
     position = jnp.asarray(np.asarray(positions, np.int32))[device()]
     if min(positions) >= 0:
-        return shared.run(q, k, v, position)
-    return jax.lax.cond(
-        position >= 0,
-        lambda: shared.run(q, k, v, jnp.maximum(position, 0)),
-        lambda: _empty_forward(q, k, v),
-    )
+        return run(*args, position)
+    return jax.lax.cond(position >= 0, lambda: run(*args, jnp.maximum(position, 0)), lambda: empty(*args))
 
 
 def _dense_block(block: Mask) -> np.ndarray:
@@ -331,13 +339,13 @@ def ring_local(
     axis_name: str,
     num_devices: int,
     group_axis=None,
-    shared: SharedForward | None = None,
+    shared: SharedKernel | None = None,
 ):
     """The per-device body of the ring (inside ``shard_map``): (q, k, v) [H, S, D] shards -> o, a
     ``jax.custom_vjp`` whose backward rides the same hops (``forward`` / ``backward``:
     ``hop_functions``); the ring runs over ``axis_name``, one ring per index of ``group_axis``
-    (None: one ring). ``shared``: every hop's forward through one kernel (``shared_forward``)
-    instead of ``forward``'s kernel a block."""
+    (None: one ring). ``shared``: every hop through one kernel a direction (``shared_kernel``)
+    instead of ``forward``'s and ``backward``'s kernel a block."""
 
     def device():
         position = jax.lax.axis_index(axis_name)
@@ -352,7 +360,7 @@ def ring_local(
         for n, hop in enumerate(hops):
             kh, vh = (_shifted(x, hop.offset, num_devices, axis_name) for x in (k, v))
             if shared is not None:
-                o_h, lse_h = _shared_hop(shared, n, device, q, kh, vh)
+                o_h, lse_h = _shared_hop(shared, n, device, shared.forward, _empty_forward, q, kh, vh)
             else:
                 fns = branches(hop, _empty_forward, lambda q, k, v, block: forward(q, k, v, block))
                 o_h, lse_h = _switch(hop, fns, device, q, kh, vh)
@@ -372,14 +380,18 @@ def ring_local(
         dq = jnp.zeros(q.shape, jnp.float32)
         dk = jnp.zeros(k.shape, jnp.float32)
         dv = jnp.zeros(v.shape, jnp.float32)
-        for hop in hops:
+        for n, hop in enumerate(hops):
             kh, vh = (_shifted(x, hop.offset, num_devices, axis_name) for x in (k, v))
-            fns = branches(
-                hop,
-                _empty_backward,
-                lambda q, k, v, o, lse, do, block: backward(q, k, v, o, lse, do, block),
-            )
-            dq_h, dk_h, dv_h = _switch(hop, fns, device, q, kh, vh, o, lse, do)
+            args = (q, kh, vh, o, lse, do)
+            if shared is not None and shared.backward is not None:
+                dq_h, dk_h, dv_h = _shared_hop(shared, n, device, shared.backward, _empty_backward, *args)
+            else:
+                fns = branches(
+                    hop,
+                    _empty_backward,
+                    lambda q, k, v, o, lse, do, block: backward(q, k, v, o, lse, do, block),
+                )
+                dq_h, dk_h, dv_h = _switch(hop, fns, device, *args)
             dq += dq_h.astype(jnp.float32)
             back = -hop.offset  # dk, dv of the kv shard go home
             dk += _shifted(dk_h.astype(jnp.float32), back, num_devices, axis_name)
@@ -430,7 +442,7 @@ def dense_mask(mask: Mask | None, length: int) -> Mask:
 
 __all__ = [
     "RingHop",
-    "SharedForward",
+    "SharedKernel",
     "balanced_order",
     "dense_mask",
     "device_steps",
@@ -440,5 +452,5 @@ __all__ = [
     "ring_call",
     "ring_hops",
     "ring_local",
-    "shared_forward",
+    "shared_kernel",
 ]

@@ -191,7 +191,7 @@ def test_the_committed_records_give_each_device_its_share_and_a_table_row():
         if r.get("kernel_bodies") is not None:  # records since the count: one body per distinct kernel
             assert 1 <= r["kernel_bodies"] <= r["kernels_in_program"], r["case"]
         if r.get("direction", "forward") == "forward":
-            # a ring's forward through one kernel (stlib.ring.shared_forward): a call a hop issued, one
+            # a ring's forward through one kernel (stlib.ring.shared_kernel): a call a hop issued, one
             # body; before it, and for heads and Ulysses: a call and a body a branch
             shared = "ring" in r["strategy"] and r.get("kernel_bodies") == 1 < r["branches"]
             calls = len(r["hops_issued"]) if shared else r["branches"]

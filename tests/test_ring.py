@@ -73,7 +73,7 @@ def _check_gradients(fn, mask, q, k, v):
     [
         *(("xla", name) for name in ("per-head SVG mix", "frame causal", "dense")),
         (by_role(Role.TILE).name, "frame causal"),  # a Pallas kernel a block, idle devices skipped
-        (by_role(Role.BEST_TILE).name, "per-head SVG mix"),  # one kernel for every hop (shared_forward)
+        (by_role(Role.BEST_TILE).name, "per-head SVG mix"),  # one kernel for every hop (shared_kernel)
         (by_role(Role.BEST_TILE).name, "frame causal"),
     ],
 )
@@ -99,7 +99,7 @@ def test_the_ring_equals_single_device_attention_gradients_included(impl, mask_n
 )
 def test_ulysses_ring_on_a_2x2_mesh_equals_single_device_attention(impl, mask_name):
     """All-to-all over the first axis (2 head slices), a ring of 2 over the second, 4 heads; the
-    best tile kernel runs every hop of both rings through one kernel (``stlib.ring.shared_forward``:
+    best tile kernel runs every hop of both rings through one kernel (``stlib.ring.shared_kernel``:
     the blocks' heads and offsets in the whole mask as data)."""
     mix = masks.per_head([*_svg_mix().masks, masks.spatial(GRID, 1)])
     mask = {"per-head SVG mix": mix, "frame causal": masks.frame_causal(GRID)}[mask_name]
@@ -132,19 +132,19 @@ def test_a_routed_plan_rides_the_ring_as_its_exact_masks_head_by_head():
         parallel_attention(q[:2], k[:2], v[:2], plan=plan, mesh=_mesh(), axis_name="x", strategy="ring")
 
 
-def test_the_shared_forward_stacks_each_issued_block_once_with_its_offsets():
+def test_the_shared_kernel_stacks_each_issued_block_once_with_its_offsets():
     """The stack of a 2 x 2 Ulysses x ring over the per-head mix: every issued (hop, device) block is
     in it once (devices whose blocks allow the same pairs share one), head b * 2 + h of the stack is
     head h of block b, at the offsets in the whole mask of its group's heads and devices' shards;
     idle devices get -1."""
-    from stlib.ring import ring_call, shared_forward
+    from stlib.ring import ring_call, shared_kernel
 
     mix = masks.per_head([*_svg_mix().masks, masks.spatial(GRID, 1)])
     slices = [stlib.parallel.head_slice(mix, g * 2, (g + 1) * 2) for g in range(2)]
     hops = ring_hops(slices, 2)
     kernel = by_role(Role.BEST_TILE)
     call = ring_call(kernel, 32, {"block_q": 128, "block_kv": 128, "interpret": True})
-    shared = shared_forward(kernel, call, hops, mix, 2, 2)
+    shared = shared_kernel(kernel, call, hops, mix, 2, 2)
     stack, size = shared.stack, GRID.num_tokens // 2
     issued = [
         (n, flat)
@@ -169,6 +169,52 @@ def test_the_shared_forward_stacks_each_issued_block_once_with_its_offsets():
         if not hop.branches[hop.branch_of_device[flat]]
     ]
     assert all(shared.positions[n][flat] == -1 for n, flat in idle)
+
+
+@pytest.mark.parametrize(
+    "base",
+    [
+        pytest.param("mix", id="per-head mix, 3 heads a block"),
+        pytest.param("spatial", id="head-uniform spatial, an empty block"),
+    ],
+)
+def test_each_block_of_a_stack_trains_through_one_kernel_as_the_reference(base):
+    """The best tile kernel's stacked forward and backward (one jitted function, the block traced)
+    give each block of a ``StackedBlocks`` the reference's output and gradients on that block's own
+    mask: blocks of 256 tokens at four offsets, their backward grids padded to the same rows (the
+    padding rows idle); a block that allows nothing (spatial, keys of the next frames) has no worked
+    row and gives zeros."""
+    from stlib.masks import StackedBlocks
+    from stlib.reference import reference_attention_lse, reference_gradients
+    from stlib.ring import ring_call
+
+    mask = {"mix": _svg_mix(), "spatial": masks.spatial(GRID)}[base]
+    heads, size = 3, 256
+    starts = [(0, 0, 0), (0, 256, 0), (0, 0, 256), (0, 256, 256)]
+    stack = StackedBlocks(mask, starts, size, heads if mask.num_heads else 1)
+    kernel = by_role(Role.BEST_TILE)
+    call = ring_call(kernel, 32, {"block_q": 128, "block_kv": 128, "interpret": True})
+    config = kernel.kernel_call(stack, size, **call)
+
+    @jax.jit
+    def run(q, k, v, do, block):
+        o, lse = kernel.stack_forward(q, k, v, stack, block, **config)
+        return o, lse, kernel.backward.stack_backward((q, k, v, o, lse), do, stack, block, **config)
+
+    q, k, v = qkv(6, heads, size, 32)
+    do = jax.random.normal(jax.random.key(7), q.shape)
+    empty = []
+    for b in range(stack.num_blocks):
+        views = [stack.head(b * stack.heads + h) for h in range(stack.heads)]
+        dense = np.stack([view.to_dense() for view in views]) if mask.num_heads else views[0].to_dense()
+        empty.append(not dense.any())
+        o, lse, grads = run(q, k, v, do, jnp.int32(b))
+        want_o, want_lse = reference_attention_lse(q, k, v, dense, call["scale"])
+        assert_close(o, want_o, TOL)
+        want = reference_gradients(q, k, v, want_o, want_lse, do, dense, call["scale"])
+        for g, w in zip(grads, want, strict=True):
+            assert_close(g, w, 1e-4 * max(float(jnp.max(jnp.abs(w))), 1.0))
+    assert empty == ([False] * 4 if base == "mix" else [False, True, True, False])
 
 
 def test_a_mask_without_a_predicate_rides_the_shared_kernel_by_its_tile_table():
@@ -243,24 +289,21 @@ def test_a_ring_compiles_for_a_v6e_slice():
     assert len(PERMUTE.findall(text)) == 6  # the temporal heads need every hop
     assert permutes_ahead(text) == (6, 6)  # every transfer under way before the first kernel
     assert any(name in text for name in kernel.estimator.kernel_names)
-    # every hop's forward through one kernel (stlib.ring.shared_forward): a call a hop and one body,
+    # every hop's forward through one kernel (stlib.ring.shared_kernel): a call a hop and one body,
     # what libtpu compiles, for the 16 distinct (hop, device) blocks (the temporal heads' all differ)
     blocks = {branch for hop in ring_hops(mask, 4) for branch in hop.branches if branch is not None}
     assert len(blocks) == 16 and kernel_bodies(text) == (4, 1)
-    # the training step on a band, whose blocks repeat from device to device (three distinct ones:
-    # the diagonal block and the two corners the band reaches on the neighbours; the mix above would
-    # compile 16 backward bodies, 10 s of the test budget)
-    band = masks.band(grid.num_tokens, grid.num_tokens // 8)
+    # the training step: one backward body too, for the same 16 blocks (each device's rows of the
+    # backward kernel's tables and its block's offsets as data: Backward.stack_backward)
 
     def loss(q, k, v):
-        out = parallel_attention(q, k, v, band, mesh=mesh, axis_name="x", strategy="ring", impl=kernel.name)
+        out = parallel_attention(q, k, v, mask, mesh=mesh, axis_name="x", strategy="ring", impl=kernel.name)
         return out.astype(jnp.float32).sum()
 
     grad_text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(shape, shape, shape).compile().as_text()
-    assert {hop.offset for hop in ring_hops(band, 4)} == {0, 1, 3}
-    # k, v to the two off-diagonal hops, dk, dv back from them; one forward body for the three hops,
-    # a backward body per block (the backward's kernels take their blocks' tables as code)
-    assert len(PERMUTE.findall(grad_text)) == 2 * 2 + 2 * 2 and kernel_bodies(grad_text) == (6, 4)
+    # k, v out on the three hops past the first (the backward reuses the forward's transfers), dk,
+    # dv back from them; a forward and a backward call a hop, one body each
+    assert len(PERMUTE.findall(grad_text)) == 3 * 2 + 3 * 2 and kernel_bodies(grad_text) == (8, 2)
 
 
 def test_a_ulysses_ring_compiles_for_a_2x2_v6e_mesh():

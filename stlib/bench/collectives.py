@@ -131,7 +131,7 @@ def kernel_bodies(hlo_text: str) -> tuple[int, int]:
     A program compiles one Mosaic kernel per distinct body: ``python -m stlib.bench.slice_compile
     reuse`` compiles six calls of one band kernel in about the time of one call, and six bands of
     different widths (six bodies) in about four times that. So a ring whose hops share one body
-    (their tables as data: ``stlib.ring.shared_forward``) compiles its forward in the time of one hop.
+    (their tables as data: ``stlib.ring.shared_kernel``) compiles its forward in the time of one hop.
 
     >>> call = 'custom_call_target="tpu_custom_call", backend_config={"custom_call_config":{"body":"%s"}}'
     >>> kernel_bodies("\\n".join([call % "QUJD", call % "QUJD", call % "REVG"]))

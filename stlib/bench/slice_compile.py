@@ -19,7 +19,7 @@ as the sparse kernel.
 
 A program's compile time follows its distinct kernel bodies, not its kernel calls (``reuse``;
 ``collectives.kernel_bodies`` counts them in a compiled program): a ring's forward runs its (hop,
-device) blocks through one kernel body (``stlib.ring.shared_forward``), its backward a body a block.
+device) blocks through one kernel body (``stlib.ring.shared_kernel``), its backward a body a block.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ SLICES = (
 )
 STRATEGY_NAMES = ("heads", "ulysses", "ring", "ulysses-ring")
 #: What ``run`` compiles unless ``--only`` names cases. A ring's forward runs every hop through one
-#: kernel (``stlib.ring.shared_forward``): v6e 2x2's 16 (hop, device) blocks compile as one body,
+#: kernel (``stlib.ring.shared_kernel``): v6e 2x2's 16 (hop, device) blocks compile as one body,
 #: 162 s (a kernel a block: 16 bodies, 1,932 s); its backward still compiles a body a block, so a
 #: ring's training step takes tens of minutes. The rings run by name.
 DEFAULT_STRATEGIES = ("heads", "ulysses")

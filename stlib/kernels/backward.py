@@ -1,5 +1,6 @@
-"""The backward of the tile kernels: which Pallas calls run (``kernel_calls``: the fused dk / dv / dq
-kernel per pass and dq window, or the split dq and dk / dv kernels), running them (``tile_backward``),
+"""The backward of the tile kernels: which Pallas calls run (``kernel_calls``, from
+``stlib.kernels.backward_calls``: the fused dk / dv / dq kernel per pass and dq window, or the split
+dq and dk / dv kernels), running them (``tile_backward``),
 what they execute (``backward_work``, ``call_schedule_counts`` for the static estimate) and the
 ``contract.Backward`` a flash kernel trains with (``tile_training``). The kernels themselves, and
 the gradient they compute: ``stlib.kernels.backward_kernels`` and ``stlib.kernels.backward_fused``.
@@ -8,7 +9,6 @@ the gradient they compute: ``stlib.kernels.backward_kernels`` and ``stlib.kernel
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import re
 
@@ -19,6 +19,7 @@ from stlib.blocks import block_sizes_for
 from stlib.contract import Backward, Config, EstimatorHooks
 from stlib.device import current_chip, resolve_interpret
 from stlib.kernels import mask_info, online_softmax, pallas_call
+from stlib.kernels.backward_calls import BACKWARD_METHODS, KernelCall, kernel_calls
 from stlib.kernels.backward_fused import Finish, fused_pass
 from stlib.kernels.backward_kernels import (
     BACKWARD_PREFIXES,
@@ -30,10 +31,8 @@ from stlib.kernels.backward_kernels import (
     residual_rows,
 )
 from stlib.kernels.backward_steps import (
-    StepCodes,
     block_steps,
     coded_passes,
-    kernel_word,
     region_counts,
     step_layout,
     step_regions,
@@ -41,7 +40,8 @@ from stlib.kernels.backward_steps import (
 )
 from stlib.kernels.backward_vmem import dq_windows, fused_vmem_bytes
 from stlib.layout import block_layout, call_layout
-from stlib.passes import MaskPlan, MaskPlanMode
+from stlib.masks import StackedBlocks
+from stlib.passes import MaskPlanMode
 
 #: The backward's own tiles, compiled for a TPU, where the forward's are larger (``tile_training``'s
 #: ``own_blocks``) and no step-coded layout is taken (a mask that only its int8 table evaluates, with
@@ -51,93 +51,6 @@ from stlib.passes import MaskPlan, MaskPlanMode
 #: 0.25, v6e: 37.3 ms at 1,024 x 1,024 against 43.0 ms at 512 x 1,024 (a grid step's ~590 bundles of
 #: fixed cost beside a 2,717-bundle tile); 1,024 x 2,048 leaves no VMEM for a dq window (split: 48.8).
 BACKWARD_TILE = (1024, 1024)
-
-
-#: How the backward runs: "fused" (one dk / dv / dq kernel per pass and dq window, 5 matmuls per
-#: tile), "split" (a dq kernel and a dk / dv kernel per pass, 7 matmuls: the oracle) or "auto" (fused
-#: where a dq window of at least one q tile fits in VMEM, else split).
-BACKWARD_METHODS = ("auto", "fused", "split")
-
-
-def _window_selected(selected: np.ndarray, window) -> np.ndarray:
-    """``selected`` ([Hl, nq, nk]) with the q tiles outside ``window`` dropped."""
-    keep = np.zeros(selected.shape[1], bool)
-    keep[window[0] : window[1]] = True
-    return selected & keep[None, :, None]
-
-
-@dataclasses.dataclass(frozen=True)
-class KernelCall:
-    """One Pallas call of the backward: its kernel ``name``, ``kind`` ("fused", "dq" or "dkv"), the
-    tiles it computes (``selected``, [Hl, nq, nk]), the pass's mask plan and, fused, its q-tile
-    ``window`` and, for a step-coded pass (kind STEPS), its ``steps``."""
-
-    name: str
-    kind: str
-    selected: np.ndarray
-    plan: MaskPlan
-    window: tuple[int, int] | None = None
-    steps: StepCodes | None = None
-    finishes: bool = False  # the backward's only call: it writes dq, dk, dv scaled, in the inputs' dtype
-
-
-#: Rows a finishing call's last dq copy may end on: whole packed sublane tiles of a bf16 array.
-FINISH_ROWS = 16
-
-
-def _finishing(calls: list[KernelCall], num_q_tiles: int, length: int | None) -> list[KernelCall]:
-    """``calls``, the only one marked ``finishes`` where it is the whole backward: one fused call over
-    every q tile (one dq window) that visits every kv tile of every head, for arrays of ``length``
-    rows, a multiple of ``FINISH_ROWS`` (None: unknown, nothing marked). Each of dq, dk and dv is
-    then written once, by it, and needs no f32 buffer in HBM, no zeros and no scale-and-cast pass."""
-    if length is None or length % FINISH_ROWS or len(calls) != 1:
-        return calls
-    if calls[0].kind != "fused" or calls[0].window != (0, num_q_tiles):
-        return calls
-    if not calls[0].selected.any(axis=1).all():  # a kv tile no query sees: its zeros come from HBM
-        return calls
-    return [dataclasses.replace(calls[0], finishes=True)]
-
-
-def kernel_calls(
-    passes, method: str, *, num_q_tiles, block_q, block_kv, head_dim, itemsize, chip, length=None
-):
-    """The backward's Pallas calls over the forward's ``passes``, in order: per pass, the fused
-    kernel once per dq window with tiles in it (``dq_windows``), or the dq then the dk / dv kernel
-    (``method`` "split", or "auto" where no window fits). A step-coded pass runs fused only. Raises
-    ValueError for ``method`` "fused" (or a step-coded pass) where no window fits, and for an
-    unknown method. ``length``: the arrays' rows, where a lone call may finish (``_finishing``)."""
-    if method not in BACKWARD_METHODS:
-        raise ValueError(f"method={method!r} must be one of {BACKWARD_METHODS}")
-    calls = []
-    for p in passes:
-        steps = p.steps
-        if steps is not None and method == "split":
-            raise ValueError("a step-coded pass runs fused only (method='split')")
-        windows = []
-        if method != "split":
-            score_rows = None if steps is None else steps.score_rows
-            windows = dq_windows(num_q_tiles, block_q, block_kv, head_dim, itemsize, chip, score_rows)
-            if not windows and (method == "fused" or steps is not None):
-                raise ValueError(
-                    f"the fused backward's dq scratch of one {block_q}-row q tile does not fit in VMEM "
-                    f"beside {block_q}x{block_kv} tiles on {chip or 'the smallest chip'}; "
-                    + ("use method='split'" if steps is None else "a step-coded pass runs fused only")
-                )
-        if not windows:
-            calls += [
-                KernelCall(f"{DQ_PREFIX}_{p.name}", "dq", p.selected, p.plan),
-                KernelCall(f"{DKV_PREFIX}_{p.name}", "dkv", p.selected, p.plan),
-            ]
-            continue
-        for i, window in enumerate(windows):
-            selected = _window_selected(p.selected, window)
-            if selected.any():
-                word = p.name if steps is None else kernel_word(steps, selected)
-                calls.append(
-                    KernelCall(f"{FUSED_PREFIX}_{word}_w{i}", "fused", selected, p.plan, window, steps)
-                )
-    return _finishing(calls, num_q_tiles, length)
 
 
 def tile_backward(
@@ -156,17 +69,24 @@ def tile_backward(
     interpret=None,
     method: str = "auto",
     chip: str | None = None,
+    stack: StackedBlocks | None = None,
+    block=None,
 ):
     """(dq, dk, dv) of tile attention: q, k, v, o, do [H, L, D], lse [H, L] (natural log, -inf for
     rows that saw nothing) and the forward's ``passes`` (``stlib.passes.split_passes``), or
     the backward's ``KernelCall`` list itself (``kernel_calls``). Each in its input's dtype.
     ``method``: one of ``BACKWARD_METHODS`` (for passes); ``chip``: the chip whose VMEM sizes the
-    fused kernel's dq windows (None: the current TPU's, else the smallest chip's)."""
+    fused kernel's dq windows (None: the current TPU's, else the smallest chip's). ``stack``: the
+    passes are over a ``StackedBlocks`` layout and run its block ``block`` (an int32 scalar, traced
+    or not): every block through the same compiled kernels, its rows of their tables as data
+    (``backward_kernels.PassGrid``); no call finishes (``KernelCall.finishes``)."""
     length = q.shape[1]
     qp, dop = pallas_call.pad_sequence(q, block_q), pallas_call.pad_sequence(do, block_q)
     kp, vp = pallas_call.pad_sequence(k, block_kv), pallas_call.pad_sequence(v, block_kv)
     chip = chip or current_chip()
     calls = list(passes)
+    if (stack is None) != (block is None):
+        raise ValueError("block= selects a block of a StackedBlocks layout, and such a layout needs it")
     if not all(isinstance(c, KernelCall) for c in calls):
         calls = kernel_calls(
             calls,
@@ -177,14 +97,17 @@ def tile_backward(
             head_dim=q.shape[2],
             itemsize=q.dtype.itemsize,
             chip=chip,
-            length=length,
+            length=None if stack is not None else length,
         )
+    if stack is not None and any(c.finishes for c in calls):
+        raise ValueError("a call over a StackedBlocks layout does not finish: the blocks share its kernels")
     lse_row, di_row = residual_rows(lse, do, o, length, qp.shape[1])
     softmax = online_softmax.SoftmaxOptions(scale, exp2)  # the forward's scaling and exponential
     if exp2:
         lse_row = lse_row * online_softmax.LOG2_E
     args = {"bq": block_q, "bkv": block_kv, "softmax": softmax, "interpret": interpret}
     data = (qp, kp, vp, dop, lse_row, di_row)
+    of_block = {"stack": stack, "block": block}
     if calls[0].finishes:  # the whole backward in one call: dq, dk, dv written final by the kernel
         (call,) = calls
         dk, dv, dq = fused_pass(
@@ -202,12 +125,12 @@ def tile_backward(
             limit = pallas_call.vmem_limit(chip)
             dk, dv, dq = fused_pass(
                 *data, dq, dk, dv, call.selected, call.plan, window=call.window, vmem_limit=limit,
-                steps=call.steps, **named,
+                steps=call.steps, **named, **of_block,
             )  # fmt: skip
         elif call.kind == "dq":
-            dq = dq_pass(*data, dq, call.selected, call.plan, **named)
+            dq = dq_pass(*data, dq, call.selected, call.plan, **named, **of_block)
         else:
-            dk, dv = dkv_pass(*data, dk, dv, call.selected, call.plan, **named)
+            dk, dv = dkv_pass(*data, dk, dv, call.selected, call.plan, **named, **of_block)
     return (
         (dq[:, :length] * scale).astype(q.dtype),
         (dk[:, :length] * scale).astype(k.dtype),
@@ -395,7 +318,7 @@ def tile_training(forward_with_lse, passes_of, *, own_blocks: bool = False, step
                 head_dim=head_dim,
                 itemsize=itemsize,
                 chip=chip,
-                length=length,
+                length=None if isinstance(mask, StackedBlocks) else length,  # a stack's call never finishes
             )
 
         if own_blocks:
@@ -428,15 +351,20 @@ def tile_training(forward_with_lse, passes_of, *, own_blocks: bool = False, step
         )
         return o, (q, k, v, o, lse)
 
-    def backward(residuals, do, mask, *, scale, config: Config, interpret):
+    def backward(residuals, do, mask, *, scale, config: Config, interpret, block=None):
         q, k, v, o, lse = residuals
         shape = (q.shape[1], q.shape[2], q.dtype.itemsize)
         layout, options, calls, chip = backward_plan(mask, *shape, config, interpret)
         return tile_backward(
             q, k, v, o, lse, do, calls,
             block_q=layout.block_q, block_kv=layout.block_kv, scale=scale, exp2=options.exp2,
-            interpret=interpret, chip=chip,
+            interpret=interpret, chip=chip, stack=None if block is None else mask, block=block,
         )  # fmt: skip
+
+    def stack_backward(residuals, do, stack, block, **call):
+        """Block ``block`` (traced) of ``stack`` (``StackedBlocks``): the stack's backward plan, the
+        block's rows of its kernels' tables and its offsets as data (one body a kernel call)."""
+        return backward(residuals, do, stack, block=block, **call)
 
     def schedule_counts(setup, attribution):
         """The counts of the compiled backward kernel ``attribution.kernel`` of ``setup``'s call."""
@@ -464,7 +392,7 @@ def tile_training(forward_with_lse, passes_of, *, own_blocks: bool = False, step
         schedule_counts=schedule_counts,
         edge_regions=_edge_regions,
     )
-    return Backward(forward, backward, estimator, lse_residuals=True)
+    return Backward(forward, backward, estimator, lse_residuals=True, stack_backward=stack_backward)
 
 
 __all__ = [

@@ -49,7 +49,7 @@ def _final_kv_blocks(grid: PassGrid, finish: Finish, shape, bkv: int) -> tuple[d
 
 def fused_pass(
     q, k, v, do, lse, di, dq_in, dk_in, dv_in, selected, plan, *, name, window, bq, bkv, softmax,
-    interpret, vmem_limit, steps=None, finish: Finish | None = None,
+    interpret, vmem_limit, steps=None, finish: Finish | None = None, stack=None, block=None,
 ):  # fmt: skip
     """(dq_in + dQ / scale, dk_in + dK / scale, dv_in + dV) of one pass restricted to the q tiles
     ``window`` = (first, end): the dk / dv grid (kv rows, head by head) that also forms dQ = dS K
@@ -62,18 +62,20 @@ def fused_pass(
     ``finish``: the call is the whole backward (one window over every q tile, every kv tile
     visited), so it reads no dq_in, dk_in, dv_in: its accumulators start at zero, dk and dv leave
     VMEM final when their kv row is done and each head's dq when its last kv row is, tile by tile
-    through a staging block, all scaled and cast (returns dk, dv, dq of ``finish.length`` rows)."""
+    through a staging block, all scaled and cast (returns dk, dv, dq of ``finish.length`` rows).
+    ``stack``: the pass runs block ``block`` of a ``StackedBlocks`` layout (``PassGrid``: its rows
+    of the tables, its padding rows idle, its MASKED steps on the stack's base at its offsets)."""
     head_dim = k.shape[-1]
     first_tile, end_tile = window
     rows = (end_tile - first_tile) * bq
     grid = PassGrid.of(
         selected, plan, k.shape[0], transposed=True, block_q=bq, kernel="the fused backward kernel",
-        codes=None if steps is None else steps.codes,
+        codes=None if steps is None else steps.codes, stack=stack, block=block,
     )  # fmt: skip
     extent, n_rows = grid.extent, grid.n_rows
     present = () if steps is None else steps.present(selected)
 
-    def coded_step(r, code, h, qi, ki):
+    def coded_step(tab, r, code, h, qi, ki):
         """The updates of a step of ``code``: each a kv sub-tile against a run of q lanes."""
         qs = online_softmax.scaled_q(r.q, softmax)
         tail = steps.length % bkv  # keys of the last kv tile that lie in the array (0: all)
@@ -83,7 +85,7 @@ def fused_pass(
                 shape = (keys, lanes)
                 queries = qi * bq + q0 + jax.lax.broadcasted_iota(jnp.int32, shape, 1)
                 key_ids = ki * bkv + k0 + jax.lax.broadcasted_iota(jnp.int32, shape, 0)
-                allowed = steps.mask.mask_function(queries, key_ids, h)
+                allowed = grid.predicate(tab, steps.mask, queries, key_ids, h)
                 if code == StepKind.MASKED and tail:  # its kv tile may be the last: rows past the array
                     allowed &= key_ids < steps.length
             if code == StepKind.RAGGED and k0 + keys > tail:  # the piece the array ends in
@@ -108,17 +110,18 @@ def fused_pass(
     def body(tab, r):
         p, j = pl.program_id(0), pl.program_id(1)
         h, ki, qi, _, active = grid.where(p, j, *tab)
-        heads = tab[0]
+        heads, own = tab[0], grid.own_row(p, tab)
         first_row = (p == 0) | (heads[jnp.maximum(p - 1, 0)] != h)
+        last_row = (p == grid.last_row(tab)) | (heads[jnp.minimum(p + 1, n_rows - 1)] != h)
 
-        @pl.when((j == 0) & first_row)
+        @pl.when((j == 0) & first_row & own)
         def _():  # the head's first kv row: its dq so far into VMEM (final: zeros)
             if finish is not None:
                 r.dq_acc[...] = jnp.zeros(r.dq_acc.shape, jnp.float32)
             else:
                 pltpu.async_copy(r.dq_in.at[h, pl.ds(first_tile * bq, rows)], r.dq_acc, r.sem).wait()
 
-        @pl.when(j == 0)
+        @pl.when((j == 0) & own)
         def _():
             if finish is not None:
                 r.dk_acc[...] = jnp.zeros(r.dk_acc.shape, jnp.float32)
@@ -139,9 +142,9 @@ def fused_pass(
 
             @pl.when(active & (tab[-1][grid.where(p, j, *tab)[3]] == code))
             def _(code=code):
-                coded_step(r, code, h, qi, ki)
+                coded_step(tab, r, code, h, qi, ki)
 
-        @pl.when(j == extent - 1)
+        @pl.when((j == extent - 1) & own)
         def _():
             if finish is not None:
                 r.dk[...] = (r.dk_acc[...] * finish.scale).astype(r.dk.dtype)
@@ -150,7 +153,7 @@ def fused_pass(
                 r.dk[...] = r.dk_acc[...]
                 r.dv[...] = r.dv_acc[...]
 
-        @pl.when((j == extent - 1) & ((p == n_rows - 1) | (heads[jnp.minimum(p + 1, n_rows - 1)] != h)))
+        @pl.when((j == extent - 1) & last_row & own)
         def _():  # the head's last kv row: its dq back to HBM
             if finish is not None:
                 write_dq(r, h)

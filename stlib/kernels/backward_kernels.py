@@ -44,6 +44,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from stlib.device import LANES
 from stlib.kernels import mask_info, online_softmax, pallas_call
+from stlib.masks import StackedBlocks
 from stlib.passes import MaskPlan, MaskPlanMode
 
 #: Name prefixes of the backward's Pallas kernels in a compiled program.
@@ -51,8 +52,9 @@ DQ_PREFIX, DKV_PREFIX, FUSED_PREFIX = "stlib_bwd_dq", "stlib_bwd_dkv", "stlib_bw
 BACKWARD_PREFIXES = (DQ_PREFIX, DKV_PREFIX, FUSED_PREFIX)
 
 
-def _mask_fn(plan: MaskPlan, tab, head, qi, ki, bq, bkv, *, transposed: bool):
-    """bool mask of a step's tile, [bq, bkv] (or [bkv, bq] ``transposed``), or None (no mask)."""
+def _mask_fn(plan: MaskPlan, tab, head, qi, ki, bq, bkv, *, transposed: bool, predicate):
+    """bool mask of a step's tile, [bq, bkv] (or [bkv, bq] ``transposed``: S^T's, keys on
+    sublanes), or None (no mask); ``predicate(queries, keys, head)``: the mask on indices."""
     mode = plan.mode
     if mode == MaskPlanMode.NONE:
         return None
@@ -60,12 +62,10 @@ def _mask_fn(plan: MaskPlan, tab, head, qi, ki, bq, bkv, *, transposed: bool):
     q_axis, k_axis = (1, 0) if transposed else (0, 1)
     if mode == MaskPlanMode.PREFIX:
         return jax.lax.broadcasted_iota(jnp.int32, shape, k_axis) < tab[-1][ki]
-    if mode == MaskPlanMode.IOTA and not transposed:
-        return mask_info.iota_mask(plan, qi * bq, ki * bkv, shape, head)
-    if mode == MaskPlanMode.IOTA:  # the forward's predicate on S^T's iotas (keys on sublanes)
+    if mode == MaskPlanMode.IOTA:  # the forward's predicate on the tile's iotas
         rows = qi * bq + jax.lax.broadcasted_iota(jnp.int32, shape, q_axis)
         cols = ki * bkv + jax.lax.broadcasted_iota(jnp.int32, shape, k_axis)
-        return plan.mask.mask_function(rows, cols, head) & (cols < plan.length)
+        return predicate(rows, cols, head) & (cols < plan.length)
     return None  # TABLE: read from the table operand by the kernel
 
 
@@ -80,7 +80,10 @@ def dot_f32(a, b, contract):
 class PassGrid:
     """The grid of one backward pass: the scalar-prefetched tables of its selected tiles
     (``mask_info.grid_tables``: q rows, or kv rows when ``transposed``), ``extent`` steps a row,
-    ``n_rows`` rows, and the pass's ``plan`` (how its tiles are masked)."""
+    ``n_rows`` rows, and the pass's ``plan`` (how its tiles are masked). A pass over a
+    ``StackedBlocks`` layout (``stack``) runs one block, whose rows of the stack's padded tables
+    (``mask_info.block_grid_tables``) are selected outside the kernel: after the row tables come its
+    real rows (``own_row``: the rest idle) and its offsets in ``stack.base`` (``predicate``)."""
 
     tables: tuple
     extent: int
@@ -88,29 +91,61 @@ class PassGrid:
     plan: MaskPlan
     transposed: bool
     coded: bool = False  # the last table holds each step's code (``backward_steps.StepCodes``)
+    stack: StackedBlocks | None = None
 
     @classmethod
     def of(
-        cls, selected, plan: MaskPlan, num_heads: int, *, transposed: bool, block_q: int, kernel: str, codes=None
+        cls, selected, plan: MaskPlan, num_heads: int, *, transposed: bool, block_q: int, kernel: str,
+        codes=None, stack: StackedBlocks | None = None, block=None,
     ):  # fmt: skip
         """The grid of ``selected`` tiles (with ``codes``, int16 [Hl, nq, nk], each step's code in a
-        last table); raises ValueError naming ``kernel`` when its tables overflow SMEM."""
-        tables, extent, n_rows = mask_info.grid_tables(selected, plan, num_heads, transposed=transposed)
-        if codes is not None:
-            tables.append(mask_info.step_codes(selected, codes, transposed=transposed))
-        mask_info.check_prefetch(tables, plan, block_q, kernel, "use larger tiles or fewer heads per call")
-        return cls(tuple(tables), extent, n_rows, plan, transposed, codes is not None)
+        last table; with ``stack``, block ``block`` of it, a traced int32); raises ValueError naming
+        ``kernel`` when its tables overflow SMEM."""
+        if stack is None:
+            tables, extent, n_rows = mask_info.grid_tables(selected, plan, num_heads, transposed=transposed)
+            if codes is not None:
+                tables.append(mask_info.step_codes(selected, codes, transposed=transposed))
+            blocks = tables
+        else:
+            tables, real, extent, n_rows = mask_info.block_grid_tables(
+                selected, plan, num_heads, stack.num_blocks, transposed=transposed, codes=codes
+            )
+            tables[5:5] = [real, stack.offsets]
+            blocks = [t[0] for t in tables]  # SMEM holds the block a call runs
+        mask_info.check_prefetch(blocks, plan, block_q, kernel, "use larger tiles or fewer heads per call")
+        if stack is not None:
+            tables = [jnp.asarray(t)[block] for t in tables]
+        return cls(tuple(tables), extent, n_rows, plan, transposed, codes is not None, stack)
+
+    def own_row(self, p, tab):
+        """Whether grid row ``p`` is one of the block's own (always, but for a stack's padding)."""
+        return True if self.stack is None else p < tab[5][0]
+
+    def last_row(self, tab):
+        """The last grid row that is the block's own."""
+        return self.n_rows - 1 if self.stack is None else tab[5][0] - 1
+
+    def predicate(self, tab, mask, queries, keys, head):
+        """``mask`` on (query, key) indices of this call's tokens: a stack's block evaluates its
+        base at the block's offsets."""
+        if self.stack is None:
+            return mask.mask_function(queries, keys, head)
+        first, q_start, k_start = tab[6][0], tab[6][1], tab[6][2]
+        return self.stack.base.mask_function(queries + q_start, keys + k_start, head + first)
 
     @property
     def table_mask(self) -> bool:
         """Whether the pass reads its tiles' masks from the int8 table operand (``mask``)."""
         return self.plan.mode == MaskPlanMode.TABLE
 
-    def where(self, p, j, head, row, slot, tiles, counts, *_):
+    def where(self, p, j, head, row, slot, tiles, counts, *rest):
         """(head, row tile, tile of the row, table entry, active) of grid step (p, j): the row
-        tile is a q tile (a kv tile when ``transposed``)."""
+        tile is a q tile (a kv tile when ``transposed``); a stack's padding rows are never active."""
         entry = slot[p] * self.extent + j
-        return head[p], row[p], tiles[entry], entry, j < counts[slot[p]]
+        active = j < counts[slot[p]]
+        if self.stack is not None:
+            active &= p < rest[0][0]
+        return head[p], row[p], tiles[entry], entry, active
 
     def block_maps(self):
         """Index maps from a grid step: q-side blocks (q, dO, dq), kv-side blocks (k, v, dk, dv),
@@ -146,7 +181,10 @@ class PassGrid:
         """The step's tile mask (from the table operand or ``_mask_fn``), or None (no mask)."""
         if self.table_mask:
             return refs.mask[...] != 0
-        return _mask_fn(self.plan, tab, head, qi, ki, bq, bkv, transposed=self.transposed)
+        return _mask_fn(
+            self.plan, tab, head, qi, ki, bq, bkv, transposed=self.transposed,
+            predicate=lambda queries, keys, h: self.predicate(tab, self.plan.mask, queries, keys, h),
+        )  # fmt: skip
 
     def run(
         self,
@@ -232,17 +270,30 @@ def dq_pass(
     bkv,
     softmax: online_softmax.SoftmaxOptions,
     interpret,
+    stack=None,
+    block=None,
 ):
-    """dq_in + dQ / scale of one pass, [H, Lq, D] f32 (dq_in's buffer reused)."""
+    """dq_in + dQ / scale of one pass, [H, Lq, D] f32 (dq_in's buffer reused); with ``stack``, of
+    its block ``block`` (``PassGrid``)."""
     num_heads, _, head_dim = q.shape
-    grid = PassGrid.of(selected, plan, num_heads, transposed=False, block_q=bq, kernel="the dq kernel")
+    grid = PassGrid.of(
+        selected,
+        plan,
+        num_heads,
+        transposed=False,
+        block_q=bq,
+        kernel="the dq kernel",
+        stack=stack,
+        block=block,
+    )
     extent = grid.extent
 
     def body(tab, r):
         p, j = pl.program_id(0), pl.program_id(1)
         h, qi, ki, _, active = grid.where(p, j, *tab)
+        own = grid.own_row(p, tab)
 
-        @pl.when(j == 0)
+        @pl.when((j == 0) & own)
         def _():  # this q tile's lane-dense rows as columns, once per q tile
             for row, col in ((r.lse, r.lse_col), (r.di, r.di_col)):
                 col[...] = jnp.broadcast_to(
@@ -262,7 +313,7 @@ def dq_pass(
                 ds = jnp.where(allowed, ds, 0.0)
             r.acc[...] += dot_f32(ds.astype(r.k.dtype), r.k[...], (1, 0))  # [bq, D]
 
-        @pl.when(j == extent - 1)
+        @pl.when((j == extent - 1) & own)
         def _():
             r.dq[...] = r.acc[...]
 
@@ -342,17 +393,22 @@ def kv_blocks(grid: PassGrid, dk_in, dv_in, bkv: int) -> tuple[dict, dict, dict]
 
 def dkv_pass(
     q, k, v, do, lse, di, dk_in, dv_in, selected, plan, *, name, bq, bkv,
-    softmax: online_softmax.SoftmaxOptions, interpret,
+    softmax: online_softmax.SoftmaxOptions, interpret, stack=None, block=None,
 ):  # fmt: skip
-    """(dk_in + dK / scale, dv_in + dV) of one pass, [H, Lkv, D] f32 each (their buffers reused)."""
-    grid = PassGrid.of(selected, plan, k.shape[0], transposed=True, block_q=bq, kernel="the dk / dv kernel")
+    """(dk_in + dK / scale, dv_in + dV) of one pass, [H, Lkv, D] f32 each (their buffers reused);
+    with ``stack``, of its block ``block`` (``PassGrid``)."""
+    grid = PassGrid.of(
+        selected, plan, k.shape[0], transposed=True, block_q=bq, kernel="the dk / dv kernel", stack=stack,
+        block=block,
+    )  # fmt: skip
     extent = grid.extent
 
     def body(tab, r):
         p, j = pl.program_id(0), pl.program_id(1)
         h, ki, qi, _, active = grid.where(p, j, *tab)
+        own = grid.own_row(p, tab)
 
-        @pl.when(j == 0)
+        @pl.when((j == 0) & own)
         def _():
             r.dk_acc[...] = r.dk_in[...]
             r.dv_acc[...] = r.dv_in[...]
@@ -361,7 +417,7 @@ def dkv_pass(
         def _():
             kv_tile_step(r, grid.allowed(r, tab, h, qi, ki, bq, bkv), softmax)
 
-        @pl.when(j == extent - 1)
+        @pl.when((j == extent - 1) & own)
         def _():
             r.dk[...] = r.dk_acc[...]
             r.dv[...] = r.dv_acc[...]

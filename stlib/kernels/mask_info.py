@@ -189,6 +189,64 @@ def grid_tables(selected, plan: MaskPlan, num_heads: int, *, transposed: bool):
     return [*worked, *per_row], extent, worked[0].size
 
 
+def _pad_steps(table: np.ndarray, rows: int, width: int) -> np.ndarray:
+    """A per-step table of ``rows`` rows to ``width`` steps a row, each row's last entry repeated."""
+    table = table.reshape(rows, -1)
+    return np.pad(table, ((0, 0), (0, width - table.shape[1])), mode="edge").reshape(-1)
+
+
+def block_grid_tables(selected, plan: MaskPlan, num_heads: int, blocks: int, *, transposed: bool, codes=None):
+    """(prefetch tables [blocks, n] each, real rows int32 [blocks, 1], W, R) of a pass over a
+    ``StackedBlocks`` layout whose ``selected`` [blocks * Hb, rows, cols] holds ``blocks`` blocks of
+    Hb heads: block b's ``grid_tables`` (and, with ``codes``, its ``step_codes`` last) on its own
+    heads, every block padded to the widest row W and to the most worked rows R, so one grid (R, W)
+    runs any block with its row of each table as data. A block without a worked row gets one (head
+    0, row 0; no tile: its accumulators are read and written back unchanged); padding rows repeat
+    its last row, and its real rows say how many rows are its own (a kernel leaves the rest idle).
+    An int8 mask table's index is each block's (the tile masks are the stack's, shared).
+
+    >>> sel = np.zeros((2, 2, 2), bool); sel[0] = [[1, 0], [1, 1]]; sel[1, 1, 1] = True
+    >>> none = MaskPlan(MaskPlanMode.NONE, None, 256)
+    >>> tables, real, width, rows = block_grid_tables(sel, none, 1, 2, transposed=True)
+    >>> width, rows, real.tolist(), tables[1].tolist()  # the kv rows each block walks
+    (2, 2, [[2], [1]], [[0, 1], [1, 1]])
+    """
+    heads = selected.shape[0] // blocks
+    codes = None if codes is None else np.broadcast_to(codes, selected.shape)
+    per_step = {3} | ({5} if plan.mode == MaskPlanMode.TABLE else set())  # tiles; the mask index
+    per_block = []
+    for b in range(blocks):
+        own = slice(b * heads, (b + 1) * heads)
+        block_plan = plan
+        if plan.mode == MaskPlanMode.TABLE:
+            block_plan = dataclasses.replace(plan, index=np.broadcast_to(plan.index, selected.shape)[own])
+        tables, extent, n_rows = grid_tables(selected[own], block_plan, num_heads, transposed=transposed)
+        if codes is not None:
+            tables.append(step_codes(selected[own], codes[own], transposed=transposed))
+        if n_rows == 0:  # one idle row of its own: (head 0, row 0), whose count is 0
+            tables[:3] = [np.zeros(1, np.int32)] * 3
+        per_block.append((tables, extent, max(n_rows, 1)))
+    if codes is not None:
+        per_step.add(len(per_block[0][0]) - 1)
+    width = max(extent for _, extent, _ in per_block)
+    most = max(n for *_, n in per_block)
+    slots = per_block[0][0][4].size  # (head, row) slots of the row tables, alike for every block
+    padded = []
+    for tables, _, n in per_block:
+        padded.append(
+            [
+                np.pad(t, (0, most - n), mode="edge")
+                if i < 3
+                else _pad_steps(t, slots, width)
+                if i in per_step
+                else t
+                for i, t in enumerate(tables)
+            ]
+        )
+    real = np.array([[n] for *_, n in per_block], np.int32)
+    return [np.stack(column) for column in zip(*padded, strict=True)], real, width, most
+
+
 def step_codes(selected: np.ndarray, codes: np.ndarray, *, transposed: bool) -> np.ndarray:
     """int32 table of each step's code (``codes`` int16 [Hl, nq, nk]) in the order of the row
     tables ``grid_tables`` builds for ``selected`` (per kv row when ``transposed``)."""
