@@ -446,10 +446,11 @@ exercises.verify("11.all_to_all_bytes", check_bytes, all_to_all_bytes)
 # stlib.bench.slice_compile reuse` compiles six calls of one band kernel in about the time of one,
 # six bands of different widths in about four times that). At this shape a ring's blocks differ
 # from device to device (18,900 tokens a device on 4: the frames fall at a different place in every
-# shard), so a ring that compiled a kernel a block compiled a body a block. The ring's forward now
-# runs every hop through one kernel (`stlib.ring.shared_forward`): the ring's blocks stacked as heads
+# shard), so a ring that compiled a kernel a block compiled a body a block. A ring now runs every
+# hop through one kernel a direction (`stlib.ring.shared_kernel`): the ring's blocks stacked as heads
 # of one mask with one step plan, each device's rows of the step tables and its block's offsets
-# passed to the kernel as data. Its backward still compiles a body a block. The cell below lists
+# passed to the kernel as data. The backward's kernels walk only the kv rows a block has tiles in, so
+# each block's tables are padded to the most rows of any block, the padding rows idle. The cell below lists
 # every ring program compiled, older records included: its distinct (hop, device) blocks, its kernel
 # calls, its distinct bodies and the seconds it took on this series' 2-core machine. The records are committed; the table reads them.
 
@@ -600,8 +601,9 @@ print(f"PASSED  WanBlock ({params:,} parameters, {H} heads, sliding tile {tile_m
 #   except where the compiler runs no kernel before the first shard lands (the v6e 2x2 rings and the
 #   v6e 4x4 Ulysses x ring programs here): then one hop's transfer is exposed. The traffic matches
 #   the kernel only below density 0.135 (TPU7x's ring of 8), in the forward and in a training step.
-# * A ring's forward compiles one kernel body for all its (hop, device) blocks, their tables and
-#   offsets passed as data: TPU7x's ring of 8 (64 blocks) compiled in 190 s, v6e 2x2's ring of 4
-#   (16 blocks) in 162 s.
+# * A ring compiles one kernel body a direction for all its (hop, device) blocks, their tables and
+#   offsets passed as data: TPU7x's ring of 8 (64 blocks) compiled its forward in 190 s and its
+#   training step (one forward and one backward body) in 274 s, v6e 2x2's ring of 4 (16 blocks) in
+#   162 s and 387 s.
 # * `stlib.attention_fn` drops into flax's `MultiHeadAttention`. The block trains (gradients through
 #   `impl="xla"` here; the Pallas kernels' backward is the subject of the training notebook).

@@ -218,8 +218,7 @@ class Implementation:
         >>> by_role(Role.BEST_TILE).owns_kernel("vmap_stlib_tile_ld_p0_p1_.3")
         True
         """
-        while kernel.startswith("vmap_"):
-            kernel = kernel.removeprefix("vmap_")
+        kernel = _unbatched(kernel)
         return any(hooks.kernel_names and kernel.startswith(hooks.kernel_names) for hooks in self._hooks())
 
     def _hooks(self) -> list[EstimatorHooks]:
@@ -231,7 +230,7 @@ class Implementation:
         """(compute_regions, schedule_counts) of the compiled kernel ``kernel``: the backward's for
         one of its backward's kernels, else the implementation's."""
         backward = self.backward.estimator if self.backward else None
-        if backward and kernel.startswith(backward.kernel_names):
+        if backward and _unbatched(kernel).startswith(backward.kernel_names):
             return backward.compute_regions, backward.schedule_counts
         if self.estimator is None:
             return None, None
@@ -241,9 +240,18 @@ class Implementation:
         """The names of ``kernel``'s step regions before and after its compute, by position, where
         its rules name them (``EstimatorHooks.edge_regions``); None: "init" before, "finalise" after."""
         backward = self.backward.estimator if self.backward else None
-        hooks = backward if backward and kernel.startswith(backward.kernel_names) else self.estimator
+        hooks = (
+            backward if backward and _unbatched(kernel).startswith(backward.kernel_names) else self.estimator
+        )
         rule = hooks.edge_regions if hooks is not None else None
         return rule(kernel) if rule is not None else None
+
+
+def _unbatched(kernel: str) -> str:
+    """A compiled kernel's name without the ``vmap_`` prefixes ``jax.vmap`` gives it."""
+    while kernel.startswith("vmap_"):
+        kernel = kernel.removeprefix("vmap_")
+    return kernel
 
 
 def _first_order_only(fn: Callable, message: str) -> Callable:

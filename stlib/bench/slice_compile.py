@@ -13,13 +13,14 @@ as the sparse kernel.
 
     python -m stlib.bench.slice_compile run [--only v6e-2x2-ulysses ...]   # ~10-20 s a case, minutes in all
     python -m stlib.bench.slice_compile run --only v6e-2x2-ring            # ~3 min on 2 cores
+    python -m stlib.bench.slice_compile run --only v6e-2x2-ring-train      # ~7 min: forward and backward
     python -m stlib.bench.slice_compile run --only v6e-4x4-ulysses-train   # a training step's attention
     python -m stlib.bench.slice_compile table
     python -m stlib.bench.slice_compile reuse                               # ~1 min: one kernel body, many calls
 
 A program's compile time follows its distinct kernel bodies, not its kernel calls (``reuse``;
-``collectives.kernel_bodies`` counts them in a compiled program): a ring's forward runs its (hop,
-device) blocks through one kernel body (``stlib.ring.shared_kernel``), its backward a body a block.
+``collectives.kernel_bodies`` counts them in a compiled program): a ring runs its (hop, device)
+blocks through one kernel body a direction (``stlib.ring.shared_kernel``).
 """
 
 from __future__ import annotations
@@ -75,10 +76,10 @@ SLICES = (
     Slice("v6e-4x4", "v6e", "v6e:4x4", (2, 8), ("batch", "heads")),
 )
 STRATEGY_NAMES = ("heads", "ulysses", "ring", "ulysses-ring")
-#: What ``run`` compiles unless ``--only`` names cases. A ring's forward runs every hop through one
-#: kernel (``stlib.ring.shared_kernel``): v6e 2x2's 16 (hop, device) blocks compile as one body,
-#: 162 s (a kernel a block: 16 bodies, 1,932 s); its backward still compiles a body a block, so a
-#: ring's training step takes tens of minutes. The rings run by name.
+#: What ``run`` compiles unless ``--only`` names cases. A ring runs every hop through one kernel a
+#: direction (``stlib.ring.shared_kernel``): v6e 2x2's 16 (hop, device) blocks compile as one
+#: forward body in 162 s (a kernel a block: 16 bodies, 1,932 s), its training step as one forward
+#: and one backward body in 387 s; minutes a case, so the rings run by name.
 DEFAULT_STRATEGIES = ("heads", "ulysses")
 #: The strategies with cases at ``LONG_GRID`` too.
 LONG_STRATEGIES = STRATEGY_NAMES
