@@ -509,7 +509,7 @@ print(slice_traffic.format_fastest(slice_traffic.fastest(rows)))
 # hide behind it; "none: below the kernel at any density" means the traffic is below the kernel
 # line's value at density 0. The last table says which sequence-split strategy the model puts first
 # at each density, among the strategies compiled for that slice, length and call (at 219,600 tokens
-# Ulysses and, on v6e 2x2 and TPU7x 2x2x1, the ring; for v6e 2x2's training step only Ulysses). On
+# Ulysses and, on v6e 2x2 and TPU7x 2x2x1, the ring). On
 # v6e 2x2, forward at 75,600 tokens, the ring and Ulysses x ring tie: the ring runs no kernel before
 # its first shard lands, so one remote hop's share of its permutes is exposed (next paragraph);
 # Ulysses x ring runs one kernel first and hides its ring hop, but its all-to-alls wait for the
@@ -518,13 +518,16 @@ print(slice_traffic.format_fastest(slice_traffic.fastest(rows)))
 # ring stays on one chip's two TensorCores and moves nothing over the ICI) and the ring of 8 from
 # 0.1 up: it runs a kernel before its first shard lands, so its permutes hide behind the kernel
 # once the kernel takes longer than they do. At 219,600 tokens the ring leads on v6e 2x2 and TPU7x
-# at every density. For the training steps Ulysses leads (tied on TPU7x with Ulysses x ring): the
-# Ulysses x ring training step on v6e 4x4 runs no kernel before the shards of its one remote hop
-# land (k and v there, dk and dv back), so in a ring of 2 all of that traffic is exposed; no ring
-# training step was compiled at this shape (its backward still compiles a kernel a block). The
-# kernel column is the single-chip kernel's estimate scaled to each device's share for every
-# strategy: a ring's shared forward kernel, whose blocks share at most 8 patterns and one grid
-# width, is not estimated on its own, so the ring's rows are its best case. From density 0.25 up
+# at every density. In a training step the ring of 8 leads on TPU7x 2x2x1 and v6e 4x4 from density
+# 0.1 up (tied with Ulysses on v6e 4x4 from 0.5), Ulysses below it; on v6e 2x2 Ulysses leads at
+# every density, by a hair: that ring runs no kernel before its first shard lands, and the exposed
+# share of its permutes (2.9 ms) exceeds Ulysses' seven all-to-alls (2.54 ms). The Ulysses x ring
+# training step on v6e 4x4 runs no kernel before the shards of its one remote hop land (k and v
+# there, dk and dv back), so in a ring of 2 all of that traffic is exposed. The kernel column is the
+# single-chip kernel's estimate scaled to each device's share for every strategy: a ring's shared
+# kernel, whose blocks share one step plan (at most 8 patterns, one grain and one grid width in
+# the forward; the most rows of any block in the backward), is not estimated on its own, so the
+# ring's rows are its best case. From density 0.25 up
 # the margins are about a tenth of the call or less, within what a lower bound on the traffic can
 # tell apart.
 #
@@ -532,8 +535,9 @@ print(slice_traffic.format_fastest(slice_traffic.fastest(rows)))
 # transfer starts before the first kernel runs, but no kernel runs before the first shard lands (the
 # last number of their lines): the compiler schedules the local hop's kernel, the one that waits for
 # nothing, after it. The first remote hop's transfer then has nothing to hide behind. At Wan 14B's
-# shape the v6e 2x2 ring and the v6e 4x4 Ulysses x ring programs do the same, while the v6e 2x2
-# Ulysses x ring forward and the TPU7x Ulysses x ring training step run kernels first. The model
+# shape the v6e 2x2 rings, the v6e 4x4 ring's training step and the v6e 4x4 Ulysses x ring
+# training step do the same, while the Ulysses x ring forwards, the TPU7x programs and the v6e 4x4
+# ring's forward run kernels first. The model
 # charges one hop's share of the permutes as exposed where a compiled record counts no kernel before
 # the first arrival (the "kernels before the first shard lands" and "exposed" columns): in a ring of
 # 2 that is all of it. Records compiled before that count was kept show "-" and are taken as
@@ -599,7 +603,7 @@ print(f"PASSED  WanBlock ({params:,} parameters, {H} heads, sliding tile {tile_m
 #   at density 0.25 on v6e and TPU7x (about half of it for the rings of 8, a small fraction for the
 #   rest), and at the longer clip a smaller share still. A ring's permutes hide behind its kernel
 #   except where the compiler runs no kernel before the first shard lands (the v6e 2x2 rings and the
-#   v6e 4x4 Ulysses x ring programs here): then one hop's transfer is exposed. The traffic matches
+#   v6e 4x4 training steps of the ring and Ulysses x ring here): then one hop's transfer is exposed. The traffic matches
 #   the kernel only below density 0.135 (TPU7x's ring of 8), in the forward and in a training step.
 # * A ring compiles one kernel body a direction for all its (hop, device) blocks, their tables and
 #   offsets passed as data: TPU7x's ring of 8 (64 blocks) compiled its forward in 190 s and its

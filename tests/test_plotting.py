@@ -1,10 +1,20 @@
 """The plotting helpers added for the notebooks draw and save without error (smoke tests)."""
 
 import matplotlib
+import pytest
 
 from stlib import plotting
 
 matplotlib.use("Agg")
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    """Each test's figures closed after it (pyplot warns past 20 open figures)."""
+    yield
+    import matplotlib.pyplot as plt
+
+    plt.close("all")
 
 
 def test_relative_bars(tmp_path):
