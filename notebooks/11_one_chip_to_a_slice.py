@@ -519,9 +519,10 @@ print(slice_traffic.format_fastest(slice_traffic.fastest(rows)))
 # 0.1 up: it runs a kernel before its first shard lands, so its permutes hide behind the kernel
 # once the kernel takes longer than they do. At 219,600 tokens the ring leads on v6e 2x2 and TPU7x
 # at every density. In a training step the ring of 8 leads on TPU7x 2x2x1 and v6e 4x4 from density
-# 0.1 up (tied with Ulysses on v6e 4x4 from 0.5), Ulysses below it; on v6e 2x2 Ulysses leads at
-# every density, by a hair: that ring runs no kernel before its first shard lands, and the exposed
-# share of its permutes (2.9 ms) exceeds Ulysses' seven all-to-alls (2.54 ms). The Ulysses x ring
+# 0.1 up (tied with Ulysses on v6e 4x4 from 0.5), Ulysses below it. On v6e 2x2 Ulysses x ring leads
+# at every density, by a hair (49.9 ms at density 0.25, Ulysses 50.7, the ring 51.1): it runs a
+# kernel before its ring shard lands, so only its all-to-alls show, while that ring runs none, and
+# the exposed share of its permutes (2.9 ms) exceeds Ulysses' seven all-to-alls (2.54 ms). The Ulysses x ring
 # training step on v6e 4x4 runs no kernel before the shards of its one remote hop land (k and v
 # there, dk and dv back), so in a ring of 2 all of that traffic is exposed. The kernel column is the
 # single-chip kernel's estimate scaled to each device's share for every strategy: a ring's shared
@@ -535,9 +536,8 @@ print(slice_traffic.format_fastest(slice_traffic.fastest(rows)))
 # transfer starts before the first kernel runs, but no kernel runs before the first shard lands (the
 # last number of their lines): the compiler schedules the local hop's kernel, the one that waits for
 # nothing, after it. The first remote hop's transfer then has nothing to hide behind. At Wan 14B's
-# shape the v6e 2x2 rings, the v6e 4x4 ring's training step and the v6e 4x4 Ulysses x ring
-# training step do the same, while the Ulysses x ring forwards, the TPU7x programs and the v6e 4x4
-# ring's forward run kernels first. The model
+# shape the v6e 2x2 rings and the v6e 4x4 training steps of the ring and of Ulysses x ring do the
+# same; the other ring and Ulysses x ring programs run kernels first. The model
 # charges one hop's share of the permutes as exposed where a compiled record counts no kernel before
 # the first arrival (the "kernels before the first shard lands" and "exposed" columns): in a ring of
 # 2 that is all of it. Records compiled before that count was kept show "-" and are taken as
