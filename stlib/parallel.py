@@ -140,6 +140,7 @@ def parallel_attention(
     impl: str = DEFAULT_IMPL,
     batch_axis_name: str | None = None,
     shard_order: TokenOrder | None = None,
+    shared_kernel: bool = True,
     **kwargs,
 ):
     """Attention of global q, k, v [H, L, D] (or [B, H, L, D]) sharded over ``mesh``'s axis
@@ -161,7 +162,11 @@ def parallel_attention(
     ``stlib.attention`` (``block_q``, ``options``, ...). ``shard_order`` (rings only): the token
     order in which the ring splits the sequence (``stlib.ring.balanced_order``, or
     ``stlib.geometry.shard_order``: a zig-zag evens out a frame-causal mask's work); the inputs,
-    the mask and the output stay in the caller's order. Raises TypeError / ValueError naming the
+    the mask and the output stay in the caller's order. ``shared_kernel`` (rings only): every hop
+    through one kernel body a direction (``stlib.ring.shared_kernel``, for a kernel that has one), or
+    with False a body a (hop, device) block, each on its own step plan: faster kernels (at Wan 14B's
+    shape on a v5e two blocks' forwards took 532 and 604 ms alone, 812 and 793 ms shared), but a
+    body each to compile (80-185 s a body there; a ring of 8 has up to 64 blocks). Raises TypeError / ValueError naming the
     value: a mesh without ``axis_name``, H (or for "ulysses" and "ring" L) not divisible by the axis size, a
     mask or plan whose heads differ from q's, an unknown strategy.
 
@@ -176,6 +181,10 @@ def parallel_attention(
     axes = check_strategy(mesh, axis_name, strategy, batch_axis_name, reordered=grid is not None)
     if shard_order is not None and strategy not in ("ring", "ulysses-ring"):
         raise ValueError(f"shard_order is for the ring strategies, not strategy={strategy!r}")
+    if shared_kernel is not True and strategy not in ("ring", "ulysses-ring"):
+        raise ValueError(f"shared_kernel is for the ring strategies, not strategy={strategy!r}")
+    if not isinstance(shared_kernel, bool):
+        raise TypeError(f"shared_kernel={shared_kernel!r} must be True or False")
     n = int(np.prod([mesh.shape[name] for name in axes]))
     batch_size = None if batch_axis_name is None else mesh.shape[batch_axis_name]
     _check_shapes(q, k, v, strategy, n, batch_size)
@@ -204,11 +213,11 @@ def parallel_attention(
         kwargs["interpret"] = False
     if strategy in ("ring", "ulysses-ring"):
         if shard_order is None:
-            return _ring(q, k, v, mask, mesh, axes, batch_axis_name, get(chosen), kwargs)
+            return _ring(q, k, v, mask, mesh, axes, batch_axis_name, get(chosen), kwargs, shared_kernel)
         _check_shard_order(shard_order, length)
         q, k, v = (_gather_tokens(x, shard_order.perm) for x in (q, k, v))
         mask = ring.dense_mask(mask, length).permute(shard_order)
-        out = _ring(q, k, v, mask, mesh, axes, batch_axis_name, get(chosen), kwargs)
+        out = _ring(q, k, v, mask, mesh, axes, batch_axis_name, get(chosen), kwargs, shared_kernel)
         return _gather_tokens(out, shard_order.inverse)
     branches = device_branches(mask, plan, heads, n)
     run = partial(_run_branch, grid=grid, with_plan=plan is not None, impl=chosen, kwargs=kwargs)
@@ -294,10 +303,10 @@ def _check_axes(axis_name, strategy: str) -> tuple:
     return (axis_name,)
 
 
-def _ring(q, k, v, mask, mesh, axes, batch_axis_name, implementation, kwargs):
+def _ring(q, k, v, mask, mesh, axes, batch_axis_name, implementation, kwargs, shared: bool = True):
     """``strategy="ring"`` over ``axes = (ring,)``, or "ulysses-ring" over ``axes = (ulysses, ring)``:
     the sequence split over the axes, the hops of ``ring.ring_hops`` (one ring per head slice of the
-    Ulysses axis)."""
+    Ulysses axis); ``shared``: through ``ring.shared_kernel`` where the kernel has one."""
     ulysses_axis, ring_axis = axes if len(axes) == 2 else (None, axes[0])
     groups = 1 if ulysses_axis is None else mesh.shape[ulysses_axis]
     size = mesh.shape[ring_axis]
@@ -312,7 +321,7 @@ def _ring(q, k, v, mask, mesh, axes, batch_axis_name, implementation, kwargs):
         axis_name=ring_axis,
         num_devices=size,
         group_axis=ulysses_axis,
-        shared=ring.shared_kernel(implementation, call, hops, whole, size, per),
+        shared=ring.shared_kernel(implementation, call, hops, whole, size, per) if shared else None,
     )
     batched = q.ndim == 4
     head_axis = 1 if batched else 0

@@ -9,6 +9,7 @@ v6e slice without a TPU; bad input is refused by name."""
 from __future__ import annotations
 
 import re
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -409,3 +410,33 @@ def test_the_ring_reads_a_permuted_mask_past_the_dense_limit():
     hops = ring_hops(permuted, 4)
     assert permuted.length // 4 > masks.DENSE_LIMIT
     assert [hop.offset for hop in hops] == [0, 1, 3]  # a shard sees its neighbours' boundary frames
+
+
+def test_shared_kernel_false_runs_a_kernel_a_block_with_the_same_output():
+    """``shared_kernel=False``: the best tile kernel's ring runs each (hop, device) block on its own
+    step plan (a ``lax.switch`` branch a block) and gives the shared kernel's output; other strategies
+    refuse the keyword."""
+    mask = _svg_mix()
+    q, k, v = qkv(8, HEADS, GRID.num_tokens, 32)
+    name = by_role(Role.BEST_TILE).name
+
+    def fn(q, k, v, shared):
+        return parallel_attention(
+            q, k, v, mask, mesh=_mesh(), axis_name="x", strategy="ring", impl=name, shared_kernel=shared,
+            block_q=128, block_kv=128,
+        )  # fmt: skip
+
+    own, shared = jax.jit(partial(fn, shared=False)), jax.jit(partial(fn, shared=True))
+    hops = ring_hops(mask, 4)
+    calls = {
+        s: str(jax.make_jaxpr(f)(q, k, v)).count("pallas_call[") for s, f in ((False, own), (True, shared))
+    }
+    # a kernel call a distinct block of each hop, against one a hop (one body for all)
+    assert calls == {
+        False: sum(len([b for b in hop.branches if b is not None]) for hop in hops),
+        True: len(hops),
+    }
+    assert calls[False] > calls[True]
+    assert_close(own(q, k, v), shared(q, k, v), TOL)
+    with pytest.raises(ValueError, match="shared_kernel is for the ring strategies"):
+        parallel_attention(q, k, v, mask, mesh=_mesh(), axis_name="x", strategy="heads", shared_kernel=False)
