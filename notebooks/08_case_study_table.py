@@ -699,9 +699,9 @@ print(f"v5e's program_bundles_limit in the chip table: {chip_spec('v5e').program
 # pattern region at all but a large MASKED one, is still slow, if less so; the band at 1,024 x 2,048,
 # at pace, turns slow when 96- or 64-key register tiles make its program larger; issuing no scores
 # ahead changes neither size nor time. The backward follows the same line: the band's backward ran
-# at pace only at the blocks whose program is small (63,603 bundles), and about 3.8 times its
+# at pace only at the blocks whose program is small (63,596 bundles as compiled now), and about 3.8 times its
 # schedule at every other (its blocks are cut to the forward's, so four candidates are two
-# programs). In the probes and the sweep above, every kernel at pace holds at most 63,603 bundles and
+# programs). In the probes and the sweep above, every kernel at pace holds at most 63,596 bundles and
 # every slow one at least 67,704: a limit between the two, as if the core held 2^16 = 65,536 bundles
 # of instructions and fetched the rest while it runs. That is a reading of measurements, not a
 # documented fact of the chip. The chip table keeps it (`Chip.program_bundles_limit`, v5e only) and
