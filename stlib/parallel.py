@@ -181,10 +181,10 @@ def parallel_attention(
     axes = check_strategy(mesh, axis_name, strategy, batch_axis_name, reordered=grid is not None)
     if shard_order is not None and strategy not in ("ring", "ulysses-ring"):
         raise ValueError(f"shard_order is for the ring strategies, not strategy={strategy!r}")
-    if shared_kernel is not True and strategy not in ("ring", "ulysses-ring"):
-        raise ValueError(f"shared_kernel is for the ring strategies, not strategy={strategy!r}")
     if not isinstance(shared_kernel, bool):
         raise TypeError(f"shared_kernel={shared_kernel!r} must be True or False")
+    if not shared_kernel and strategy not in ("ring", "ulysses-ring"):
+        raise ValueError(f"shared_kernel is for the ring strategies, not strategy={strategy!r}")
     n = int(np.prod([mesh.shape[name] for name in axes]))
     batch_size = None if batch_axis_name is None else mesh.shape[batch_axis_name]
     _check_shapes(q, k, v, strategy, n, batch_size)

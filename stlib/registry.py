@@ -229,22 +229,23 @@ class Implementation:
     def schedule_rules(self, kernel: str) -> tuple[Callable | None, Callable | None]:
         """(compute_regions, schedule_counts) of the compiled kernel ``kernel``: the backward's for
         one of its backward's kernels, else the implementation's."""
-        backward = self.backward.estimator if self.backward else None
-        if backward and _unbatched(kernel).startswith(backward.kernel_names):
-            return backward.compute_regions, backward.schedule_counts
-        if self.estimator is None:
-            return None, None
-        return self.estimator.compute_regions, self.estimator.schedule_counts
+        hooks = self._hooks_of(kernel)
+        return (None, None) if hooks is None else (hooks.compute_regions, hooks.schedule_counts)
 
     def edge_regions(self, kernel: str) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
         """The names of ``kernel``'s step regions before and after its compute, by position, where
         its rules name them (``EstimatorHooks.edge_regions``); None: "init" before, "finalise" after."""
-        backward = self.backward.estimator if self.backward else None
-        hooks = (
-            backward if backward and _unbatched(kernel).startswith(backward.kernel_names) else self.estimator
-        )
+        hooks = self._hooks_of(kernel)
         rule = hooks.edge_regions if hooks is not None else None
         return rule(kernel) if rule is not None else None
+
+    def _hooks_of(self, kernel: str) -> EstimatorHooks | None:
+        """The estimator hooks of the compiled kernel ``kernel`` (a vmapped one too): its backward's
+        for one of its backward's kernels, else its own."""
+        backward = self.backward.estimator if self.backward else None
+        if backward and _unbatched(kernel).startswith(backward.kernel_names):
+            return backward
+        return self.estimator
 
 
 def _unbatched(kernel: str) -> str:

@@ -52,6 +52,11 @@ DQ_PREFIX, DKV_PREFIX, FUSED_PREFIX = "stlib_bwd_dq", "stlib_bwd_dkv", "stlib_bw
 BACKWARD_PREFIXES = (DQ_PREFIX, DKV_PREFIX, FUSED_PREFIX)
 
 
+#: Where a stacked pass's prefetched tables hold the block's real rows and its offsets: after the
+#: worked rows (head, row, slot) and the row tables' tiles and counts, before what a plan adds.
+_REAL_ROWS, _OFFSETS = 5, 6
+
+
 def _mask_fn(plan: MaskPlan, tab, head, qi, ki, bq, bkv, *, transposed: bool, predicate):
     """bool mask of a step's tile, [bq, bkv] (or [bkv, bq] ``transposed``: S^T's, keys on
     sublanes), or None (no mask); ``predicate(queries, keys, head)``: the mask on indices."""
@@ -110,7 +115,7 @@ class PassGrid:
             tables, real, extent, n_rows = mask_info.block_grid_tables(
                 selected, plan, num_heads, stack.num_blocks, transposed=transposed, codes=codes
             )
-            tables[5:5] = [real, stack.offsets]
+            tables[_REAL_ROWS:_REAL_ROWS] = [real, stack.offsets]  # after the row tables' counts
             blocks = [t[0] for t in tables]  # SMEM holds the block a call runs
         mask_info.check_prefetch(blocks, plan, block_q, kernel, "use larger tiles or fewer heads per call")
         if stack is not None:
@@ -119,18 +124,18 @@ class PassGrid:
 
     def own_row(self, p, tab):
         """Whether grid row ``p`` is one of the block's own (always, but for a stack's padding)."""
-        return True if self.stack is None else p < tab[5][0]
+        return True if self.stack is None else p < tab[_REAL_ROWS][0]
 
     def last_row(self, tab):
         """The last grid row that is the block's own."""
-        return self.n_rows - 1 if self.stack is None else tab[5][0] - 1
+        return self.n_rows - 1 if self.stack is None else tab[_REAL_ROWS][0] - 1
 
     def predicate(self, tab, mask, queries, keys, head):
         """``mask`` on (query, key) indices of this call's tokens: a stack's block evaluates its
         base at the block's offsets."""
         if self.stack is None:
             return mask.mask_function(queries, keys, head)
-        first, q_start, k_start = tab[6][0], tab[6][1], tab[6][2]
+        first, q_start, k_start = (tab[_OFFSETS][i] for i in range(3))
         return self.stack.base.mask_function(queries + q_start, keys + k_start, head + first)
 
     @property
@@ -138,13 +143,14 @@ class PassGrid:
         """Whether the pass reads its tiles' masks from the int8 table operand (``mask``)."""
         return self.plan.mode == MaskPlanMode.TABLE
 
-    def where(self, p, j, head, row, slot, tiles, counts, *rest):
+    def where(self, p, j, *tab):
         """(head, row tile, tile of the row, table entry, active) of grid step (p, j): the row
         tile is a q tile (a kv tile when ``transposed``); a stack's padding rows are never active."""
+        head, row, slot, tiles, counts = tab[:5]
         entry = slot[p] * self.extent + j
         active = j < counts[slot[p]]
         if self.stack is not None:
-            active &= p < rest[0][0]
+            active &= self.own_row(p, tab)
         return head[p], row[p], tiles[entry], entry, active
 
     def block_maps(self):

@@ -173,37 +173,36 @@ def worked_rows(counts: np.ndarray, num_heads: int) -> list[np.ndarray]:
     return [x.astype(np.int32) for x in (head, row, slot)]
 
 
+def _row_form(selected, plan: MaskPlan, transposed: bool):
+    """``selected`` and ``plan`` as the rows a grid walks: q rows, or kv rows when ``transposed``
+    (``selected`` and the plan's mask index transposed)."""
+    if not transposed:
+        return selected, plan
+    if plan.mode == MaskPlanMode.TABLE:
+        plan = dataclasses.replace(plan, index=np.broadcast_to(plan.index, selected.shape).transpose(0, 2, 1))
+    return np.ascontiguousarray(selected.transpose(0, 2, 1)), plan
+
+
 def grid_tables(selected, plan: MaskPlan, num_heads: int, *, transposed: bool):
     """(prefetch tables, W, number of worked rows) of a pass that walks only its worked rows: the
     worked rows' head / row / slot, then the row tables (the forward's, or ``transposed``: per kv
     tile its q tiles, the plan's mask index transposed with them) with the mask-table index or
     kv_valid a plan needs last."""
-    if transposed:
-        if plan.mode == MaskPlanMode.TABLE:
-            plan = dataclasses.replace(
-                plan, index=np.broadcast_to(plan.index, selected.shape).transpose(0, 2, 1)
-            )
-        selected = np.ascontiguousarray(selected.transpose(0, 2, 1))
+    selected, plan = _row_form(selected, plan, transposed)
     per_row, extent = row_step_tables(selected, plan)
     worked = worked_rows(per_row[1].reshape(selected.shape[:2]), num_heads)
     return [*worked, *per_row], extent, worked[0].size
 
 
-def _pad_steps(table: np.ndarray, rows: int, width: int) -> np.ndarray:
-    """A per-step table of ``rows`` rows to ``width`` steps a row, each row's last entry repeated."""
-    table = table.reshape(rows, -1)
-    return np.pad(table, ((0, 0), (0, width - table.shape[1])), mode="edge").reshape(-1)
-
-
 def block_grid_tables(selected, plan: MaskPlan, num_heads: int, blocks: int, *, transposed: bool, codes=None):
     """(prefetch tables [blocks, n] each, real rows int32 [blocks, 1], W, R) of a pass over a
     ``StackedBlocks`` layout whose ``selected`` [blocks * Hb, rows, cols] holds ``blocks`` blocks of
-    Hb heads: block b's ``grid_tables`` (and, with ``codes``, its ``step_codes`` last) on its own
-    heads, every block padded to the widest row W and to the most worked rows R, so one grid (R, W)
-    runs any block with its row of each table as data. A block without a worked row gets one (head
-    0, row 0; no tile: its accumulators are read and written back unchanged); padding rows repeat
-    its last row, and its real rows say how many rows are its own (a kernel leaves the rest idle).
-    An int8 mask table's index is each block's (the tile masks are the stack's, shared).
+    Hb heads, in ``grid_tables``' order (and, with ``codes``, the ``step_codes`` last): the row
+    tables of the whole stack (one width W, its widest row), cut block by block, and each block's
+    worked rows padded to the most of any block, R, so one grid (R, W) runs any block with its row of
+    each table as data. A block without a worked row gets one (head 0, row 0; no tile: its
+    accumulators are read and written back unchanged); padding rows repeat its last row, and its
+    real rows say how many rows are its own (a kernel leaves the rest idle).
 
     >>> sel = np.zeros((2, 2, 2), bool); sel[0] = [[1, 0], [1, 1]]; sel[1, 1, 1] = True
     >>> none = MaskPlan(MaskPlanMode.NONE, None, 256)
@@ -211,40 +210,23 @@ def block_grid_tables(selected, plan: MaskPlan, num_heads: int, blocks: int, *, 
     >>> width, rows, real.tolist(), tables[1].tolist()  # the kv rows each block walks
     (2, 2, [[2], [1]], [[0, 1], [1, 1]])
     """
-    heads = selected.shape[0] // blocks
-    codes = None if codes is None else np.broadcast_to(codes, selected.shape)
-    per_step = {3} | ({5} if plan.mode == MaskPlanMode.TABLE else set())  # tiles; the mask index
-    per_block = []
-    for b in range(blocks):
-        own = slice(b * heads, (b + 1) * heads)
-        block_plan = plan
-        if plan.mode == MaskPlanMode.TABLE:
-            block_plan = dataclasses.replace(plan, index=np.broadcast_to(plan.index, selected.shape)[own])
-        tables, extent, n_rows = grid_tables(selected[own], block_plan, num_heads, transposed=transposed)
-        if codes is not None:
-            tables.append(step_codes(selected[own], codes[own], transposed=transposed))
-        if n_rows == 0:  # one idle row of its own: (head 0, row 0), whose count is 0
-            tables[:3] = [np.zeros(1, np.int32)] * 3
-        per_block.append((tables, extent, max(n_rows, 1)))
+    rows_of, row_plan = _row_form(selected, plan, transposed)
+    per_row, extent = row_step_tables(rows_of, row_plan)
     if codes is not None:
-        per_step.add(len(per_block[0][0]) - 1)
-    width = max(extent for _, extent, _ in per_block)
-    most = max(n for *_, n in per_block)
-    slots = per_block[0][0][4].size  # (head, row) slots of the row tables, alike for every block
-    padded = []
-    for tables, _, n in per_block:
-        padded.append(
-            [
-                np.pad(t, (0, most - n), mode="edge")
-                if i < 3
-                else _pad_steps(t, slots, width)
-                if i in per_step
-                else t
-                for i, t in enumerate(tables)
-            ]
-        )
-    real = np.array([[n] for *_, n in per_block], np.int32)
-    return [np.stack(column) for column in zip(*padded, strict=True)], real, width, most
+        per_row.append(step_codes(selected, codes, transposed=transposed))
+    if row_plan.mode == MaskPlanMode.PREFIX:  # kv_valid: alike for every block
+        per_row[2] = np.broadcast_to(per_row[2], (blocks, per_row[2].size)).reshape(-1)
+    counts = per_row[1].reshape(blocks, -1, rows_of.shape[1])
+    worked = []
+    for block_counts in counts:
+        head, row, slot = worked_rows(block_counts, num_heads)
+        if head.size == 0:  # one idle row of its own: (head 0, row 0), whose count is 0
+            head, row, slot = (np.zeros(1, np.int32),) * 3
+        worked.append((head, row, slot))
+    most = max(head.size for head, _, _ in worked)
+    padded = [np.stack([np.pad(w[i], (0, most - w[i].size), mode="edge") for w in worked]) for i in range(3)]
+    real = np.array([[head.size] for head, _, _ in worked], np.int32)
+    return [*padded, *(t.reshape(blocks, -1) for t in per_row)], real, extent, most
 
 
 def step_codes(selected: np.ndarray, codes: np.ndarray, *, transposed: bool) -> np.ndarray:
