@@ -8,9 +8,17 @@ table on a CPU-only machine through libtpu; it reports memory use but no time.
 from __future__ import annotations
 
 import functools
+import glob
 from dataclasses import dataclass
+from pathlib import Path
 
 import jax
+
+
+def host_has_tpu() -> bool:
+    """Whether a TPU chip (a Google PCI device) is attached to this host; read from sysfs, without
+    initialising JAX (the same test as JAX's own ``hardware_utils``)."""
+    return any(Path(v).read_text().strip() == "0x1ae0" for v in glob.glob("/sys/bus/pci/devices/*/vendor"))
 
 
 def backend() -> str:

@@ -15,13 +15,13 @@ Importing this module also quiets libtpu's initialisation chatter on hosts witho
 from __future__ import annotations
 
 import functools
-import glob
 import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from stlib import exercises, paths
+from stlib import checks, exercises, paths
+from stlib.device import host_has_tpu
 
 SIZES = ("small", "full", "auto")
 
@@ -34,12 +34,8 @@ QUIET_LIBTPU_ENV = {"TPU_ACCELERATOR_TYPE": "v6e-4", "TPU_WORKER_HOSTNAMES": "lo
 #: Most grid steps a Pallas kernel may run in interpret mode when "full" was asked for off a TPU
 #: (the small configuration runs a few hundred; dense attention at the case study runs 109,520).
 INTERPRET_STEP_LIMIT = 20_000
-
-
-def host_has_tpu() -> bool:
-    """Whether a TPU chip (a Google PCI device) is attached to this host; read from sysfs, without
-    initialising JAX (the same test as JAX's own ``hardware_utils``)."""
-    return any(Path(v).read_text().strip() == "0x1ae0" for v in glob.glob("/sys/bus/pci/devices/*/vendor"))
+#: The notebooks' own measurements on a TPU (``NotebookConfig.record``), under ``data/``.
+MEASUREMENTS = "notebook_measurements.jsonl"
 
 
 def quiet_libtpu(environ=os.environ) -> dict:
@@ -87,6 +83,24 @@ class NotebookConfig:
         """figures/NN_name.png"""
         return self.figures / f"{name}.png"
 
+    def timed_figure(self, name: str) -> Path:
+        """Where a figure showing times measured in this run goes: ``figures/NN_name.png`` on a TPU
+        (the committed figures that show times are the chip's), ``figures/cpu/NN_name.png`` elsewhere,
+        so a CPU run of the main job draws its own beside the chip's and never over them."""
+        return self.figure(name) if self.on_tpu else self.figures / "cpu" / f"{name}.png"
+
+    def record(self, notebook: str, what: str, **fields) -> dict | None:
+        """On a TPU, append one record of a notebook's measurement to ``data/notebook_measurements.jsonl``
+        (device kind, versions, revision, date, configuration in front of ``fields``) and return it;
+        elsewhere (interpret-mode times say nothing about a TPU) record nothing and return None."""
+        if not self.on_tpu:
+            return None
+        from stlib.bench.records import Recorder
+
+        return Recorder(self.data / MEASUREMENTS).write(
+            {"notebook": notebook, "what": what, "size": self.size, "workload": self.workload.name, **fields}
+        )
+
     @property
     def where(self) -> str:
         """Backend words for titles: 'TPU v6e lite' or 'CPU (Pallas interpret mode)'."""
@@ -102,7 +116,8 @@ def home() -> Path:
 
 def resolve_size(size: str | None = None) -> str:
     """ "full" or "small": ``STLIB_SIZE`` if set, else ``size``; "auto" / None / "" mean full on a
-    TPU, small elsewhere. Raises SetupError (a ValueError) for anything else."""
+    TPU that can serve it (``shortfall``: else one sentence and small), small elsewhere. Raises
+    SetupError (a ValueError) for anything else."""
     env = os.environ.get("STLIB_SIZE")
     chosen = (env or size or "auto").strip().lower()
     if chosen not in SIZES:
@@ -111,7 +126,44 @@ def resolve_size(size: str | None = None) -> str:
             f"{where} is not a size: use 'small', 'full' or 'auto' (full on a TPU, small elsewhere), "
             f"e.g. STLIB_SIZE=small or python -m stlib.reproduce --size small."
         )
-    return ("full" if on_tpu() else "small") if chosen == "auto" else chosen
+    if chosen != "auto":
+        return chosen
+    if not on_tpu():
+        return "small"
+    short = shortfall()
+    if short:
+        print(
+            f"this TPU host cannot serve the case-study size ({short}): the notebook runs the small configuration"
+        )
+        return "small"
+    return "full"
+
+
+#: What a host needs for the case-study size: HBM on the first device (a training step at 10 x 75,600 x
+#: 128 holds a few GB; a TPU v5e has 15.7 GiB) and host memory (a process holding a v5e keeps about
+#: 14 GB resident; the notebooks stay under 20 GB there).
+MIN_HBM_BYTES, MIN_HOST_BYTES = 8 * 2**30, 24 * 2**30
+
+
+def shortfall(hbm_bytes: int | None = None, host_bytes: int | None = None) -> str | None:
+    """Why this host cannot serve the case-study size (one phrase), or None where it can. Read from the
+    first device's ``memory_stats()["bytes_limit"]`` and the host's physical memory unless given.
+
+    >>> shortfall(hbm_bytes=16 * 2**30, host_bytes=40 * 2**30) is None
+    True
+    >>> shortfall(hbm_bytes=4 * 2**30, host_bytes=40 * 2**30)
+    '4.0 GiB of HBM on its first device, under the 8 GiB it needs'
+    """
+    if hbm_bytes is None:
+        stats = jax.devices()[0].memory_stats() or {}
+        hbm_bytes = stats.get("bytes_limit")
+    if host_bytes is None:
+        host_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if hbm_bytes is not None and hbm_bytes < MIN_HBM_BYTES:
+        return f"{hbm_bytes / 2**30:.1f} GiB of HBM on its first device, under the {MIN_HBM_BYTES / 2**30:.0f} GiB it needs"
+    if host_bytes < MIN_HOST_BYTES:
+        return f"{host_bytes / 2**30:.1f} GiB of host memory, under the {MIN_HOST_BYTES / 2**30:.0f} GiB it needs"
+    return None
 
 
 class InterpretAtFullSize(SetupError):
@@ -207,38 +259,10 @@ def auto_choice() -> str:
     return f"impl={AUTO!r} (the default) runs {masked!r} with a mask, {dense!r} without one, on {backend()}"
 
 
-def max_error(out, q, k, v, mask=None, rows: int = 384) -> float:
-    """max |out - reference| for [H, L, D] attention output ``out``: over every row when L fits the
-    materialising reference (``registry.by_role(Role.REFERENCE).capabilities.max_length``), else over ``rows`` query rows at the
-    start, middle and end of the sequence (the reference on those rows only, never L x L)."""
-    import numpy as np
-
-    from stlib.api import attention
-    from stlib.reference import reference_attention
-    from stlib.registry import Role, by_role
-
-    reference = by_role(Role.REFERENCE)
-
-    length, n = q.shape[1], rows // 3
-    if length <= reference.capabilities.max_length:  # one compiled program, not an op at a time
-
-        def gap(out, q, k, v):
-            ref = attention(q, k, v, mask, impl=reference.name)
-            return jnp.max(jnp.abs(out.astype(jnp.float32) - ref.astype(jnp.float32)))
-
-        return float(jax.jit(gap)(out, q, k, v))
-    err = 0.0
-    heads = [0] if mask is None or mask.num_heads is None else range(mask.num_heads)
-    for q0 in (0, (length - n) // 2, length - n):
-        dense = None if mask is None else np.stack([mask.block(q0, q0 + n, 0, length, h) for h in heads])
-        ref = reference_attention(q[:, q0 : q0 + n], k, v, dense, q.shape[2] ** -0.5)
-        err = max(
-            err, float(jnp.max(jnp.abs(out[:, q0 : q0 + n].astype(jnp.float32) - ref.astype(jnp.float32))))
-        )
-    return err
-
-
-def tolerance(dtype) -> float:
-    """Max error allowed against the float32 reference: bf16 inputs meet bf16 probabilities on the
-    MXU; float32 is exact to rounding on a CPU, default-precision matmuls on a TPU."""
-    return 2e-2 if dtype == jnp.bfloat16 else (1e-4 if jax.default_backend() == "cpu" else 1e-2)
+#: The notebooks' checks (``stlib.checks``): one tolerance rule for every backend.
+max_error, tolerance, check_close, passed = (
+    checks.max_error,
+    checks.tolerance,
+    checks.check_close,
+    checks.passed,
+)

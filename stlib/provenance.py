@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime
 import functools
 import importlib.metadata
+import os
 import subprocess
 
 from stlib import paths
@@ -21,7 +22,11 @@ def _version(name: str) -> str | None:
 
 @functools.cache
 def git_rev() -> str:
-    """The short git revision of the clone stlib runs from ("unknown" outside a clone or without git)."""
+    """The short git revision of the clone stlib runs from ("unknown" outside a clone or without git);
+    ``STLIB_GIT_REV`` wins (a copy of the tree without its .git, as on a remote TPU machine, names
+    the revision it was copied from that way)."""
+    if os.environ.get("STLIB_GIT_REV"):
+        return os.environ["STLIB_GIT_REV"]
     if not paths.in_clone():
         return "unknown"
     try:

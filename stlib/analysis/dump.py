@@ -26,6 +26,7 @@ from pathlib import Path
 
 from stlib import sources
 from stlib.analysis.schedule import PINNED_LIBTPU, ScheduleFormatError
+from stlib.device import host_has_tpu
 
 #: Seconds a compile subprocess may take before it counts as failed (``STLIB_COMPILE_TIMEOUT``): a
 #: TPU7x compile takes 4-8 min on an idle 2-core machine, several times that on a loaded one.
@@ -246,11 +247,19 @@ def stlib_dir() -> Path:
     return sources.ROOT
 
 
+#: On a host with a TPU, what a compile subprocess needs to compile deviceless while this process
+#: holds the chip: no TPU backend of its own (a second process opening the chip fails with "open(/dev/vfio/N):
+#: Device or resource busy"), only libtpu's deviceless topology (``stlib.device.tpu_device``).
+DEVICELESS_ON_TPU_HOST = {"JAX_PLATFORMS": "cpu"}
+
+
 def subprocess_env() -> dict:
     """This process's environment for a ``python -m stlib...`` subprocess: it imports this very
-    stlib, also where stlib is importable only through sys.path, and may load libtpu beside us."""
+    stlib, also where stlib is importable only through sys.path, and may load libtpu beside us
+    (on a host with a TPU without opening the chip: ``DEVICELESS_ON_TPU_HOST``)."""
     env = dict(os.environ)
     env.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    env.update(DEVICELESS_ON_TPU_HOST if host_has_tpu() else {})
     env["PYTHONPATH"] = os.pathsep.join([str(stlib_dir().parent), *filter(None, [env.get("PYTHONPATH")])])
     return env
 
