@@ -132,26 +132,44 @@ plotting.save(fig, cfg.figure("03_density_vs_occupancy"))
 # ## A partial tile costs a full tile, plus the masking
 #
 # Measured directly: two masks with exactly the same occupied tiles, one with every pair of those
-# tiles allowed, one with only half of them (every other key). The second has half the density.
-# The tile-skipping `impl="xla"` path computes the same tiles for both, and in the second it also
-# applies the mask. (Plain XLA on this machine: an honest measurement of this backend.)
+# tiles allowed, one with only half of them (every other key, so that no part of a tile is empty
+# either). The second has half the density. Both are sliding-tile masks (notebook 02) on the
+# sequence laid out as a 1 x (L / 2) x 2 grid, where a tile of `block_kv / 2` rows holds the
+# `block_kv` consecutive tokens of one kv tile: with tiles two columns wide, a query sees its tile
+# and one on either side, three whole kv tiles (FULL); with tiles one column wide, only its own
+# column of the same three (PARTIAL). Each is checked against the reference, then both are timed.
+#
+# On a CPU (the small configuration: 2 heads x 4,096 tokens in float32, 256 x 256 tiles) the
+# tile-skipping `impl="xla"` path computes the same tiles for both, and in the second it also
+# applies the mask: plain XLA compiled for the CPU, an honest measurement of that backend. On a TPU
+# (the case-study shape in bfloat16, its tiles) the pair runs through `pallas_tile_lane_dense`, the
+# library's tile kernel (notebook 07), which computes only the occupied tiles and evaluates the
+# mask only on the tiles that need it.
 
 # %%
-L, block = 4096, 256
-tiles = np.abs(np.subtract.outer(np.arange(L // block), np.arange(L // block))) <= 1  # a band of tiles
-full_tiles = np.kron(tiles, np.ones((block, block), bool))
-half_tiles = full_tiles & (np.arange(L)[None, :] % 2 == 0)
-q, k, v = stlib.random_qkv((2, L, 64), jnp.float32, seed=0)
+if cfg.size == "full":
+    H, L, D, dtype = cfg.workload.num_heads, cfg.workload.num_tokens, cfg.workload.head_dim, jnp.bfloat16
+    impl, block_q, block_kv = "pallas_tile_lane_dense", cfg.block_q, cfg.block_kv
+else:
+    H, L, D, dtype = 2, 4096, 64, jnp.float32
+    impl, block_q, block_kv = "xla", 256, 256
+columns = stlib.VideoGrid(1, L // 2, 2)  # token 2 y + x: a tile of block_kv / 2 rows is one kv tile
+cases = {"FULL tiles": masks.sliding_tile(columns, (1, block_kv // 2, 2), (1, 3, 1)),
+         "the same tiles, PARTIAL (half the keys)": masks.sliding_tile(columns, (1, block_kv // 2, 1), (1, 3, 1))}
+layouts = {name: stlib.block_layout(mask, block_q, block_kv) for name, mask in cases.items()}
+q, k, v = stlib.random_qkv((H, L, D), dtype, seed=0)
+compiled = {name: bench.compile_function(functools.partial(stlib.attention, mask=mask, impl=impl, block_q=block_q,
+                                                           block_kv=block_kv), q, k, v)
+            for name, mask in cases.items()}
+for name, fn in compiled.items():  # the reference on every row at 4,096 tokens, on sampled rows at the case study
+    notebook.passed(f"{impl}, {name}", notebook.max_error(fn(q, k, v), q, k, v, cases[name]), notebook.tolerance(dtype))
 rounds, trials = 3, 3
-cases = {"FULL tiles": full_tiles, "the same tiles, PARTIAL (half the keys)": half_tiles}
-layouts = {name: stlib.block_layout(masks.from_array(array), block, block) for name, array in cases.items()}
-calls = {name: functools.partial(stlib.attention, mask=lay.mask, impl="xla", block_q=block, block_kv=block)
-         for name, lay in layouts.items()}
 tracker = bench.Progress(len(cases), "timing")  # a progress bar (tqdm) with its estimate of the time left
 # both masks timed in rounds, in a shuffled order, so a slow spell of a shared machine falls on both;
 # the fastest call of each is its cost with the least noise on top
-timings = bench.time_interleaved(calls, q, k, v, rounds=rounds, trials=trials, progress=lambda name: tracker.step(name))
-measured = f"measured time (fastest of {rounds * trials})"
+timings = bench.time_interleaved(compiled, q, k, v, rounds=rounds, trials=trials, progress=lambda name: tracker.step(name))
+calls = min(t.trials for t in timings.values())
+measured = f"measured time (fastest of {calls})"
 rows = {}
 for name, lay in layouts.items():
     timing = timings[name]
@@ -162,19 +180,29 @@ for name, lay in layouts.items():
           f"kinds {lay.kind_counts()}  fastest {timing.min_ms:.1f} ms (median {timing.median_ms:.1f}, "
           f"max {timing.max_ms:.1f})")
 full, half = (rows[name][measured] for name in rows)  # in the order of `cases`
-print(f"half the pairs cost {half / full:.2f}x the time of all of them on {jax.devices()[0].device_kind}")
+# plain XLA on a CPU, a compiled Pallas kernel on a TPU (cfg.where names the chip)
+where = cfg.where if cfg.on_tpu else f"{jax.default_backend().upper()} (plain XLA: not a TPU time)"
+print(f"half the pairs cost {half / full:.2f}x the time of all of them: {impl}, {H} heads x {L:,} tokens x {D}, "
+      f"{jnp.dtype(dtype).name}, on {where}")
 fig = plotting.relative_bars(rows, "FULL tiles", f"Half the pairs, the same tiles: a PARTIAL tile costs a FULL one\n"
-                             f"(L = {L:,}, {block} x {block} tiles, impl='xla' on {jax.devices()[0].device_kind}: "
-                             "plain XLA, not a TPU time)", xlabel="relative to the FULL tiles")
-plotting.save(fig, cfg.figure("03_partial_costs_full"))
+                             f"({H} heads x {L:,} tokens, {block_q} x {block_kv} tiles, impl={impl!r}, "
+                             f"{jnp.dtype(dtype).name}; measured on {where})", xlabel="relative to the FULL tiles")
+plotting.save(fig, cfg.timed_figure("03_partial_costs_full"))
+kept = cfg.record("03_blocks_and_tiles", "the same tiles FULL and PARTIAL (half the keys)", impl=impl,
+                  shape=[H, L, D], dtype=jnp.dtype(dtype).name, blocks=[block_q, block_kv],
+                  cases=[{"mask": name, "density": layouts[name].density, "tiles": rows[name]["tiles computed"],
+                          "median_ms": t.median_ms, "min_ms": t.min_ms, "max_ms": t.max_ms, "compile_ms": t.compile_ms,
+                          "calls": t.trials} for name, t in timings.items()])
+if kept:
+    print(f"recorded in data/notebook_measurements.jsonl ({kept['device_kind']}, revision {kept.get('git_rev')})")
 
 # %% [markdown]
 # The figure puts both masks side by side, each measure relative to the FULL-tile mask: half the
-# allowed pairs, the same tiles computed, and no less time. The ratio printed above is a little above
-# one, not the half that the pairs would suggest: the PARTIAL tiles do all the work of FULL ones and
-# then apply the mask on top. On a CPU with
-# plain XLA this is an honest measurement of this backend; on a TPU the masking costs vector-unit
-# work on every score of the tile as well.
+# allowed pairs, the same tiles computed, and no less time. The ratio printed above is nowhere near
+# the half that the pairs would suggest: the PARTIAL tiles do all the work of FULL ones and then
+# apply the mask on top, which in plain XLA on a CPU is one select per score next to its share of a
+# matrix product, and on a TPU is vector-unit work on every score of the tile while the matrix unit
+# does the products.
 #
 # ## Tile size is a trade-off
 #

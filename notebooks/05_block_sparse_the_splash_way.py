@@ -20,8 +20,10 @@
 # the mask's tile layout (notebook 03) *before* it runs and, at every grid step, decides whether to
 # compute at all. This notebook builds that kernel from scratch (`impl="pallas_block_sparse"`),
 # the way JAX's Splash attention does it: skip with `pl.when`, steer with scalar-prefetched
-# tables, and make skipped steps fetch nothing. Then it runs Splash itself, and makes the case
-# study's lesson visible: a sparse mask is not automatically faster than dense attention.
+# tables, and make skipped steps fetch nothing. It times that kernel beside the library's and
+# Splash (on a TPU; in interpret mode elsewhere, which says nothing about speed), runs Splash
+# itself, and makes the case study's lesson visible: a sparse mask is not automatically faster than
+# dense attention.
 
 # %% tags=["parameters"]
 SIZE = None  # "full", "small" or None (automatic: case-study sizes on a TPU, small elsewhere); env STLIB_SIZE wins
@@ -70,6 +72,7 @@ print(f"stlib from {Path(stlib.__file__).parent}; " + ", ".join(
 # %%
 import dataclasses
 import functools
+import math
 
 import jax.numpy as jnp
 import numpy as np
@@ -77,7 +80,7 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ma
 
 import stlib
 import stlib.kernels  # registers the Pallas kernels with stlib.attention
-from stlib import bench, configs, exercises, masks, notebook, plotting
+from stlib import bench, checks, configs, exercises, masks, notebook, plotting
 from stlib.kernels.block_sparse import step_table
 from stlib.kernels.splash import splash_blocks, splash_mask
 from stlib.layout import smem_bytes
@@ -85,7 +88,8 @@ from stlib.masks import case_study_masks
 from stlib.roofline import work_summary
 
 cfg = notebook.setup(SIZE, solutions=SOLUTIONS)
-max_error, tolerance = notebook.max_error, notebook.tolerance  # checks against the plain reference
+# checks against the plain reference, within the tolerance of the dtype on this backend (stlib.checks)
+max_error, tolerance, passed = notebook.max_error, notebook.tolerance, notebook.passed
 
 TOL = tolerance(cfg.workload.dtype)
 
@@ -108,11 +112,9 @@ print(f"{band!r}: density {layout.density:.3f}; {layout.grid_shape[0]} x {layout
       f"{cfg.block_q} x {cfg.block_kv}: {layout.kind_counts()}")
 kernel_args = {"block_q": cfg.block_q, "block_kv": cfg.block_kv, "interpret": cfg.interpret}
 out = stlib.attention(q, k, v, band, impl="pallas_dense", **kernel_args)
-err = max_error(out, q, k, v, band)
-assert err < TOL, err
-print(f"PASSED  pallas_dense with the band == reference (max error {err:.2e}); "
-      f"tiles computed: {work_summary('pallas_dense', layout, H, D)['computed_tiles']:,} "
-      f"of {H * layout.kinds[0].size:,}")
+passed("pallas_dense with the band == reference", max_error(out, q, k, v, band), TOL,
+       detail=f"; tiles computed: {work_summary('pallas_dense', layout, H, D)['computed_tiles']:,} "
+              f"of {H * layout.kinds[0].size:,}");
 
 # %% [markdown]
 # ## Skipping with `pl.when`, steering with scalar prefetch
@@ -284,7 +286,7 @@ def block_sparse_kernel(steps_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc
         o_ref[...] = jnp.where(l > 0, acc_ref[...] / jnp.where(l > 0, l, 1.0), 0.0).astype(o_ref.dtype)
 
 
-def block_sparse_attention(steps, q, k, v, *, width, kv_map, block_q=128, block_kv=128, interpret=True):
+def block_sparse_attention(steps, q, k, v, *, width, kv_map, block_q=128, block_kv=128, interpret=cfg.interpret):
     """steps: build_steps(...) of the band's layout; q, k, v [L, D] one head (L a multiple of both blocks);
     kv_map(i, j, steps_ref, nk): the kv index map (the first exercise below)."""
     (length, head_dim), scale = q.shape, q.shape[1] ** -0.5
@@ -317,9 +319,9 @@ def check_kv_map(kv_map):
     nq, nk = small_layout.grid_shape
     out = block_sparse_attention(jnp.asarray(steps), qt[0], kt[0], vt[0], width=small_band.width, kv_map=kv_map)
     blocks = np.array([[int(kv_map(i, j, steps, nk)[0]) for j in range(nk)] for i in range(nq)])  # the map on the host
-    err = float(jnp.max(jnp.abs(out - stlib.attention(qt, kt, vt, small_band, impl="reference")[0])))
+    err = checks.scaled_error(out, stlib.attention(qt, kt, vt, small_band, impl="reference")[0])
     copies, best = kv_copies(blocks[None], 1), kv_copies((steps.reshape(1, nq, nk) >> 2), 1)
-    if not err < tolerance(jnp.float32):
+    if not err <= tolerance(jnp.float32):
         raise exercises.NotYet(f"max error {err:.2e}: a computed step reads the wrong kv tile")
     if copies > best:
         raise exercises.NotYet(f"correct, but {copies} kv copies instead of {best}: skipped steps still fetch")
@@ -341,9 +343,9 @@ def check_against_both(name, out, q, k, v, mask, impl, **kwargs):
     """out [L, D] of a one-head teaching kernel vs the float32 reference and the stlib kernel ``impl``."""
     ref = stlib.attention(q, k, v, mask, impl="reference")[0]
     production = stlib.attention(q, k, v, mask, impl=impl, interpret=cfg.interpret, **kwargs)[0]
-    err_ref, err_lib = (float(jnp.max(jnp.abs(out.astype(F32) - x.astype(F32)))) for x in (ref, production))
-    assert max(err_ref, err_lib) < tolerance(q.dtype), (name, err_ref, err_lib)
-    print(f"PASSED  {name}: max error {err_ref:.1e} vs the reference, {err_lib:.1e} vs stlib {impl}")
+    err_ref, err_lib = checks.scaled_error(out, ref), checks.scaled_error(out, production)
+    passed(name, max(err_ref, err_lib), tolerance(q.dtype),
+           detail=f": {err_ref:.1e} vs the reference, {err_lib:.1e} vs stlib {impl}")
 
 
 check_against_both(f"block_sparse_kernel, band w = {small_band.width}, 1 x {small_length:,} x 128, 128 x 128 tiles",
@@ -435,9 +437,7 @@ exercises.verify("05.frame_causal", check_predicate, frame_causal_allowed)
 
 # %%
 out = stlib.attention(q, k, v, band, impl="pallas_block_sparse", **kernel_args)
-err = max_error(out, q, k, v, band)
-assert err < TOL, err
-print(f"PASSED  pallas_block_sparse with the band == reference (max error {err:.2e})")
+passed("pallas_block_sparse with the band == reference", max_error(out, q, k, v, band), TOL);
 
 # %% [markdown]
 # ## Splash itself
@@ -455,9 +455,7 @@ print(f"PASSED  pallas_block_sparse with the band == reference (max error {err:.
 
 # %%
 out = stlib.attention(q, k, v, band, impl="splash", **kernel_args)
-err = max_error(out, q, k, v, band)
-assert err < TOL, err
-print(f"PASSED  splash with the band == reference (max error {err:.2e})")
+passed("splash with the band == reference", max_error(out, q, k, v, band), TOL)
 
 info, _ = splash_attention_mask_info.process_mask(splash_mask(small_band, 1, small_length, small_length)[0], (128, 128))
 count = small_layout.row_counts[0]
@@ -477,6 +475,70 @@ splash_steps = case.num_heads * case_info.block_mask.shape[1] * case_info.block_
 print(f"Splash at {case.num_heads} x {case.num_tokens:,}, tiles {blocks.block_q} x {blocks.block_kv}: block_mask "
       f"{case_info.block_mask.shape} ({case_info.block_mask.dtype}) -> {splash_steps:,} grid steps instead of "
       f"{case.num_heads * case_layout.kinds[0].size:,}")
+
+# %% [markdown]
+# ## The teaching kernel beside `pallas_block_sparse` and Splash
+#
+# How fast is the kernel written in view? The three kernels on the same inputs and the same band
+# (density 0.25), with the same tiles: `block_sparse_kernel` with its step table,
+# `impl="pallas_block_sparse"` and Splash (`impl="splash"`, the band as its `LocalMask`), all with
+# the natural exponential. The teaching kernel handles one head: `jax.vmap` runs it for every head by
+# adding the head axis to its grid (the step table, shared by every head, is not mapped). It does
+# not pad, so the length is the largest multiple of both tiles that the workload's length holds:
+# the first tokens of the same random q, k, v, and the band built for that length (the cell prints
+# both). At such a length Splash needs no padding either, so it compares no segment ids. Each
+# kernel is compiled once and checked, then `bench.time_interleaved` times the three in a shuffled
+# order, round after round. On a TPU these are the chip's times at the case-study shape; off a TPU
+# all three run in Pallas interpret mode at the small shape, and the times measure the
+# interpreter, not a kernel.
+
+# %%
+whole_tiles = math.lcm(cfg.block_q, cfg.block_kv)
+L_teach = L // whole_tiles * whole_tiles  # the teaching kernel does not pad: whole tiles only
+band_teach = masks.band(L_teach, masks.band_width_for_density(L_teach, 0.25))
+layout_teach = stlib.block_layout(band_teach, cfg.block_q, cfg.block_kv)
+steps_teach = jnp.asarray(build_steps(np.asarray(layout_teach.kinds[0])))  # one table for every head
+qh, kh, vh = (x[:, :L_teach] for x in (q, k, v))
+teaching = jax.vmap(functools.partial(block_sparse_attention, width=band_teach.width, kv_map=kv_index_map,
+                                      block_q=cfg.block_q, block_kv=cfg.block_kv, interpret=cfg.interpret),
+                    in_axes=(None, 0, 0, 0))  # the table unmapped, q, k, v mapped over heads
+contenders = {
+    "teaching block_sparse_kernel (vmap over heads)": lambda q, k, v: teaching(steps_teach, q, k, v),
+    "stlib pallas_block_sparse": functools.partial(stlib.attention, mask=band_teach, impl="pallas_block_sparse",
+                                                   options={"exp2": False}, **kernel_args),
+    "Splash, the band": functools.partial(stlib.attention, mask=band_teach, impl="splash", **kernel_args),
+}
+print(f"{H} heads x {L_teach:,} tokens (of {L:,}: {L_teach // cfg.block_kv} kv tiles of {cfg.block_kv:,}) x {D}, "
+      f"{jnp.dtype(workload.dtype).name}, tiles {cfg.block_q} x {cfg.block_kv}; {band_teach!r}: density "
+      f"{layout_teach.density:.3f}, {layout_teach.kind_counts()}; "
+      + ("compiled" if cfg.on_tpu else "Pallas interpret mode"))
+compiled = {}
+for name, fn in contenders.items():
+    compiled[name] = bench.compile_function(fn, qh, kh, vh)  # compiled once: checked here, then timed
+    passed(name, max_error(compiled[name](qh, kh, vh), qh, kh, vh, band_teach), TOL,
+           detail=f"; compiled in {compiled[name].compile_ms / 1e3:.1f} s")
+rounds, trials = (2, 3) if cfg.on_tpu else (3, 3)  # a call at the case study takes tens of ms on a TPU
+timings = bench.time_interleaved(compiled, qh, kh, vh, rounds=rounds, trials=trials)
+fastest = min(t.median_ms for t in timings.values())
+print(f"{'kernel':<48} {'median ms':>10} {'min':>8} {'max':>8} {'x fastest':>10}")
+for name, t in timings.items():
+    print(f"{name:<48} {t.median_ms:>10.2f} {t.min_ms:>8.2f} {t.max_ms:>8.2f} {t.median_ms / fastest:>10.2f}")
+calls = min(t.trials for t in timings.values())
+print(f"median of {calls} calls each; on {cfg.where}")
+records = [{**bench.environment(), "interpret": cfg.interpret, "label": name, **dataclasses.asdict(t)}
+           for name, t in timings.items()]
+fig = plotting.latency_bars(records, f"Teaching block-sparse kernel vs stlib pallas_block_sparse vs Splash, band "
+                            f"density {layout_teach.density:.2f}, {H} x {L_teach:,} x {D} "
+                            f"{jnp.dtype(workload.dtype).name}\nmeasured on {cfg.where}; median of {calls} calls, "
+                            "whiskers min-max")
+plotting.save(fig, cfg.timed_figure("05_teaching_vs_library"))
+kept = cfg.record("05_block_sparse_the_splash_way", "teaching block-sparse kernel vs pallas_block_sparse vs splash, band",
+                  shape=[H, L_teach, D], dtype=jnp.dtype(workload.dtype).name, blocks=[cfg.block_q, cfg.block_kv],
+                  band_width=band_teach.width, density=layout_teach.density, rounds=rounds, trials=trials,
+                  cases=[{"label": name, **dataclasses.asdict(t)} for name, t in timings.items()])
+if kept:
+    print(f"recorded in data/notebook_measurements.jsonl ({kept['device_kind']}, revision {kept.get('git_rev')})")
+del compiled, qh, kh, vh  # free the executables and the cut inputs before the next section
 
 # %% [markdown]
 # ## The lesson: a sparse mask that is not faster than dense
@@ -502,38 +564,53 @@ runs = [  # (label, impl, mask here, mask at the case-study shape)
     ("pallas_block_sparse, sliding tile (raster)", "pallas_block_sparse", sta, sta_case),
 ]
 environment = bench.environment()
-trials = 9  # interpret-mode times on a shared CPU scatter by tens of percent: the median of 9, min-max whiskers
-records, work_records = [], []
+# interpret-mode times on a shared CPU scatter by tens of percent: 3 rounds of 3 calls, the median of the 9 and
+# min-max whiskers; a call at the case study takes 0.05 to 0.5 s on a v5e: 2 rounds of 3
+rounds, trials = (2, 3) if cfg.on_tpu else (3, 3)
+compiled, densities, work_records = {}, {}, []
 tracker = bench.Progress(len(runs), "run")  # a progress bar (tqdm) with its estimate of the time left
 for label, impl, mask, case_mask in runs:
     options = None if impl == "splash" else {"exp2": False}  # like for like: natural exp everywhere, as in Splash
-    fn = bench.compile_function(functools.partial(stlib.attention, mask=mask, impl=impl, options=options,
-                                                  **kernel_args), q, k, v)  # compiled once: checked, then timed
-    err = max_error(fn(q, k, v), q, k, v, mask)
-    assert err < TOL, (label, err)
-    timing = bench.time_function(fn, q, k, v, trials=trials, warmup=0)  # the checked call was the warm-up
-    here = stlib.block_layout(mask or masks.full(L), cfg.block_q, cfg.block_kv)
-    records.append({**environment, "interpret": cfg.interpret, "label": label, "density": here.density,
-                    **dataclasses.asdict(timing)})
+    compiled[label] = bench.compile_function(functools.partial(stlib.attention, mask=mask, impl=impl, options=options,
+                                                               **kernel_args), q, k, v)  # compiled once: checked, then timed
+    err = max_error(compiled[label](q, k, v), q, k, v, mask)
+    if not err <= TOL:
+        raise checks.CheckFailed(f"{label}: max error {err:.2e} > tolerance {TOL:.0e}")
+    densities[label] = stlib.block_layout(mask or masks.full(L), cfg.block_q, cfg.block_kv).density
     lay = stlib.block_layout(case_mask or masks.full(case.num_tokens), 512, 1024)
     work = work_summary(impl, lay, case.num_heads, case.head_dim, 2)
     if impl == "splash" and case_mask is not None:
         work["grid_steps"] = splash_steps  # Splash shrinks its grid (above); the generic model does not
     work_records.append({"label": label, **work})
-    tracker.step(f"PASSED {label:<44} density {here.density:.3f}  max error {err:.1e}  median "
-                 f"{timing.median_ms:7.1f} ms" + ("" if cfg.on_tpu else " (interpret mode, NOT a TPU time)")
-                 + f" | case-study shape: {work['grid_steps']:>7,} steps, executed/useful flops "
+    tracker.step(f"PASSED {label:<44} density {densities[label]:.3f}  max error {err:.1e}"
+                 f" | case-study shape: {work['grid_steps']:>7,} steps, executed/useful flops "
                  f"{work['flop_ratio']:.2f}, v6e roofline {work['roofline_v6e_ms']:.1f} ms")
-
-fig = plotting.latency_bars(records, f"Measured at {H} x {L:,} x {D} ({jnp.dtype(workload.dtype).name}), "
-                            f"tiles {cfg.block_q} x {cfg.block_kv}: median of {trials} calls, whiskers min-max")
-plotting.save(fig, cfg.figure("05_measured_times"))
+# every kernel timed rounds x trials times, in an order shuffled anew per round
+timings = bench.time_interleaved(compiled, q, k, v, rounds=rounds, trials=trials)
+calls = min(t.trials for t in timings.values())
+for label, t in timings.items():
+    print(f"{label:<44} median {t.median_ms:8.2f} ms (min {t.min_ms:.2f}, max {t.max_ms:.2f})"
+          + ("" if cfg.on_tpu else "  (interpret mode, NOT a TPU time)"))
+records = [{**environment, "interpret": cfg.interpret, "label": label, "density": densities[label],
+            **dataclasses.asdict(t)} for label, t in timings.items()]
+fig = plotting.latency_bars(records, f"Measured on {cfg.where} at {H} x {L:,} x {D} ({jnp.dtype(workload.dtype).name}), "
+                            f"tiles {cfg.block_q} x {cfg.block_kv}: median of {calls} calls, whiskers min-max")
+plotting.save(fig, cfg.timed_figure("05_measured_times"))
+kept = cfg.record("05_block_sparse_the_splash_way", "splash, pallas_dense, pallas_block_sparse: no mask, band, "
+                  "sliding tile (raster)", shape=[H, L, D], dtype=jnp.dtype(workload.dtype).name,
+                  blocks=[cfg.block_q, cfg.block_kv], rounds=rounds, trials=trials,
+                  cases=[{"label": label, "density": densities[label], **dataclasses.asdict(t)}
+                         for label, t in timings.items()])
+if kept:
+    print(f"recorded in data/notebook_measurements.jsonl ({kept['device_kind']}, revision {kept.get('git_rev')})")
+del compiled
 fig = plotting.work_bars(work_records, "Hardware-independent work at the case-study shape (10 x 75,600 x 128, "
                          "512 x 1,024 tiles): computed, not measured")
 plotting.save(fig, cfg.figure("05_work"))
 
 # %% [markdown]
-# Read the two figures side by side. On a CPU the measured times are interpreter times: the
+# Read the two figures side by side; the measured figure's title says where it was measured. On a
+# TPU the times are the chip's, at the case-study shape. On a CPU they are interpreter times: the
 # operations of each kernel body are dispatched one by one, so the times reflect how a body is
 # written as much as how much work it does (Splash's body interprets faster than stlib's, with or
 # without a mask: about twice as fast in a quiet run, and stlib's times scatter more from call to
@@ -541,11 +618,11 @@ plotting.save(fig, cfg.figure("05_work"))
 # with `options={"exp2": False}`, the natural exponential Splash uses, so no bar mixes in an exp2
 # difference.
 #
-# One pair of bars looks wrong: `pallas_dense` with a mask can come out *faster* than without one
-# (in some runs, not in others). It is not a property of the kernel. In interpret mode a grid
-# step costs mostly the interpreter's dispatch of the body's few dozen operations on 128 x 128
-# arrays; the mask adds a handful of vectorised operations per step (iotas, compares, selects),
-# while the same call run twice on this shared 2-core machine varies by tens of percent (the
+# On a CPU one pair of bars can look wrong: `pallas_dense` with a mask can come out *faster* than
+# without one (in some runs, not in others). It is not a property of the kernel. In interpret mode
+# a grid step costs mostly the interpreter's dispatch of the body's few dozen operations on
+# 128 x 128 arrays; the mask adds a handful of vectorised operations per step (iotas, compares,
+# selects), while the same call run twice on a shared 2-core machine varies by tens of percent (the
 # whiskers: min to max of 9 calls). A difference inside the whiskers is noise, and the order of two
 # such bars says nothing. On a TPU the masked dense kernel does strictly more work than the unmasked
 # one: the same matrix products plus the mask on every score. The work does not depend on the

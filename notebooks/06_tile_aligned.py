@@ -30,7 +30,8 @@
 # 4. **the ragged tail**: 75,600 is not a multiple of 128; the padded last kv tile runs in a pass
 #    of its own, and the passes are merged with a log-sum-exp merge.
 #
-# It ends with `stlib.video_attention`, which does all of it behind one call.
+# It ends with `stlib.video_attention`, which does all of it behind one call, and with the kernel
+# written in view timed beside `pallas_tile` and Splash.
 
 # %% tags=["parameters"]
 SIZE = None  # "full", "small" or None (automatic: case-study sizes on a TPU, small elsewhere); env STLIB_SIZE wins
@@ -96,6 +97,12 @@ H, L, D = workload.qkv_shape
 q, k, v = stlib.random_qkv(workload.qkv_shape, workload.dtype, seed=0)
 scale = D**-0.5
 TOL = tolerance(workload.dtype)
+# the checks in view run on the small grid on every backend (what they show needs no more); the
+# case-study size is for what is measured (the last section) and for stlib.video_attention
+small = configs.SMALL_CPU
+qs, ks, vs = stlib.random_qkv(small.qkv_shape, small.dtype, seed=1)
+print(f"checks in view: the small grid {small.grid.shape} = {small.num_tokens:,} tokens, {small.num_heads} heads, "
+      f"{jnp.dtype(small.dtype).name}")
 
 # %% [markdown]
 # ## 1. Token reordering
@@ -148,27 +155,26 @@ plotting.save(fig, cfg.figure("06_reorder_sliding_tile"))
 # `stlib.reorder.choose_orders` makes this choice by measurement: it builds the layout of the mask
 # in each candidate order (raster, token-major, and the 3-D tiled orders the mask suggests) and
 # keeps the one with the fewest non-empty tiles. Reordering is a gather before the kernel and a
-# gather after it (not part of the kernel time in the case study). Here is the kernel on this
-# notebook's shape, with the reordering written out: permute q, k, v; run `pallas_tile` on the
-# permuted mask; restore the output.
+# gather after it (not part of the kernel time in the case study). Here is the kernel with the
+# reordering written out: permute q, k, v; run `pallas_tile` on the permuted mask; restore the
+# output. It runs on the small grid on every backend (the setup cell prints it: 3 frames of 8 x 48
+# tokens; tiles of 128 x 128, one 1 x 8 x 16 tile each), which is all a check of the reordering
+# needs; the case-study size is timed at the end of the notebook.
 
 # %%
-grid = workload.grid
-checks = {
-    "temporal band 0.25": masks.temporal_band(grid, 0.25),
-    "sliding tile": masks.sliding_tile(grid, (1, 8, 16), (3, 1, 1)) if cfg.size == "small" else sta,
+block = (128, 128)  # one 1 x 8 x 16 tile of the small grid is 128 tokens
+reorder_checks = {
+    "temporal band 0.25": masks.temporal_band(small.grid, 0.25),
+    "sliding tile": masks.sliding_tile(small.grid, (1, 8, 16), (3, 1, 1)),
 }
-for name, mask in checks.items():
-    (order,) = choose_orders(grid, mask, cfg.block_q, cfg.block_kv)
-    if cfg.size == "small":
-        block = (128, 128)  # one 1 x 8 x 16 tile of the small grid is 128 tokens
-    else:
-        block = (384, 384) if "tiled" in order.name else (cfg.block_q, cfg.block_kv)
+for name, mask in reorder_checks.items():
+    (order,) = choose_orders(small.grid, mask, *block)
     permuted = mask.permute(order)
-    out = order.restore(stlib.attention(order.apply(q), order.apply(k), order.apply(v), permuted, impl="pallas_tile",
-                                        block_q=block[0], block_kv=block[1], interpret=cfg.interpret))
-    err = max_error(out, q, k, v, mask)
-    assert err < TOL, (name, err)
+    out = order.restore(stlib.attention(order.apply(qs), order.apply(ks), order.apply(vs), permuted,
+                                        impl="pallas_tile", block_q=block[0], block_kv=block[1],
+                                        interpret=cfg.interpret))
+    err = max_error(out, qs, ks, vs, mask)
+    assert err < tolerance(small.dtype), (name, err)
     before = stlib.block_layout(mask, *block).kind_counts()
     after = stlib.block_layout(permuted, *block).kind_counts()
     print(f"PASSED  {name}: chose {order.name!r}; pallas_tile == reference on the raster mask (max error {err:.2e}); "
@@ -211,8 +217,6 @@ plotting.save(fig, cfg.figure("06_boundary_budget"))
 # rounded mask densely: the kernel matches it exactly, and differs from the band's exact result.
 
 # %%
-small = configs.SMALL_CPU
-qs, ks, vs = stlib.random_qkv(small.qkv_shape, jnp.float32, seed=1)
 small_band = masks.band(small.num_tokens, masks.band_width_for_density(small.num_tokens, 0.25))
 small_layout = stlib.block_layout(small_band, 128, 128)
 keep = balanced_keep(small_layout)[0]  # [nq, nk]: tiles computed as FULL
@@ -300,16 +304,20 @@ print(f"radial: choose_orders keeps {choose_orders(case.grid, radial, 512, 1024)
 #   128 x 128 tiles the same mask wastes far less (the efficiencies printed above), at the price
 #   of many more grid steps (tiles of a 32nd of the area, fewer of them wasted) and bigger tables:
 #   the trade-off of notebook 03.
+#
+# Both forms compute the same attention. The check runs them with the frame-causal mask on the
+# small grid, on every backend (which form is right does not depend on the size):
 
 # %%
-causal = masks.frame_causal(grid)
-causal_layout = stlib.block_layout(causal, cfg.block_q, cfg.block_kv)
+causal = masks.frame_causal(small.grid)
+causal_layout = stlib.block_layout(causal, *block)
 for form in ("rows", "flat"):
-    out = tile_attention(q, k, v, causal_layout, scale=scale, options=TileOptions(form=form), interpret=cfg.interpret)
-    err = max_error(out, q, k, v, causal)
-    assert err < TOL, (form, err)
-    print(f"PASSED  pallas_tile ({form}) with the frame-causal mask == reference (max error {err:.2e}); "
-          f"{tile_work(causal_layout, H, D, TileOptions(form=form)).grid_steps:,} grid steps")
+    out = tile_attention(qs, ks, vs, causal_layout, scale=scale, options=TileOptions(form=form),
+                         interpret=cfg.interpret)
+    err = max_error(out, qs, ks, vs, causal)
+    assert err < tolerance(small.dtype), (form, err)
+    print(f"PASSED  pallas_tile ({form}) with the frame-causal mask == reference on the small grid (max error "
+          f"{err:.2e}); {tile_work(causal_layout, small.num_heads, D, TileOptions(form=form)).grid_steps:,} grid steps")
 
 # %% [markdown]
 # ## 4. The ragged tail, merged by log-sum-exp
@@ -357,8 +365,10 @@ print(f"PASSED  pallas_tile on the whole sequence == the hand merge (max error {
 # %% [markdown]
 # ## The tile-aligned kernel, written in view
 #
-# All four pieces together, for one head, in about seventy lines: a temporal band (density 0.25)
-# on this notebook's grid, whose occupied tiles in raster order are all PARTIAL.
+# All four pieces together, for one head, in about eighty lines: a temporal band (density 0.25)
+# on the small grid (on every backend: the kernel and its exercises need no more; the last
+# section times it at about the case-study length), whose occupied tiles in raster order are all
+# PARTIAL.
 #
 # 1. **reorder**: token-major order (`stlib.token_major_order`) makes the pattern a band; the
 #    layout of the permuted mask has FULL, PARTIAL and EMPTY tiles;
@@ -367,10 +377,13 @@ print(f"PASSED  pallas_tile on the whole sequence == the hand merge (max error {
 #    nothing new), plus the count per row; both go to SMEM. The grid is (q tiles, W), not
 #    (q tiles, kv tiles): EMPTY tiles cost no step at all;
 # 3. **two passes of one kernel**: `masked` is a Python bool, fixed at trace time. The main pass
-#    over FULL tiles has no mask code at all; the masked pass over PARTIAL tiles reads each tile's
-#    int8 mask block from HBM with the same table (the production kernel evaluates the mask's
-#    predicate from iota instead, or reads a deduplicated tile table). Each pass writes its partial
-#    output and, per query, its log-sum-exp (lse = -inf for a row that saw no key in that pass);
+#    over FULL tiles has no mask code at all; the masked pass over PARTIAL tiles reads its step's
+#    int8 mask tile from HBM: `mask_tiles` cuts one [block_q, block_kv] tile per slot of the pass's
+#    table out of the mask (`mask.block`, never an [L, L] array), and the index map picks the slot
+#    (a skipped slot repeats the row's last one, so it fetches nothing new). The production kernel
+#    evaluates the mask's predicate from iota instead, or reads a deduplicated tile table. Each pass
+#    writes its partial output and, per query, its log-sum-exp (lse = -inf for a row that saw no
+#    key in that pass);
 # 4. **the merge**: the section above's log-sum-exp merge, then restore raster order.
 #
 # One piece is left for you: the pass's finalise step, `finish`, which the kernel takes as an
@@ -378,6 +391,7 @@ print(f"PASSED  pallas_tile on the whole sequence == the hand merge (max error {
 
 # %%
 import functools
+import math
 import time
 
 import jax
@@ -407,6 +421,18 @@ def compact_rows(selected):
     return tiles.reshape(-1), counts
 
 
+def mask_tiles(mask, tiles, counts, block_q, block_kv):
+    """int8 [nq * W, block_q, block_kv]: the mask tile of each real slot of a pass's table (tiles, counts),
+    zeros past a row's count; cut from ``mask`` tile by tile (``mask.block``), never an [L, L] array."""
+    width = tiles.size // counts.size
+    table = np.zeros((tiles.size, block_q, block_kv), np.int8)
+    for i, count in enumerate(counts):
+        for slot in range(i * width, i * width + count):
+            k0 = int(tiles[slot]) * block_kv
+            table[slot] = mask.block(i * block_q, (i + 1) * block_q, k0, k0 + block_kv)
+    return table
+
+
 def tile_pass_kernel(tiles_ref, counts_ref, q_ref, k_ref, v_ref, *refs, scale, masked, finish):
     mask_ref, (o_ref, lse_ref, m_ref, l_ref, acc_ref) = (refs[0], refs[1:]) if masked else (None, refs)
     i, j, width = pl.program_id(0), pl.program_id(1), pl.num_programs(1)  # q tile, slot in its list, W
@@ -422,7 +448,7 @@ def tile_pass_kernel(tiles_ref, counts_ref, q_ref, k_ref, v_ref, *refs, scale, m
         s = jax.lax.dot_general(q_ref[...], k_ref[...], (((1,), (1,)), ((), ())),
                                 preferred_element_type=F32) * scale  # [bq, bkv]
         if masked:  # trace time: the main pass carries no mask code at all
-            allowed = mask_ref[...] != 0  # [bq, bkv] int8 mask tile, fetched with the same table as k, v
+            allowed = mask_ref[...] != 0  # [bq, bkv] int8 mask tile of this slot
             s = jnp.where(allowed, s, MASK_VALUE)
         m_prev = m_ref[...]
         m_next = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))
@@ -441,8 +467,9 @@ def tile_pass_kernel(tiles_ref, counts_ref, q_ref, k_ref, v_ref, *refs, scale, m
 
 
 def tile_pass(tiles, counts, q, k, v, mask=None, *, finish, block_q=128, block_kv=128, interpret=True):
-    """One pass over the tiles listed in (tiles, counts); q, k, v [L, D]; mask int8 [L, L] or None (mask-free);
-    finish(o_ref, lse_ref, m_ref, l_ref, acc_ref): the finalise step. Returns o [L, D] and lse [L, 1], float32."""
+    """One pass over the tiles listed in (tiles, counts); q, k, v [L, D]; mask: int8 [nq * W, bq, bkv], the
+    pass's tiles (``mask_tiles``), or None (mask-free); finish(o_ref, lse_ref, m_ref, l_ref, acc_ref): the
+    finalise step. Returns o [L, D] and lse [L, 1], float32."""
     (length, head_dim), scale = q.shape, q.shape[1] ** -0.5
     nq = length // block_q
     width = tiles.shape[0] // nq
@@ -450,8 +477,9 @@ def tile_pass(tiles, counts, q, k, v, mask=None, *, finish, block_q=128, block_k
     kv_map = lambda i, j, tiles_ref, counts_ref: (tiles_ref[i * width + j], 0)  # the compacted table steers k, v
     in_specs = [pl.BlockSpec((block_q, head_dim), q_map), pl.BlockSpec((block_kv, head_dim), kv_map),
                 pl.BlockSpec((block_kv, head_dim), kv_map)]
-    if mask is not None:  # mask tile (i, kv tile) of the [L, L] int8 mask
-        in_specs.append(pl.BlockSpec((block_q, block_kv), lambda i, j, t, c: (i, t[i * width + j])))
+    if mask is not None:  # the mask tile of slot (i, j); past the row's count, of its last slot (no new fetch)
+        slot = lambda i, j, t, c: (i * width + jnp.minimum(j, jnp.maximum(c[i] - 1, 0)), 0, 0)
+        in_specs.append(pl.BlockSpec((None, block_q, block_kv), slot))
     grid_spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=2, grid=(nq, width), in_specs=in_specs,
         out_specs=[pl.BlockSpec((block_q, head_dim), q_map), pl.BlockSpec((block_q, 1), q_map)],
@@ -467,7 +495,8 @@ def tile_pass(tiles, counts, q, k, v, mask=None, *, finish, block_q=128, block_k
 
 
 def tile_aligned_attention(q, k, v, mask, *, kinds, finish, block_q=128, block_kv=128, interpret=True):
-    """q, k, v [L, D] and mask int8 [L, L], all in the reordered token order; kinds [nq, nk] of its layout."""
+    """q, k, v [L, D] in the reordered token order; kinds [nq, nk] of its layout; mask: the PARTIAL pass's
+    mask tiles, ``mask_tiles(mask, *compact_rows(kinds == PARTIAL), block_q, block_kv)``."""
     passes = [(kinds == int(stlib.TileKind.FULL), None), (kinds == int(stlib.TileKind.PARTIAL), mask)]
     (o1, lse1), (o2, lse2) = (tile_pass(*compact_rows(sel), q, k, v, m, block_q=block_q, block_kv=block_kv,
                                         interpret=interpret, finish=finish) for sel, m in passes)
@@ -492,12 +521,13 @@ def tile_aligned_attention(q, k, v, mask, *, kinds, finish, block_q=128, block_k
 # the merge breaks.
 
 # %%
-band_t = masks.temporal_band(grid, 0.25)  # raster order: every occupied tile PARTIAL
-order_t = stlib.token_major_order(grid)
+band_t = masks.temporal_band(small.grid, 0.25)  # raster order: every occupied tile PARTIAL
+order_t = stlib.token_major_order(small.grid)
 permuted_t = band_t.permute(order_t)
 layout_t = stlib.block_layout(permuted_t, 128, 128)
-dense_t = jnp.asarray(np.asarray(permuted_t.to_dense()).reshape(L, L).astype(np.int8))  # [L, L] int8 (small L only)
-qt, kt, vt = stlib.random_qkv((1, L, D), jnp.float32, seed=3)
+partial_t = np.asarray(layout_t.kinds[0]) == int(stlib.TileKind.PARTIAL)  # [nq, nk]
+tiles_t = jnp.asarray(mask_tiles(permuted_t, *compact_rows(partial_t), 128, 128))  # int8 [nq * W, 128, 128]
+qt, kt, vt = stlib.random_qkv((1, small.num_tokens, D), jnp.float32, seed=3)
 qo, ko, vo = (order_t.apply(x) for x in (qt, kt, vt))  # 1. reorder
 
 
@@ -511,7 +541,8 @@ def check_finish(finish):
     """Run both passes with ``finish`` on the temporal band, and one pass whose first q tile lists no
     kv tile at all: a line for PASSED, or NotYet."""
     kinds = np.asarray(layout_t.kinds[0])
-    out = order_t.restore(tile_aligned_attention(qo[0], ko[0], vo[0], dense_t, kinds=kinds, finish=finish)[None])
+    out = order_t.restore(tile_aligned_attention(qo[0], ko[0], vo[0], tiles_t, kinds=kinds, finish=finish,
+                                                 interpret=cfg.interpret)[None])
     err = float(jnp.max(jnp.abs(out - stlib.attention(qt, kt, vt, band_t, impl="reference"))))
     if not np.isfinite(err):
         raise exercises.NotYet("NaN or inf in the merged output: what do o and lse hold for a row a pass never saw?")
@@ -519,7 +550,7 @@ def check_finish(finish):
         raise exercises.NotYet(f"max error {err:.2e}: is lse = m + log(l), in the natural log?")
     unseen = kinds == int(stlib.TileKind.FULL)
     unseen[0] = False  # q tile 0: this pass lists none of its kv tiles, so its 128 rows see no key
-    o, lse = tile_pass(*compact_rows(unseen), qo[0], ko[0], vo[0], finish=finish)
+    o, lse = tile_pass(*compact_rows(unseen), qo[0], ko[0], vo[0], finish=finish, interpret=cfg.interpret)
     if not (bool(jnp.all(o[:128] == 0)) and bool(jnp.all(jnp.isneginf(lse[:128])))):
         raise exercises.NotYet("a row the pass never saw must get o = 0 and lse = -inf (l is 0 there)")
     return f"both passes merged == reference (max error {err:.1e}); rows a pass never saw: o = 0, lse = -inf"
@@ -549,15 +580,15 @@ def check_against_both(name, out, q, k, v, mask, impl, **kwargs):
     print(f"PASSED  {name}: max error {err_ref:.1e} vs the reference, {err_lib:.1e} vs stlib {impl}")
 
 
-out_t = order_t.restore(tile_aligned_attention(qo[0], ko[0], vo[0], dense_t, kinds=np.asarray(layout_t.kinds[0]),
-                                               finish=finish_pass)[None])
+out_t = order_t.restore(tile_aligned_attention(qo[0], ko[0], vo[0], tiles_t, kinds=np.asarray(layout_t.kinds[0]),
+                                               finish=finish_pass, interpret=cfg.interpret)[None])
 production_t = order_t.restore(stlib.attention(qo, ko, vo, permuted_t, impl="pallas_tile", block_q=128, block_kv=128,
                                                options=TileOptions(exp2=False), interpret=cfg.interpret))
 print(f"temporal band 0.25, 128 x 128 tiles: raster {stlib.block_layout(band_t, 128, 128).kind_counts()} -> "
       f"token-major {layout_t.kind_counts()}; grids: FULL pass {compact_rows(np.asarray(layout_t.kinds[0]) == 2)[0].size}"
       f" steps, PARTIAL pass {compact_rows(np.asarray(layout_t.kinds[0]) == 1)[0].size} steps "
       f"(the full grid: {layout_t.kinds[0].size})")
-check_against_both(f"tile-aligned teaching kernel, 1 x {L:,} x {D}", out_t, qt, kt, vt, band_t, "pallas_tile",
+check_against_both(f"tile-aligned teaching kernel, 1 x {small.num_tokens:,} x {D}", out_t, qt, kt, vt, band_t, "pallas_tile",
                    production=production_t)
 
 # %% [markdown]
@@ -570,11 +601,12 @@ check_against_both(f"tile-aligned teaching kernel, 1 x {L:,} x {D}", out_t, qt, 
 grid_m = stlib.VideoGrid(16, 16, 32)
 mask_m = masks.temporal_band(grid_m, 0.25).permute(stlib.token_major_order(grid_m))
 kinds_m = np.asarray(stlib.block_layout(mask_m, 512, 1024).kinds[0])
+tiles_m = jax.ShapeDtypeStruct((compact_rows(kinds_m == int(stlib.TileKind.PARTIAL))[0].size, 512, 1024), jnp.int8)
 one = jax.ShapeDtypeStruct((grid_m.num_tokens, D), jnp.bfloat16)
 for name, fn, shapes in [
     ("teaching tile kernel (2 passes)", functools.partial(tile_aligned_attention, kinds=kinds_m, finish=finish_pass,
                                                           block_q=512, block_kv=1024, interpret=False),
-     [one] * 3 + [jax.ShapeDtypeStruct((grid_m.num_tokens,) * 2, jnp.int8)]),
+     [one] * 3 + [tiles_m]),
     ("stlib pallas_tile", functools.partial(stlib.attention, mask=mask_m, impl="pallas_tile", block_q=512,
                                             block_kv=1024, options=TileOptions(exp2=False), interpret=False),
      [jax.ShapeDtypeStruct((1, *one.shape), one.dtype)] * 3),
@@ -584,8 +616,8 @@ for name, fn, shapes in [
     print(f"v6e {name:<32} compiled in {time.perf_counter() - start:.1f} s: HBM arguments "
           f"{hbm['argument_size_in_bytes']:,} B, output {hbm['output_size_in_bytes']:,} B, temporaries "
           f"{hbm['temp_size_in_bytes']:,} B")
-print("(the teaching kernel's arguments include the 64 MiB int8 [L, L] mask; the production kernel evaluates "
-      "the band from iota and needs none)")
+print(f"(the teaching kernel's arguments include its PARTIAL pass's int8 mask tiles, {tiles_m.shape[0]} of "
+      f"512 x 1,024 = {math.prod(tiles_m.shape):,} B; the production kernel evaluates the band from iota and needs none)")
 
 # %% [markdown]
 # **What the production kernel adds** (`stlib/kernels/tile.py`):
@@ -630,14 +662,16 @@ def check_merge(merge):
     """Three passes of the temporal band and a row no key is allowed for, merged with ``merge``."""
     kinds = np.asarray(layout_t.kinds[0])
     full, even = kinds == int(stlib.TileKind.FULL), (np.arange(kinds.shape[1]) % 2 == 0)[None, :]
-    passes = [(full & even, None), (full & ~even, None), (kinds == int(stlib.TileKind.PARTIAL), dense_t)]
-    results = [tile_pass(*compact_rows(sel), qo[0], ko[0], vo[0], m, finish=finish_pass) for sel, m in passes]
+    passes = [(full & even, None), (full & ~even, None), (partial_t, tiles_t)]
+    results = [tile_pass(*compact_rows(sel), qo[0], ko[0], vo[0], m, finish=finish_pass, interpret=cfg.interpret)
+               for sel, m in passes]
     outputs = [o for o, _ in results]
     # + 100: scores a constant higher leave the merge as it is, and exp(lse_i) past float32's range;
     # row 0 as if the mask hid every key from it
     lses = [(lse + 100.0).at[0].set(-jnp.inf) for _, lse in results]
     out = merge(outputs, lses)
-    want = tile_aligned_attention(qo[0], ko[0], vo[0], dense_t, kinds=kinds, finish=finish_pass)  # token-major
+    want = tile_aligned_attention(qo[0], ko[0], vo[0], tiles_t, kinds=kinds, finish=finish_pass,
+                                  interpret=cfg.interpret)  # token-major
     if out.shape != outputs[0].shape:
         raise exercises.NotYet(f"the merge has shape {out.shape}, expected {outputs[0].shape}")
     if not bool(jnp.all(jnp.isfinite(out))):
@@ -659,9 +693,11 @@ exercises.verify("06.merge", check_merge, merge)
 # A per-head mask in the Sparse VideoGen style: half the heads spatial (a band in raster order),
 # half temporal (a band in token-major order). `video_attention` takes raster-order q, k, v and the
 # raster-order mask, chooses an order per head, gathers, runs the kernel on per-head tables and
-# restores raster order.
+# restores raster order. This one runs at the notebook's configuration (the case study on a TPU:
+# the library at the size it is for, checked on sampled rows).
 
 # %%
+grid = workload.grid
 spatial_head, temporal_head = masks.spatial_band(grid, 0.25), masks.temporal_band(grid, 0.25)
 svg = masks.per_head([spatial_head] * (H // 2) + [temporal_head] * (H - H // 2))
 # the orders choose_orders picks, head by head; one order object per distinct order, so the kernel
@@ -679,6 +715,75 @@ chosen_tiles = int((stlib.block_layout(chosen, cfg.block_q, cfg.block_kv).kinds 
 print(f"PASSED  video_attention (pallas_tile, per-head orders) == reference on the raster mask (max error {err:.2e})")
 print(f"orders: {sorted({o.name for o in orders})}; non-empty tiles over all heads: raster {raster_tiles:,} -> "
       f"chosen orders {chosen_tiles:,}")
+
+# %% [markdown]
+# ## Timed: the kernel in view beside `pallas_tile` and Splash
+#
+# The kernel in view runs one head; `jax.vmap` runs it over all of them (it adds the heads as one
+# more axis of the same `pallas_call`'s grid, the mask tiles shared). It pads nothing, so on a TPU
+# it runs at the case study's heads, head dimension and dtype on 74 x 1,024 tokens, the multiple of
+# its tiles (512 x 1,024) just above 75,600, with a band of density 0.25 (the temporal head in
+# token-major order is such a band). `pallas_tile` (natural exponentials, the same tiles) and
+# Splash (its own blocks, the same band) run on the same inputs. Each output is checked against
+# the reference on sampled rows, then the three are timed in turn (`bench.time_interleaved`:
+# compile excluded, each round in a shuffled order). Off a TPU the cell runs the small grid in
+# interpret mode, as cheap as the checks above: those times are the interpreter's, not a TPU's.
+
+# %%
+import dataclasses
+
+from stlib import bench
+
+if cfg.size == "full":  # the case study's heads, head dim and dtype; a length the kernel in view takes as it is
+    heads_b, length_b, bq_b, bkv_b, dtype_b = H, 74 * 1024, 512, 1024, workload.dtype
+else:  # the small grid (interpret mode off a TPU)
+    heads_b, length_b, bq_b, bkv_b, dtype_b = small.num_heads, small.num_tokens, 128, 128, small.dtype
+band_b = masks.band(length_b, masks.band_width_for_density(length_b, 0.25))
+layout_b = stlib.block_layout(band_b, bq_b, bkv_b)
+kinds_b = np.asarray(layout_b.kinds[0])  # [nq, nk]
+tiles_b = jnp.asarray(mask_tiles(band_b, *compact_rows(kinds_b == int(stlib.TileKind.PARTIAL)), bq_b, bkv_b))
+qb, kb, vb = stlib.random_qkv((heads_b, length_b, D), dtype_b, seed=4)
+blocks_b = {"block_q": bq_b, "block_kv": bkv_b}
+timed = {  # each takes (q, k, v, the PARTIAL pass's mask tiles), so that all run on the same arguments
+    "kernel in view (2 passes)": jax.vmap(functools.partial(tile_aligned_attention, kinds=kinds_b, finish=finish_pass,
+                                                            interpret=cfg.interpret, **blocks_b),
+                                          in_axes=(0, 0, 0, None)),  # the heads: one more grid axis
+    "stlib pallas_tile": lambda q, k, v, _: stlib.attention(q, k, v, band_b, impl="pallas_tile", interpret=cfg.interpret,
+                                                            options=TileOptions(exp2=False), **blocks_b),
+    "Splash (the band)": lambda q, k, v, _: stlib.attention(q, k, v, band_b, impl="splash", interpret=cfg.interpret),
+}
+print(f"{heads_b} x {length_b:,} x {D} {jnp.dtype(dtype_b).name}, band density {layout_b.density:.3f}, tiles "
+      f"{bq_b} x {bkv_b}: {layout_b.kind_counts()}; the PARTIAL pass's mask tiles {tiles_b.nbytes:,} B")
+compiled = {name: bench.compile_function(fn, qb, kb, vb, tiles_b) for name, fn in timed.items()}
+for name, fn in compiled.items():  # compiled once: checked, then timed
+    notebook.passed(f"{name} == reference", max_error(fn(qb, kb, vb, tiles_b), qb, kb, vb, band_b), tolerance(dtype_b))
+rounds, trials = (3, 2) if cfg.on_tpu else (1, 1)
+timings = bench.time_interleaved(compiled, qb, kb, vb, tiles_b, rounds=rounds, trials=trials)
+splash_ms = timings["Splash (the band)"].median_ms
+print(f"\n{'measured on ' + cfg.where:<46} {'median ms':>10} {'min':>9} {'max':>9} {'compile s':>10} {'vs Splash':>10}")
+for name, t in timings.items():
+    print(f"{name:<46} {t.median_ms:>10.2f} {t.min_ms:>9.2f} {t.max_ms:>9.2f} {t.compile_ms / 1e3:>10.1f} "
+          f"{splash_ms / t.median_ms:>9.2f}x")
+records = [{**bench.environment(), "interpret": cfg.interpret, "label": name, **dataclasses.asdict(t)}
+           for name, t in timings.items()]
+fig = plotting.latency_bars(records, f"Band 0.25, {heads_b} x {length_b:,} x {D} {jnp.dtype(dtype_b).name}, tiles "
+                            f"{bq_b} x {bkv_b}: median of {rounds * trials} calls, whiskers min-max\n"
+                            f"measured on {cfg.where}")
+plotting.save(fig, cfg.timed_figure("06_timed"))
+cfg.record("06_tile_aligned", "the kernel in view, pallas_tile and Splash on one band", shape=[heads_b, length_b, D],
+           dtype=jnp.dtype(dtype_b).name, density=layout_b.density, block_q=bq_b, block_kv=bkv_b,
+           times={name: dataclasses.asdict(t) for name, t in timings.items()})
+
+# %% [markdown]
+# Read the table with its whiskers. The kernel in view and `pallas_tile` run the same tiles in the
+# same two passes (the length is a multiple of 1,024, so `pallas_tile` has no ragged pass here) and
+# merge them alike, so what remains between them is what the library adds around the same work.
+# Splash skips the same EMPTY tiles of the band with blocks of its own, in one pass that masks every
+# tile it does not know to be FULL: on a band that is already tile-aligned, the gap to Splash weighs
+# the tile kernels' second pass and merge against that masking and those blocks. Where the token
+# order matters (a temporal head in raster order, a sliding tile) Splash has no reorder to help it;
+# notebook 08 times those cases. On a CPU the times are the interpreter's and say nothing about a
+# TPU.
 
 # %% [markdown]
 # ## Takeaway

@@ -20,8 +20,11 @@
 # masks, so a sparse kernel that cannot train is half a kernel. This notebook derives the backward
 # of attention and shows the tables it walks: the forward's per-q-tile lists for dq, and their
 # transpose (which q tiles touch each kv tile) for dk and dv. Then it writes the dk / dv kernel in
-# view and checks it against `jax.grad` of the reference and against stlib's own backward. Last, it
-# counts what the backward executes next to the forward.
+# view and checks it against `jax.grad` of the reference and against stlib's own backward, counts
+# what the backward executes next to the forward, and writes the kernel again with the forward's
+# step codes. Both kernels in view then run at the configuration's size (on a TPU the case study,
+# compiled), checked and timed beside the library's training step and Splash's. Last come the
+# backward's static estimates.
 #
 # Terms: the **forward** computes o = softmax(q k^T * scale) v under the mask. A **cotangent** dO is
 # the gradient of the loss with respect to o, and the **backward** turns it into dq, dk, dv. The
@@ -80,7 +83,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 import stlib
-from stlib import exercises, masks, notebook, plotting
+from stlib import checks, exercises, masks, notebook, plotting
 from stlib.bench import backward_compile
 from stlib.kernels.backward import DKV_MATMULS, DQ_MATMULS, FORWARD_MATMULS, backward_work
 from stlib.layout import row_tables
@@ -89,7 +92,7 @@ from stlib.passes import exact_passes
 
 cfg = notebook.setup(SIZE, solutions=SOLUTIONS)
 tolerance = notebook.tolerance
-L, D = 1_000, 64  # one head; ragged against 128-token tiles
+L, D = 1_000, 64  # one head, float32, on every backend: the sections in view are small; ragged against 128-token tiles
 BQ = BKV = 128
 WIDTH = 150
 band = masks.band(L, WIDTH)
@@ -114,6 +117,12 @@ print(f"one head, L = {L:,}, D = {D}, band |q - k| <= {WIDTH}, tiles {BQ} x {BKV
 # A masked pair has P = 0 and contributes nothing. A row that sees no key has lse = -inf; the kernels
 # turn it into +inf so that P = exp(S - inf) = 0 there. The cell below checks dk and dv by these
 # lines against `jax.grad` of the reference; dq, tile by tile, is the second exercise below.
+#
+# Every check here compares a gradient with that of the float32 reference, whose matmuls run at
+# `Precision.HIGHEST`, relative to the reference's largest entry, within the tolerance of
+# `stlib.checks` for the inputs' dtype on this backend: 1e-4 in float32 on a CPU, 3e-2 for bfloat16
+# or for anything on a TPU, whose MXU takes a float32 matmul at the default precision in bfloat16
+# passes (the formula below runs `q @ k.T` at that precision).
 
 # %%
 dense_mask = band.to_dense()
@@ -133,11 +142,20 @@ def reference_loss(q, k, v):
     return jnp.sum(stlib.attention(q[None], k[None], v[None], band, impl="reference")[0] * do)
 
 
+def gradient_error(got, want) -> float:
+    """``checks.scaled_error`` of a gradient against the reference's, both divided by the reference's
+    largest entry: relative to it, since a gradient's entries may lie far below one, where
+    ``scaled_error`` alone would be absolute."""
+    got, want = jnp.asarray(got, jnp.float32), jnp.asarray(want, jnp.float32)
+    top = float(jnp.max(jnp.abs(want))) or 1.0
+    return checks.scaled_error(got / top, want / top)
+
+
 want = jax.grad(reference_loss, argnums=(0, 1, 2))(q, k, v)
 got = dk_dv_by_the_formula(q, k, v, do)
-gap = max(float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b))) for a, b in zip(got, want[1:]))
-assert gap < 1e-4, gap
-print(f"PASSED  dk, dv by the formula == jax.grad of the reference (largest gap {gap:.1e} of the largest entry)")
+for name, mine, ref in zip(("dk", "dv"), got, want[1:]):
+    notebook.passed(f"{name} by the formula == jax.grad of the reference", gradient_error(mine, ref),
+                    tolerance(jnp.float32), detail="; relative to its largest entry")
 
 # %% [markdown]
 # ## Two walks over the same tiles
@@ -239,10 +257,11 @@ def check_dq(dq_step):
                 rows, cols = slice(i, i + BQ), slice(j, j + BKV)
                 dq = dq.at[rows].add(dq_step(q[rows], k[cols], v[cols], do[rows], lse_col[rows], di_col[rows],
                                              allowed, scale))
-    gap = float(jnp.max(jnp.abs(dq - want[0])) / jnp.max(jnp.abs(want[0])))
-    if not gap < 1e-4:
-        raise exercises.NotYet(f"largest gap {gap:.1e} of the largest entry: is dS = P * (dP - di), times scale?")
-    return f"the sum of your steps == dq of jax.grad (largest gap {gap:.1e} of the largest entry)"
+    err, tol = gradient_error(dq, want[0]), tolerance(jnp.float32)
+    if not err <= tol:
+        raise exercises.NotYet(f"max error {err:.1e} of the largest entry (tolerance {tol:.0e}): is dS = P * (dP - di), "
+                               "times scale?")
+    return f"the sum of your steps == dq of jax.grad (max error {err:.1e} of the largest entry <= {tol:.0e})"
 
 
 exercises.verify("10.dq_step", check_dq, dq_step)
@@ -330,11 +349,9 @@ dk_mine, dv_mine = dk_dv(q, k, v, do, lse[0], di, layout=layout, width=WIDTH)
 library = jax.grad(lambda q, k, v: jnp.sum(stlib.attention(q[None], k[None], v[None], band, impl="pallas_tile",
                                                            block_q=BQ, block_kv=BKV)[0] * do), argnums=(1, 2))(q, k, v)
 for name, mine, ref, lib in (("dk", dk_mine, want[1], library[0]), ("dv", dv_mine, want[2], library[1])):
-    err = float(jnp.max(jnp.abs(mine - ref)) / jnp.max(jnp.abs(ref)))
-    lib_err = float(jnp.max(jnp.abs(mine - lib)) / jnp.max(jnp.abs(ref)))
-    assert err < 1e-4 and lib_err < 1e-4, (name, err, lib_err)
-    print(f"PASSED  {name}: the kernel in view == jax.grad of the reference (gap {err:.1e}) "
-          f"== stlib's backward (gap {lib_err:.1e})")
+    for other, theirs in (("jax.grad of the reference", ref), ("stlib's backward", lib)):
+        notebook.passed(f"{name}: the kernel in view == {other}", gradient_error(mine, theirs), tolerance(jnp.float32),
+                        detail="; relative to the largest entry")
 
 # %% [markdown]
 # Compiled for v6e at a moderate shape (one head, 8,192 tokens, band 0.25, bf16, 512 x 512 tiles;
@@ -372,15 +389,29 @@ for name, fn, shapes in [("teaching dk / dv kernel", teaching, [one] * 4 + [row]
     print(f"v6e {name:<27} compiled in {time.perf_counter() - start:.1f} s: HBM arguments "
           f"{hbm['argument_size_in_bytes']:,} B, output {hbm['output_size_in_bytes']:,} B, temporaries "
           f"{hbm['temp_size_in_bytes']:,} B")
-(schedule,) = kernel_schedules(teaching, *[one] * 4, *[row] * 2, chip="v6e", kernel_prefix="dkv_in_view",
-                               compute_names=["compute"])
-bundles = per_step(schedule)
+
+
+def schedule_of(fn, *shapes, **where):
+    """The one kernel ``kernel_schedules`` reads from ``fn``'s program, or None, said in one line, where
+    its compile subprocess fails (the estimates' committed records stand then)."""
+    try:
+        (found,) = kernel_schedules(fn, *shapes, **where)
+        return found
+    except RuntimeError as error:
+        print(f"no schedule read here for {where['kernel_prefix']}: {str(error).strip().splitlines()[0][:200]}")
+        return None
+
+
+schedule = schedule_of(teaching, *[one] * 4, *[row] * 2, chip="v6e", kernel_prefix="dkv_in_view",
+                       compute_names=["compute"])
 m_selected = m_layout.kinds != stlib.TileKind.EMPTY
 tiles, grid_steps = int(m_selected.sum()), m_selected.shape[2] * int(m_selected.sum(axis=1).max())  # kv tiles x extent
-print(f"dk / dv kernel in view, v6e: grid step {bundles['step']:,} bundles, compute region {bundles['compute']:,} "
-      f"({bundles['compute'] / (MB * MB / 1000):.2f} per 1,000 score pairs); {grid_steps} grid steps, {tiles} of them "
-      f"computed: about {grid_steps * bundles['step'] + tiles * bundles['compute']:,} bundles in all "
-      "(a static schedule, not a measurement)")
+if schedule is not None:
+    bundles = per_step(schedule)
+    print(f"dk / dv kernel in view, v6e: grid step {bundles['step']:,} bundles, compute region {bundles['compute']:,} "
+          f"({bundles['compute'] / (MB * MB / 1000):.2f} per 1,000 score pairs); {grid_steps} grid steps, {tiles} of "
+          f"them computed: about {grid_steps * bundles['step'] + tiles * bundles['compute']:,} bundles in all "
+          "(a static schedule, not a measurement)")
 
 # %% [markdown]
 # Read the schedule against the forward's (notebook 07 prints its FULL region per 1,000 score
@@ -630,11 +661,10 @@ s_want = jax.grad(lambda k, v: jnp.sum(stlib.attention(sq[None], k[None], v[None
                   argnums=(0, 1))(sk, sv)
 for label, plan_ in (("patterns", s_plan), ("patterns off", plan_steps(s_layout, SL, 0))):
     got = dk_dv_steps(sq, sk, sv, sdo, s_lse[0, :, 0], s_di, plan=plan_, grain=GRAIN, width=s_band.width)
-    gap = max(float(jnp.max(jnp.abs(g - w)) / jnp.max(jnp.abs(w))) for g, w in zip(got, s_want))
-    assert gap < 1e-4, (label, gap)
     steps_by_code = {region_name(int(c)).removeprefix("compute_"): int((plan_.codes == c).sum()) for c in plan_.present}
-    print(f"PASSED  step-coded dk, dv ({label}; steps by code {steps_by_code}) == jax.grad of the reference "
-          f"(largest gap {gap:.1e} of the largest entry)")
+    notebook.passed(f"step-coded dk, dv ({label}; steps by code {steps_by_code}) == jax.grad of the reference",
+                    max(gradient_error(g, w) for g, w in zip(got, s_want)), tolerance(jnp.float32),
+                    detail="; relative to the largest entry")
 
 # %% [markdown]
 # Compiled for v6e at 8,192 tokens in bf16 (the same blocks and updates), with patterns and with
@@ -651,8 +681,10 @@ print("step-coded dk / dv kernel in view, v6e (static schedules, not measurement
 for label, plan_ in (("patterns", c_plan), ("patterns off", plan_steps(c_layout, CL, 0))):
     c_fn = functools.partial(dk_dv_steps, plan=plan_, grain=GRAIN, width=c_band.width, interpret=False)
     c_names = [region_name(int(c)) for c in plan_.present]
-    (c_schedule,) = kernel_schedules(c_fn, *[c_arg] * 4, *[c_row] * 2, chip="v6e",
-                                     kernel_prefix="dkv_steps_in_view", compute_names=c_names)
+    c_schedule = schedule_of(c_fn, *[c_arg] * 4, *[c_row] * 2, chip="v6e", kernel_prefix="dkv_steps_in_view",
+                             compute_names=c_names)
+    if c_schedule is None:
+        continue
     c_bundles = per_step(c_schedule)
     c_codes = StepCodes(plan_.codes, plan_.patterns, None, c_band, GRAIN, CL)
     c_steps = {name: int((plan_.codes == c).sum()) for c, name in zip(plan_.present, c_names)}
@@ -677,6 +709,180 @@ for label, plan_ in (("patterns", c_plan), ("patterns off", plan_steps(c_layout,
 # with patterns off. The library's fused kernel (`stlib.kernels.backward_kernels`) is this kernel
 # with dq's matmul in each update, the RAGGED code, padded patterns, per-head tables and the
 # forward's base-2 exponentials; its updates and blocks are swept per chip.
+
+# %% [markdown]
+# ## Measured: the kernels in view beside the library's backward and Splash's
+#
+# Both kernels in view, at the configuration's size: on a TPU the case study (10 heads x 75,600
+# tokens x 128, bfloat16), compiled; elsewhere the small CPU shape in interpret mode, whose times
+# measure the interpreter, not a kernel. The mask is the band of density 0.25, which both kernels
+# evaluate from indices, and one set of random inputs serves every call. `jax.vmap` runs a kernel in
+# view for every head (a head axis in front of its grid), at tiles of `block_q` x `block_q` (512 x
+# 512 on a TPU, as compiled for v6e above). The step-coded kernel takes whole blocks, so its inputs
+# are padded to a multiple of them: padding rows get lse = +inf and see nothing, and the padding
+# keys' dk and dv are dropped.
+#
+# Beside them, on the same inputs: stlib's tile kernel (`impl="pallas_tile"`, the configuration's
+# tiles) and Splash (`impl="splash"`), each forward alone and as a training step (`jax.vjp`: the
+# forward, then dq, dk and dv from the cotangent). The tile kernel's forward is timed as its
+# training step runs it, keeping lse, and it gives the kernels in view their lse; di is computed
+# from its output. Splash runs its split backward (`options={"fused_backward": False}`): its fused
+# backward keeps dq as bfloat16 partials in HBM, one per kv tile, and at the case study that is
+# 15.52 GB of temporaries (the compile table at the end of this notebook), nearly all of a v5e's 16
+# GB of HBM. A backward's time is derived: training step minus forward. The kernels in view compute
+# dk and dv only, from the lse and di they are given; the library's backward and Splash's also
+# compute dq and di.
+#
+# The checks come first, at the same size. The cotangent is zero except on the rows of
+# `checks.reference_rows` (at the case study 384 of them, 128 each at the start, the middle and the
+# end), so dq is nonzero on those rows only and dk, dv are sums over them alone. The reference's
+# gradients on those rows against the full k and v (`stlib.reference.reference_gradients`, float32
+# at HIGHEST) are then exact, and no [H, L, L] array is formed.
+
+# %%
+import dataclasses
+
+from stlib import bench
+from stlib.kernels.tile import tile_attention
+from stlib.layout import call_layout
+from stlib.reference import reference_gradients
+
+TH, TL, TD, t_dtype = (cfg.workload.num_heads, cfg.workload.num_tokens, cfg.workload.head_dim,
+                       cfg.workload.dtype)
+t_band = masks.band(TL, masks.band_width_for_density(TL, 0.25))
+TB = cfg.block_q  # the kernels in view: TB x TB tiles
+LP = -(-TL // TB) * TB  # the step-coded kernel's whole blocks
+t_layout = stlib.block_layout(t_band, TB, TB)
+_, t_plan = block_steps(stlib.block_layout(masks.band(LP, t_band.width), TB, TB), LP, TB, TB)
+blocks, split = {"block_q": cfg.block_q, "block_kv": cfg.block_kv}, {"fused_backward": False}
+
+
+def pad_rows(x, value=0.0):  # [H, TL, ...] -> [H, LP, ...]
+    return jnp.pad(x, [(0, 0), (0, LP - TL)] + [(0, 0)] * (x.ndim - 2), constant_values=value)
+
+
+def in_view(q, k, v, do, lse, di):
+    """dk, dv [H, L, D] f32 by the dk / dv kernel in view, every head at once (``jax.vmap``)."""
+    kernel = functools.partial(dk_dv, layout=t_layout, width=t_band.width, interpret=cfg.interpret)
+    return jax.vmap(kernel)(q, k, v, do, lse, di)
+
+
+def in_view_steps(q, k, v, do, lse, di):
+    """dk, dv [H, L, D] f32 by the step-coded kernel in view, on inputs padded to whole blocks."""
+    kernel = functools.partial(dk_dv_steps, plan=t_plan, grain=GRAIN, width=t_band.width, interpret=cfg.interpret)
+    dk, dv = jax.vmap(kernel)(*map(pad_rows, (q, k, v, do)), pad_rows(lse, jnp.inf), pad_rows(di))
+    return dk[:, :TL], dv[:, :TL]
+
+
+def stlib_forward(q, k, v, *_):
+    """o [H, L, D] and lse [H, L] of the tile kernel: the forward its training step runs."""
+    return tile_attention(q, k, v, call_layout(t_band, TL, cfg.block_q, cfg.block_kv), scale=TD**-0.5,
+                          return_lse=True, interpret=cfg.interpret)
+
+
+def training_step(impl, **options):
+    def step(q, k, v, do, *_):  # the forward, then (dq, dk, dv) from the cotangent do
+        _, pullback = jax.vjp(lambda q, k, v: stlib.attention(q, k, v, t_band, impl=impl, **blocks, **options),
+                              q, k, v)
+        return pullback(do)
+
+    return step
+
+
+cases = {  # every case takes (q, k, v, do, lse, di) and reads what it needs
+    "dk / dv kernel in view": in_view,
+    "step-coded dk / dv kernel in view": in_view_steps,
+    "stlib pallas_tile forward (with lse)": stlib_forward,
+    "stlib pallas_tile training step": training_step("pallas_tile"),
+    "Splash forward": lambda q, k, v, *_: stlib.attention(q, k, v, t_band, impl="splash", **blocks, options=split),
+    "Splash training step (split backward)": training_step("splash", options=split),
+}
+tq, tk, tv = stlib.random_qkv((TH, TL, TD), t_dtype, seed=4)
+tdo = jax.random.normal(jax.random.key(5), (TH, TL, TD), t_dtype)
+rows = jax.ShapeDtypeStruct((TH, TL), jnp.float32)  # lse, di: one float32 per query
+compiled = {name: bench.compile_function(fn, *[jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (tq, tk, tv, tdo)],
+                                         rows, rows) for name, fn in cases.items()}
+print(f"{TH} heads x {TL:,} tokens x {TD}, {jnp.dtype(t_dtype).name}, band |q - k| <= {t_band.width:,}; kernels in view "
+      f"at {TB} x {TB} tiles, the library and Splash at {cfg.block_q} x {cfg.block_kv}; "
+      + ("compiled" if cfg.on_tpu else "Pallas interpret mode"))
+print("compiled in " + ", ".join(f"{name} {c.compile_ms / 1e3:.1f} s" for name, c in compiled.items()))
+
+unused = jnp.zeros((TH, TL), jnp.float32)  # the forward reads q, k, v only
+t_out, t_lse = compiled["stlib pallas_tile forward (with lse)"](tq, tk, tv, tdo, unused, unused)
+tol = tolerance(t_dtype)
+notebook.passed("stlib pallas_tile forward == the reference", checks.max_error(t_out, tq, tk, tv, t_band), tol)
+
+
+def di_of(do):  # rowsum(dO * o) in float32: the backward's second residual
+    return jnp.sum(do.astype(jnp.float32) * t_out.astype(jnp.float32), axis=-1)
+
+
+@jax.jit
+def reference_on_rows(q_rows, k, v, do_rows, allowed):
+    """(dq of these rows, dk, dv) of the loss sum(o * dO) over these query rows [H, n, D] alone,
+    allowed [n, L]: the reference's forward and backward in float32 at HIGHEST."""
+    q_rows, k, v, do_rows = (x.astype(jnp.float32) for x in (q_rows, k, v, do_rows))
+    o_rows, lse_rows = reference_attention_lse(q_rows, k, v, allowed, TD**-0.5)
+    return reference_gradients(q_rows, k, v, o_rows, lse_rows, do_rows, allowed, TD**-0.5)
+
+
+picked = checks.reference_rows(TL)
+sampled = np.zeros(TL, bool)
+sampled[picked] = True
+do_rows = jnp.where(jnp.asarray(sampled)[None, :, None], tdo, 0).astype(t_dtype)  # zero but on the sampled rows
+dq_runs, dk_want, dv_want = [], 0.0, 0.0
+for run in np.split(picked, np.flatnonzero(np.diff(picked) > 1) + 1):  # contiguous runs of rows
+    q0, q1 = int(run[0]), int(run[-1]) + 1
+    dq_run, dk_run, dv_run = reference_on_rows(tq[:, q0:q1], tk, tv, do_rows[:, q0:q1], t_band.block(q0, q1, 0, TL))
+    dq_runs, dk_want, dv_want = [*dq_runs, dq_run], dk_want + dk_run, dv_want + dv_run
+want_rows = {"dq": jnp.concatenate(dq_runs, axis=1), "dk": dk_want, "dv": dv_want}
+for name, fn in compiled.items():
+    if "forward" in name:
+        continue
+    got = fn(tq, tk, tv, do_rows, t_lse, di_of(do_rows))
+    grads = dict(zip(("dk", "dv"), got)) if "in view" in name else {"dq": got[0][:, picked], "dk": got[1], "dv": got[2]}
+    notebook.passed(f"{name}: {', '.join(grads)} == the reference's on {picked.size} sampled rows",
+                    max(gradient_error(g, want_rows[g_name]) for g_name, g in grads.items()), tol,
+                    detail="; relative to the largest entry")
+
+rounds, trials = (3, 2) if cfg.on_tpu else (1, 1)  # a call at the case study takes tens to hundreds of ms on a TPU
+timings = bench.time_interleaved(compiled, tq, tk, tv, tdo, t_lse, di_of(tdo), rounds=rounds, trials=trials)
+print(f"\n{'':40} {'median ms':>10} {'min':>9} {'max':>9}")
+for name, t in timings.items():
+    print(f"{name:40} {t.median_ms:>10.2f} {t.min_ms:>9.2f} {t.max_ms:>9.2f}")
+derived = {
+    "stlib pallas_tile": timings["stlib pallas_tile training step"].median_ms
+    - timings["stlib pallas_tile forward (with lse)"].median_ms,
+    "Splash (split)": timings["Splash training step (split backward)"].median_ms - timings["Splash forward"].median_ms,
+}
+for name, ms in derived.items():
+    print(f"{name + ' backward (training step - forward)':40} {ms:>10.2f}")
+calls = min(t.trials for t in timings.values())
+print(f"medians of {calls} calls each, on {cfg.where}")
+records = [{**bench.environment(), "interpret": cfg.interpret, "label": name, **dataclasses.asdict(t)}
+           for name, t in timings.items()]
+fig = plotting.latency_bars(records, f"dk / dv kernels in view vs stlib pallas_tile and Splash, band 0.25, {TH} x {TL:,} x "
+                            f"{TD} {jnp.dtype(t_dtype).name}\nmeasured on {cfg.where}; median of {calls} calls, "
+                            "whiskers min-max")
+plotting.save(fig, cfg.timed_figure("10_backward_in_view_vs_library"))
+kept = cfg.record("10_training_the_backward", "dk / dv kernels in view vs pallas_tile and Splash (split backward), "
+                  "forward and training step, band 0.25", shape=[TH, TL, TD], dtype=jnp.dtype(t_dtype).name,
+                  blocks=blocks, in_view_blocks=[TB, TB], rounds=rounds, trials=trials,
+                  cases=[{"label": name, **dataclasses.asdict(t)} for name, t in timings.items()],
+                  derived_backward_ms=derived)
+if kept:
+    print(f"recorded in data/notebook_measurements.jsonl ({kept['device_kind']}, revision {kept.get('git_rev')})")
+
+# %% [markdown]
+# Read the table row against row, on a TPU (off one, the times are the interpreter's and say nothing
+# about a chip; only the checks above carry over). The two kernels in view do the same work, dk and
+# dv over the band's tiles, and differ in how they run a tile: the first evaluates the band on every
+# tile, the step-coded one runs FULL tiles mask-free and only the pieces of an edge tile that the
+# band touches. Against the library's backward (the derived row) they leave out dq and di and take
+# lse from outside, so a kernel in view at or above that row is slower than the library at less
+# work. Splash's backward is the yardstick the estimates below set targets by; its split backward,
+# like the split pair of this notebook's second section, recomputes S and dP in a dq kernel of its
+# own (7 matmuls a tile against the fused kernel's 5).
 
 # %% [markdown]
 # ## The backward in the static estimate
@@ -727,7 +933,11 @@ print(backward_estimate.format_mxu_feed(backward_estimate.read(cfg.data / "backw
 small_call = {"num_heads": 4, "num_kv_heads": 1, "head_dim": 128, "length": 2048,
               "block_sizes": {"block_q": 1024, "block_kv": 1024}}
 for direction in (False, True):
-    print(stlib.static_estimate("splash", "causal", "tpu7x", backward=direction, **small_call), "\n")
+    try:
+        print(stlib.static_estimate("splash", "causal", "tpu7x", backward=direction, **small_call), "\n")
+    except RuntimeError as error:  # its compile subprocess failed here: the committed records above stand
+        print(f"no static estimate here ({'backward' if direction else 'forward'}): "
+              f"{str(error).strip().splitlines()[0][:200]}")
 
 # %% [markdown]
 # Read the table against the targets on its first line: dense, the tile kernel's backward over
@@ -826,5 +1036,8 @@ print(backward_compile.format_table(backward_compile.read(cfg.data / "backward_c
 # * Step codes carry over: the transposed grid runs the forward's FULL, RAGGED, MASKED and pattern
 #   steps in [keys, block_q] updates, so the backward's blocks are as large as VMEM beside the dq
 #   window allows, swept per chip like the forward's.
+# * Both kernels in view run compiled on a TPU, at the case study's shape, checked on sampled query
+#   rows against the float32 reference (no [H, L, L] array) and timed beside the library's training
+#   step and Splash's.
 # * Every stlib Pallas kernel now trains, and so does everything built on them (`video_attention`,
 #   routed plans, `stlib.attention_fn`, `parallel_attention`).

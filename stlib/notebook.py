@@ -84,10 +84,13 @@ class NotebookConfig:
         return self.figures / f"{name}.png"
 
     def timed_figure(self, name: str) -> Path:
-        """Where a figure showing times measured in this run goes: ``figures/NN_name.png`` on a TPU
-        (the committed figures that show times are the chip's), ``figures/cpu/NN_name.png`` elsewhere,
-        so a CPU run of the main job draws its own beside the chip's and never over them."""
-        return self.figure(name) if self.on_tpu else self.figures / "cpu" / f"{name}.png"
+        """Where a figure showing times measured in this run goes: ``figures/NN_name.png`` on a TPU at
+        the case-study size (the committed figures that show times are the chip's), else a folder of
+        its own beside them (``figures/cpu/``, or ``figures/tpu-small/`` for a small run on a TPU), so
+        no other run draws over the chip's."""
+        if self.on_tpu and self.size == "full":
+            return self.figure(name)
+        return self.figures / ("tpu-small" if self.on_tpu else "cpu") / f"{name}.png"
 
     def record(self, notebook: str, what: str, **fields) -> dict | None:
         """On a TPU, append one record of a notebook's measurement to ``data/notebook_measurements.jsonl``

@@ -23,11 +23,15 @@ def test_tolerance_follows_dtype_and_backend():
     assert checks.TOLERANCE["exact"] < checks.TOLERANCE["bf16"]
 
 
-def test_scaled_error_is_absolute_below_one_and_relative_above():
+def test_scaled_error_is_relative_to_the_largest_reference_value():
     want = jnp.array([0.5, -0.25])
-    assert checks.scaled_error(want + 0.01, want) == pytest.approx(0.01, rel=1e-5)
+    assert checks.scaled_error(want + 0.01, want) == pytest.approx(0.02, rel=1e-5)
     big = jnp.array([100.0, 1.0])
     assert checks.scaled_error(big.at[0].add(1.0), big) == pytest.approx(0.01, rel=1e-5)
+    assert checks.scaled_error(jnp.zeros(2), want) == 1.0  # an all-zero answer never passes
+    assert (
+        checks.scaled_error(jnp.array([0.0, 0.5]), jnp.zeros(2)) == 0.5
+    )  # absolute where the reference is zero
     with pytest.raises(ValueError, match="shape"):
         checks.scaled_error(want, big[:1])
 

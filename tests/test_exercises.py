@@ -6,9 +6,12 @@ from __future__ import annotations
 import inspect
 import os
 import re
+import resource
+import sys
 
 import jax.numpy as jnp
 import nbformat
+import numpy as np
 import pytest
 
 from stlib import exercises, notebook
@@ -131,6 +134,81 @@ def test_verify_passes_prints_not_yet_or_raises(mode, capsys):
     )
     exercises.verify("04.combine", check_combine, lambda *a: 1 / 0)
     assert "it raises ZeroDivisionError: division by zero" in capsys.readouterr().out
+
+
+def rows_at_once(length, width):
+    """A band count row by row: right, but it asks for [L] arrays (notebook 09's wrong answer)."""
+    rows = np.arange(length, dtype=np.int64)
+    return int(np.sum(np.minimum(rows + width, length - 1) - np.maximum(rows - width, 0) + 1))
+
+
+def check_huge(band_pairs):
+    """A check like notebook 09's: one row more at L = 10^12 adds 2w + 1 pairs."""
+    if band_pairs(10**12, 10**6) - band_pairs(10**12 - 1, 10**6) != 2 * 10**6 + 1:
+        raise exercises.NotYet("one row more does not add 2w + 1 pairs")
+    return "closed form"
+
+
+def limits() -> tuple:
+    """(soft, hard) of the two limits ``exercises.bounded_memory`` lowers."""
+    return resource.getrlimit(resource.RLIMIT_DATA), resource.getrlimit(resource.RLIMIT_AS)
+
+
+def resident_bytes() -> int:
+    return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the bound reads /proc/self/status (Linux)")
+def test_a_wrong_answer_that_allocates_10_to_the_12_is_not_yet_and_the_process_does_not_grow(
+    mode, monkeypatch, capsys
+):
+    """Where memory is overcommitted, np.arange(10**12) is granted and filled until the host dies:
+    a wrong answer (or the reader's function) runs under a bound on what the process may map, so
+    the allocation raises MemoryError, a NOT YET; the bound is put back afterwards."""
+    from stlib.exercises import solutions
+
+    before, seen = limits(), []
+
+    def watched(length, width):  # rows_at_once, noting the limit it runs under
+        seen.append(limits())
+        return rows_at_once(length, width)
+
+    resident = resident_bytes()
+    monkeypatch.setitem(solutions.WRONG, "09.band_pairs", [("counts row by row", watched)])
+    mode("fill")
+    exercises.verify("09.band_pairs", check_huge, exercises.solution("09.band_pairs"))
+    out = capsys.readouterr().out
+    assert "PASSED  09.band_pairs (library solution): closed form" in out
+    assert (
+        "NOT YET for a wrong answer that counts row by row: it asks for more memory than a check allows"
+        in out
+    )
+    mode("hide")
+    exercises.verify("09.band_pairs", check_huge, watched)
+    assert "NOT YET 09.band_pairs: it asks for more memory" in capsys.readouterr().out
+    bounded = [resource.RLIM_INFINITY not in (data[0], space[0]) for data, space in seen]
+    assert len(seen) == 2 and all(bounded), seen  # both ran under the bound
+    assert resident_bytes() - resident < 2**28, "the process grew"
+    assert limits() == before, "the bound was not put back"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the bound reads /proc/self/status (Linux)")
+def test_the_bound_refuses_what_the_host_would_grant_and_is_lifted_after():
+    """An allocation past the headroom (never touched, so harmless even if granted) fails inside the
+    bound and succeeds after it; both limits are lowered inside and put back after, also when the
+    block raises."""
+    before = limits()
+    with exercises.bounded_memory(2**28) as headroom:
+        assert headroom == 2**28
+        assert all(soft != resource.RLIM_INFINITY for soft, _ in limits()), limits()
+        with pytest.raises(MemoryError):
+            np.empty(2**30, np.uint8)
+        small = np.ones(2**20, np.uint8)  # what a check needs still fits
+    assert small.sum() == 2**20 and limits() == before
+    assert np.empty(2**30, np.uint8).nbytes == 2**30  # untouched: address space only
+    with pytest.raises(ZeroDivisionError), exercises.bounded_memory(2**28):
+        raise ZeroDivisionError
+    assert limits() == before
 
 
 def test_the_environment_wins_and_a_bad_mode_is_one_sentence(mode, monkeypatch, capsys):

@@ -46,7 +46,11 @@ CITED: dict[str, dict[str, str]] = {
         "29,700": "answer 2's arithmetic, (12 d + 4 f + 2048) / 4",
         "5,120": "Wan 14B's width, 40 heads of 128 (the model's published configuration)",
     },
-    "01": {"0.18": "answer 2's arithmetic, 46 of 256 tiles"},
+    "01": {
+        "0.18": "answer 2's arithmetic, 46 of 256 tiles",
+        "0.121": "question 2's band at L = 4,096, which the timing cell prints at the small size only",
+        "0.12": "answer 2's density, question 2's 0.121",
+    },
     "03": {
         "10,800": "an answer's arithmetic, three frames of 3,600 keys",
         "3,712": "an answer's arithmetic, 3,600 rounded up to a multiple of 128",

@@ -181,6 +181,7 @@ def test_no_size_decision_bypasses_setup(path):
 
 def test_size_switch_wins_over_the_backend(monkeypatch):
     monkeypatch.setattr(notebook, "on_tpu", lambda: True)
+    monkeypatch.setattr(notebook, "shortfall", lambda: None)  # a TPU host that can serve the case study
     monkeypatch.setenv("STLIB_SIZE", "small")
     assert notebook.resolve_size("full") == "small"
     monkeypatch.setenv("STLIB_SIZE", "auto")

@@ -44,3 +44,25 @@ def test_every_path_the_readme_names_in_the_library_exists():
     templates = {path for path in named if "NAME" in path}  # "Add a kernel": stlib/kernels/NAME.py
     missing = sorted(path for path in named - templates if not (root / path).exists())
     assert missing == [], missing
+
+
+def test_the_readme_tpu_column_is_the_latest_tpu_run():
+    """Each notebook's TPU time in the README is its latest run on the chip (``data/tpu_notebooks.jsonl``),
+    and the sum the prose gives is theirs."""
+    from stlib.bench import notebook_runs
+
+    latest = notebook_runs.latest(notebook_runs.read(README.parent / "data" / notebook_runs.RECORDS), "fill")
+    rows = re.findall(r"^\| (\d\d) \| [^|\n]* \| ([^|\n]*) \|$", README.read_text(), re.MULTILINE)
+    assert [number for number, _ in rows] == [f"{n:02d}" for n in range(12)]
+    total = 0
+    for number, cell in rows:
+        record = next((r for name, r in latest.items() if name.startswith(number + "_")), None)
+        if record is None:
+            assert cell.strip() == "not yet run on the chip", (number, cell)
+            continue
+        assert record["status"] == "ok" and record["size"] == "full" and "TPU" in record["device_kind"], (
+            record
+        )
+        assert cell.strip() == f"{round(record['seconds'])} s", (number, cell, record["seconds"])
+        total += round(record["seconds"])
+    assert f"{total} s together" in " ".join(README.read_text().split())

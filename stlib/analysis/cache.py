@@ -283,12 +283,29 @@ def attribute_dump(
     return out
 
 
+class NotCached(LookupError):
+    """An estimate's compiled kernels are not in the cache, and compiling is off (``cached_only``)."""
+
+
+_cached_only = False
+
+
+def cached_only(on: bool = True) -> bool:
+    """``on``: estimates come from the cache alone, a call not in it raises ``NotCached`` instead of
+    compiling in a subprocess (a notebook on a TPU host, where that compile costs tens of seconds a
+    kernel, reads the committed seed only). Returns the previous setting."""
+    global _cached_only
+    previous, _cached_only = _cached_only, bool(on)
+    return previous
+
+
 def compiled_attributions(
     impl: str, config: KernelConfig, mask_bytes: bytes | None = None, use_cache: bool = True
 ) -> dict:
     """{"kernels": [Attribution as dict], "layouts": {kernel: [operand layouts]}, "glue_bytes": int,
     "compile_seconds": float} of ``config``, compiled in a subprocess and attributed; cached on disk
-    by libtpu, jax, the program (``program_hash``), the region rules and the config."""
+    by libtpu, jax, the program (``program_hash``), the region rules and the config. Raises
+    ``NotCached`` for a call not in the cache while ``cached_only`` is on."""
     with tempfile.TemporaryDirectory(prefix="stlib-estimate-") as dump:
         if mask_bytes is not None:
             config = dataclasses.replace(config, mask_file=os.path.join(dump, "mask.pkl"))
@@ -304,6 +321,10 @@ def compiled_attributions(
         cached = read_entry(key_data) if use_cache else None
         if cached is not None:
             return cached
+        if _cached_only:
+            raise NotCached(
+                f"{config.impl} on {config.mask} for {config.chip} is not in the estimate cache {cache_dir()}"
+            )
         seconds = compile_with_dump(config, dump)
         kernels = [dataclasses.asdict(a) for a in attribute_dump(dump, config.chip, impl)]
         hlo = read_hlo(dump)

@@ -14,6 +14,7 @@ from stlib.bench.cases import (
     case_study_cases,
     case_work,
     estimate_fields,
+    focus_cases,
     sta_windows,
 )
 from stlib.bench.cli import main
@@ -59,6 +60,7 @@ __all__ = [
     "draw_figures",
     "environment",
     "estimate_fields",
+    "focus_cases",
     "main",
     "plan_work",
     "progress",

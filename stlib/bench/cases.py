@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 from dataclasses import dataclass
 
 import jax.numpy as jnp
@@ -131,6 +132,35 @@ def case_study_cases(workload: Workload, tpu: bool, densities=DENSITIES) -> list
                 )
             )
     return cases
+
+
+def focus_cases(workload: Workload, tpu: bool, density: float = 0.35) -> list[Case]:
+    """The cases of ``case_study_cases`` the case-study table is about, one kernel each (notebook 08
+    compiles, checks and times them at the full size on a TPU): dense Splash and the tile kernel
+    without a mask; on the band built for ``density``, Splash, the block-sparse kernel, the tile
+    kernel (flat grid) and the best tile kernel; on the sliding-tile pattern at the workload's window
+    (the widest short of the whole grid where the grid has fewer tiles), every case: the
+    block-sparse kernel in raster order and the tile kernels in 3-D tiled order (Splash has no lazy
+    form for it above ``masks.DENSE_LIMIT`` tokens)."""
+    baseline, block_sparse = registry.baseline().name, by_role(Role.BLOCK_SPARSE).name
+    tile, best_tile = by_role(Role.TILE).name, by_role(Role.BEST_TILE).name
+    kept = {
+        "dense": {(baseline, "{}"), (tile, "{}")},
+        "band": {(baseline, "{}"), (block_sparse, "{}"), (tile, '{"form": "flat"}'), (best_tile, "{}")},
+    }
+    grid, sta_tile = workload.grid, workload.sta_tile
+    counts = [cdiv(n, s) for n, s in zip(grid.shape, sta_tile)]
+    windows = [w for w in sta_windows(grid, sta_tile) if not all(a >= c for a, c in zip(w, counts))]
+    window = workload.sta_window if workload.sta_window in windows else windows[-1]
+    sta = masks.sliding_tile(grid, sta_tile, window)
+    sta_masks = {sta, sta.permute(tiled_order(grid, sta_tile))}
+
+    def wanted(case: Case) -> bool:
+        if case.pattern == "sliding tile":
+            return case.mask in sta_masks
+        return (case.impl, json.dumps(case.options, sort_keys=True)) in kept[case.pattern]
+
+    return [case for case in case_study_cases(workload, tpu, densities=(density,)) if wanted(case)]
 
 
 def _tiled_rows_config(mask):

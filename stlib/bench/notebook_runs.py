@@ -109,13 +109,17 @@ def latest(records: list[dict], mode: str = "fill") -> dict[str, dict]:
     return dict(sorted(chosen.items()))
 
 
+def _number(value) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
 def table(records: list[dict]) -> str:
     """The latest record of each notebook and mode as a text table."""
     lines = [f"{'notebook':<34}{'mode':<6}{'status':<22}{'seconds':>8}{'host GB':>9}  device, size, date"]
     for mode in MODES:
         for name, r in latest(records, mode).items():
             lines.append(
-                f"{name:<34}{mode:<6}{r['status'][:21]:<22}{r['seconds'] or 0:>8.1f}{r['peak_host_gb'] or 0:>9.1f}  "
+                f"{name:<34}{mode:<6}{r['status'][:21]:<22}{_number(r['seconds']):>8}{_number(r['peak_host_gb']):>9}  "
                 f"{r.get('device_kind', '?')}, {r.get('size', '?')}, {r['date'][:10]}"
             )
     return "\n".join(lines)

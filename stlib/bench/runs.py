@@ -70,18 +70,20 @@ def run_case_study(
     densities=DENSITIES,
     size: str | None = None,
     estimates: bool = False,
+    cases=None,
 ) -> Path:
     """Time every case on this backend (interpret mode off a TPU: ``trials`` rounds, each case once a
     round in a shuffled order, ``stlib.bench.time_interleaved``), record times and work.
     ``size``: "full" (the case-study shape), "small" (the CPU stand-in) or None (full on a TPU).
-    Raises ValueError for any other ``size``."""
+    ``cases``: the cases to time, built for that size's workload (e.g. ``focus_cases``); None: every
+    case of ``case_study_cases`` at ``densities``. Raises ValueError for any other ``size``."""
     if size not in (None, "full", "small"):
         raise ValueError(f"size={size!r} must be 'full', 'small' or None")
     tpu = on_tpu() if size is None else size == "full"
     workload = CASE_STUDY if tpu else CPU_CASE
     recorder = Recorder(_out_dir(out_dir) / "case_study.jsonl")
     interpret = resolve_interpret(None)
-    cases = case_study_cases(workload, tpu, densities)
+    cases = case_study_cases(workload, tpu, densities) if cases is None else list(cases)
     if interpret:
         print(
             f"No TPU ({backend()}): Pallas kernels run in INTERPRET mode at {workload.grid.shape} "

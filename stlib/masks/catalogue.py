@@ -20,11 +20,20 @@ from stlib.masks.video import (
     temporal_band,
 )
 
+#: The 3-D neighbourhood (NATTEN) kernel of the catalogue, cut to a smaller grid's odd sizes.
+NEIGHBORHOOD_KERNEL = (7, 15, 15)
+
 
 def case_study_masks(
-    grid: VideoGrid = CASE_STUDY.grid, num_heads: int = CASE_STUDY.num_heads
+    grid: VideoGrid = CASE_STUDY.grid,
+    num_heads: int = CASE_STUDY.num_heads,
+    *,
+    sta_tile: tuple[int, int, int] = CASE_STUDY.sta_tile,
+    sta_window: tuple[int, int, int] = CASE_STUDY.sta_window,
 ) -> dict[str, Mask]:
-    """Every built-in pattern on ``grid``, by name (raster order unless the name says otherwise).
+    """Every built-in pattern on ``grid``, by name (raster order unless the name says otherwise);
+    ``sta_tile`` and ``sta_window``: the sliding-tile geometry (the case study's by default; another
+    grid may need its own, e.g. ``stlib.SMALL_CPU.sta_tile``).
 
     >>> import stlib
     >>> masks = stlib.masks.case_study_masks()  # Wan 720p: 21 x 45 x 80 tokens
@@ -32,7 +41,8 @@ def case_study_masks(
     (13, sliding_tile((21, 45, 80), tile=(3, 8, 16), window=(3, 3, 3)).permute('tiled 3x8x16 (padded)'))
     """
     length = grid.num_tokens
-    tile, window = CASE_STUDY.sta_tile, CASE_STUDY.sta_window
+    tile, window = sta_tile, sta_window
+    kernel = tuple(min(k, n - 1 + n % 2) for k, n in zip(NEIGHBORHOOD_KERNEL, grid.shape))  # odd, fits
     svg_spatial = spatial_band(grid, 0.25, anchor=True)
     svg_temporal = temporal_band(grid, 0.25, anchor=True)
     sta = sliding_tile(grid, tile, window)
@@ -46,7 +56,7 @@ def case_study_masks(
         # without the anchor: frame 0 is every T-th token in token-major order, so an anchor there
         # touches every kv tile (the anchor belongs in raster order or in a pass of its own)
         "temporal band 0.25, token-major": temporal_band(grid, 0.25).permute(token_major_order(grid)),
-        "neighborhood 7x15x15": neighborhood(grid, (7, 15, 15)),
+        f"neighborhood {_dims(kernel)}": neighborhood(grid, kernel),
         f"sliding tile {_dims(tile)}, window {_dims(window)}": sta,
         "sliding tile, 3-D tiled order": sta.permute(tiled_order(grid, tile)),
         "radial (window 1200)": radial(grid, 1200),
