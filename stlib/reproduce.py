@@ -9,8 +9,10 @@ executed copy, outputs included (also of a notebook that failed), is written to 
 (git-ignored) of stlib's home (``stlib.paths.home()``: the clone, or ``STLIB_HOME``; figures/ and
 data/ go there too), with an HTML rendering beside it where nbconvert is installed. On a host without a TPU
 the kernels and their subprocesses get ``stlib.notebook.QUIET_LIBTPU_ENV``, so libtpu's initialisation
-chatter stays out of this log (its errors still print). Ends with a table: notebook, status,
-seconds, figures written. Exits 1 if any notebook failed.
+chatter stays out of this log (its errors still print). On a TPU each notebook's run is recorded in
+``data/tpu_notebooks.jsonl`` (``stlib.bench.notebook_runs``: status, seconds, device kind,
+configuration, revision). Ends with a table: notebook, status, seconds, figures written. Exits 1 if
+any notebook failed.
 """
 
 from __future__ import annotations
@@ -83,9 +85,23 @@ def write_executed(notebook, target: Path) -> None:
     target.with_suffix(".html").write_text(html, encoding="utf-8")
 
 
+def _record_on_tpu(path: Path, executed_copy: Path, status: str, seconds: float) -> dict | None:
+    """Where the notebook ran on a TPU (its executed copy's setup output says so), append its record to
+    ``data/tpu_notebooks.jsonl`` (``stlib.bench.notebook_runs``); else None."""
+    import json
+
+    from stlib.bench.notebook_runs import record_if_on_tpu
+
+    executed = json.loads(executed_copy.read_text()) if executed_copy.is_file() else {}
+    mode = os.environ.get("STLIB_SOLUTIONS") or "fill"
+    return record_if_on_tpu(
+        path.stem, mode, status, round(seconds, 1), executed, runner="python -m stlib.reproduce"
+    )
+
+
 def _figure_times() -> dict[Path, float]:
     figures = paths.figures_dir()
-    return {p: p.stat().st_mtime for p in figures.glob("*.png")} if figures.exists() else {}
+    return {p: p.stat().st_mtime for p in figures.rglob("*.png")} if figures.exists() else {}  # cpu/ too
 
 
 def _shown(path: Path) -> str:
@@ -118,6 +134,7 @@ def main(argv=None) -> int:
         print(f"no notebooks found in {NOTEBOOKS}", file=sys.stderr)
         return 1
     from stlib.analysis.cache import SEED_FOLDER, export_seed, seed_cache, usage_mark
+    from stlib.bench.notebook_runs import RECORDS
     from stlib.bench.progress import Progress
 
     seed = paths.data_dir() / SEED_FOLDER
@@ -138,9 +155,15 @@ def main(argv=None) -> int:
             message = re.sub(r"\x1b\[[0-9;]*m", "", str(error)).strip().splitlines()
             tracker.write(f"    {type(error).__name__}: {message[-1] if message else ''}")
         seconds = time.perf_counter() - start
-        written = sorted(p.name for p, t in _figure_times().items() if before.get(p) != t)
+        recorded = _record_on_tpu(path, executed / path.name, status, seconds)
+        written = sorted(
+            str(p.relative_to(paths.figures_dir())) for p, t in _figure_times().items() if before.get(p) != t
+        )
         rows.append((path.name, status, seconds, written))
-        tracker.step(f"{status} in {seconds:.1f} s, figures: {', '.join(written) or '-'}")
+        tracker.step(
+            f"{status} in {seconds:.1f} s, figures: {', '.join(written) or '-'}"
+            + (f"; recorded in data/{RECORDS}" if recorded else "")
+        )
     width = max(len(r[0]) for r in rows)
     print(f"\n{'notebook':<{width}}  {'status':<7}{'seconds':>9}  figures written")
     for name, status, seconds, written in rows:

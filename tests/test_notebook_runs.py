@@ -62,3 +62,32 @@ def test_bad_mode_and_empty_folder(tmp_path):
         notebook_runs.run_records(tmp_path, "show", "x")
     with pytest.raises(ValueError, match="no notebook reports"):
         notebook_runs.run_records(tmp_path, "fill", "x")
+
+
+def test_the_main_job_records_a_notebook_that_ran_on_a_tpu(tmp_path, monkeypatch):
+    """``python -m stlib.reproduce`` appends a record where the executed copy's setup output names a TPU,
+    under ``stlib.paths.data_dir()`` (the tests' STLIB_HOME), and nothing for a CPU run."""
+    from stlib import paths
+    from stlib.reproduce import _record_on_tpu
+
+    monkeypatch.setenv("STLIB_HOME", str(tmp_path))
+    target = paths.data_dir() / notebook_runs.RECORDS
+    _write_run(tmp_path, "00_problem_and_hardware")
+    record = _record_on_tpu(
+        tmp_path / "00_problem_and_hardware.ipynb", tmp_path / "00_problem_and_hardware.ipynb", "ok", 3.21
+    )
+    assert (
+        record["device_kind"] == "TPU v5 lite"
+        and record["seconds"] == 3.2
+        and record["runner"] == "python -m stlib.reproduce"
+    )
+    assert notebook_runs.read(target) == [record]
+    _write_run(
+        tmp_path,
+        "01_naive_masked_attention",
+        text=SETUP.replace("backend tpu | device TPU v5 lite", "backend cpu | device cpu"),
+    )
+    assert (
+        _record_on_tpu(tmp_path / "x.ipynb", tmp_path / "01_naive_masked_attention.ipynb", "ok", 1.0) is None
+    )
+    assert len(notebook_runs.read(target)) == 1

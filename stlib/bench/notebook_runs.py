@@ -60,6 +60,49 @@ def setup_facts(executed: dict) -> dict:
     return facts
 
 
+def make_record(
+    name: str,
+    mode: str,
+    status: str,
+    seconds: float | None,
+    executed: dict,
+    revision: str,
+    date: str | None = None,
+    **extra,
+) -> dict:
+    """One notebook's record: its name, mode, status, seconds and ``extra`` (peak host GB, slowest
+    cells, the runner, an error), with the setup facts its executed copy printed, the revision and
+    the date (now unless given)."""
+    if mode not in MODES:
+        raise ValueError(f"mode={mode!r} must be one of {MODES}")
+    return {
+        "notebook": name,
+        "mode": mode,
+        "status": status,
+        "seconds": seconds,
+        **extra,
+        **setup_facts(executed),
+        "git_rev": revision,
+        "date": date or datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    }
+
+
+def record_if_on_tpu(
+    name: str, mode: str, status: str, seconds: float, executed: dict, **extra
+) -> dict | None:
+    """Append ``make_record(...)`` to ``data/tpu_notebooks.jsonl`` where the executed copy says it
+    ran on a TPU (its setup output), and return it; elsewhere record nothing and return None. The main
+    job (``python -m stlib.reproduce``) calls it after each notebook."""
+    from stlib.provenance import git_rev
+
+    record = make_record(name, mode, status, seconds, executed, git_rev(), **extra)
+    if record.get("backend") != "tpu":
+        return None
+    paths.data_dir().mkdir(parents=True, exist_ok=True)
+    append_line(paths.data_dir() / RECORDS, record)
+    return record
+
+
 def run_records(folder: Path, mode: str, revision: str, date: str | None = None) -> list[dict]:
     """One record per ``NAME.json`` report in ``folder`` (sorted by name): notebook, mode, status,
     seconds, peak host GB, the slowest cells, and the setup facts of ``NAME.ipynb`` beside it.
@@ -76,19 +119,21 @@ def run_records(folder: Path, mode: str, revision: str, date: str | None = None)
         executed_path = report_path.with_suffix(".ipynb")
         executed = json.loads(executed_path.read_text()) if executed_path.is_file() else {}
         slowest = sorted(report.get("cells", []), key=lambda c: -c["seconds"])[:3]
+        error = {"error": report["error"].strip().splitlines()[-1][-200:]} if report.get("error") else {}
+        seconds = report.get("wall_seconds", report.get("seconds"))
         records.append(
-            {
-                "notebook": report_path.stem,
-                "mode": mode,
-                "status": report.get("status", "?"),
-                "seconds": report.get("wall_seconds", report.get("seconds")),
-                "peak_host_gb": report.get("peak_host_gb"),
-                "slowest_cells": [[c["cell"], c["seconds"]] for c in slowest],
-                **setup_facts(executed),
-                "git_rev": revision,
-                "date": date,
-                **({"error": report["error"].strip().splitlines()[-1][-200:]} if report.get("error") else {}),
-            }
+            make_record(
+                report_path.stem,
+                mode,
+                report.get("status", "?"),
+                seconds,
+                executed,
+                revision,
+                date,
+                peak_host_gb=report.get("peak_host_gb"),
+                slowest_cells=[[c["cell"], c["seconds"]] for c in slowest],
+                **error,
+            )
         )
     return records
 
@@ -143,6 +188,7 @@ def main(argv=None) -> int:
 
         records = run_records(args.folder, args.mode, args.revision or git_rev())
         target = paths.data_dir() / RECORDS
+        target.parent.mkdir(parents=True, exist_ok=True)
         for record in records:
             append_line(target, record)
         print(f"{len(records)} records appended to {target}")
