@@ -651,26 +651,15 @@ for name, fn in contenders.items():
     passed(name, max_error(compiled[name](qh, kh, vh), qh, kh, vh), TOL,
            detail=f"; compiled in {compiled[name].compile_ms / 1e3:.1f} s")
 rounds, trials = (2, 3) if cfg.on_tpu else (3, 3)  # a call at the case study takes about 0.2 s on a v5e
-timings = bench.time_interleaved(compiled, qh, kh, vh, rounds=rounds, trials=trials)
 steps = H * (L_teach // cfg.block_q) * (L_teach // cfg.block_kv)
-fastest = min(t.median_ms for t in timings.values())
-print(f"{'kernel':<40} {'median ms':>10} {'min':>8} {'max':>8} {'x fastest':>10}")
-for name, t in timings.items():
-    print(f"{name:<40} {t.median_ms:>10.2f} {t.min_ms:>8.2f} {t.max_ms:>8.2f} {t.median_ms / fastest:>10.2f}")
-calls = min(t.trials for t in timings.values())
-print(f"median of {calls} calls each, {steps:,} grid steps per call; on {cfg.where}")
-records = [{**bench.environment(), "interpret": cfg.interpret, "label": name, **dataclasses.asdict(t)}
-           for name, t in timings.items()]
-fig = plotting.latency_bars(records, f"Teaching flash kernel vs stlib pallas_dense vs Splash, {H} x {L_teach:,} x {D} "
-                            f"{jnp.dtype(workload.dtype).name}, tiles {cfg.block_q} x {cfg.block_kv}\nmeasured on "
-                            f"{cfg.where}; median of {calls} calls, whiskers min-max")
-plotting.save(fig, cfg.timed_figure("04_teaching_vs_library"))
-kept = cfg.record("04_flash_attention_in_pallas", "teaching flash kernel vs pallas_dense vs splash, no mask",
-                  shape=[H, L_teach, D], dtype=jnp.dtype(workload.dtype).name, blocks=blocks, rounds=rounds,
-                  trials=trials, cases=[{"label": name, **dataclasses.asdict(t)} for name, t in timings.items()],
-                  pallas_dense_full_length={"length": L, **dataclasses.asdict(timing)})
-if kept:
-    print(f"recorded in data/notebook_measurements.jsonl ({kept['device_kind']}, revision {kept.get('git_rev')})")
+print(f"{steps:,} grid steps per call")
+timings = notebook.time_side_by_side(
+    cfg, compiled, qh, kh, vh, rounds=rounds, trials=trials, figure="04_teaching_vs_library",
+    title=f"Teaching flash kernel vs stlib pallas_dense vs Splash, {H} x {L_teach:,} x {D} "
+          f"{jnp.dtype(workload.dtype).name}, tiles {cfg.block_q} x {cfg.block_kv}",
+    notebook="04_flash_attention_in_pallas", what="teaching flash kernel vs pallas_dense vs splash, no mask",
+    shape=[H, L_teach, D], dtype=jnp.dtype(workload.dtype).name, blocks=blocks,
+    pallas_dense_full_length={"length": L, **dataclasses.asdict(timing)})
 
 # %% [markdown]
 # ## What interpret mode is, and what it is not

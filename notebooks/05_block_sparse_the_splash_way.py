@@ -518,26 +518,13 @@ for name, fn in contenders.items():
     passed(name, max_error(compiled[name](qh, kh, vh), qh, kh, vh, band_teach), TOL,
            detail=f"; compiled in {compiled[name].compile_ms / 1e3:.1f} s")
 rounds, trials = (2, 3) if cfg.on_tpu else (3, 3)  # a call at the case study takes tens of ms on a TPU
-timings = bench.time_interleaved(compiled, qh, kh, vh, rounds=rounds, trials=trials)
-fastest = min(t.median_ms for t in timings.values())
-print(f"{'kernel':<48} {'median ms':>10} {'min':>8} {'max':>8} {'x fastest':>10}")
-for name, t in timings.items():
-    print(f"{name:<48} {t.median_ms:>10.2f} {t.min_ms:>8.2f} {t.max_ms:>8.2f} {t.median_ms / fastest:>10.2f}")
-calls = min(t.trials for t in timings.values())
-print(f"median of {calls} calls each; on {cfg.where}")
-records = [{**bench.environment(), "interpret": cfg.interpret, "label": name, **dataclasses.asdict(t)}
-           for name, t in timings.items()]
-fig = plotting.latency_bars(records, f"Teaching block-sparse kernel vs stlib pallas_block_sparse vs Splash, band "
-                            f"density {layout_teach.density:.2f}, {H} x {L_teach:,} x {D} "
-                            f"{jnp.dtype(workload.dtype).name}\nmeasured on {cfg.where}; median of {calls} calls, "
-                            "whiskers min-max")
-plotting.save(fig, cfg.timed_figure("05_teaching_vs_library"))
-kept = cfg.record("05_block_sparse_the_splash_way", "teaching block-sparse kernel vs pallas_block_sparse vs splash, band",
-                  shape=[H, L_teach, D], dtype=jnp.dtype(workload.dtype).name, blocks=[cfg.block_q, cfg.block_kv],
-                  band_width=band_teach.width, density=layout_teach.density, rounds=rounds, trials=trials,
-                  cases=[{"label": name, **dataclasses.asdict(t)} for name, t in timings.items()])
-if kept:
-    print(f"recorded in data/notebook_measurements.jsonl ({kept['device_kind']}, revision {kept.get('git_rev')})")
+timings = notebook.time_side_by_side(
+    cfg, compiled, qh, kh, vh, rounds=rounds, trials=trials, figure="05_teaching_vs_library",
+    title=f"Teaching block-sparse kernel vs stlib pallas_block_sparse vs Splash, band density "
+          f"{layout_teach.density:.2f}, {H} x {L_teach:,} x {D} {jnp.dtype(workload.dtype).name}",
+    notebook="05_block_sparse_the_splash_way", what="teaching block-sparse kernel vs pallas_block_sparse vs splash, band",
+    shape=[H, L_teach, D], dtype=jnp.dtype(workload.dtype).name, blocks=[cfg.block_q, cfg.block_kv],
+    band_width=band_teach.width, density=layout_teach.density)
 del compiled, qh, kh, vh  # free the executables and the cut inputs before the next section
 
 # %% [markdown]

@@ -730,7 +730,6 @@ print(f"orders: {sorted({o.name for o in orders})}; non-empty tiles over all hea
 # interpret mode, as cheap as the checks above: those times are the interpreter's, not a TPU's.
 
 # %%
-import dataclasses
 
 from stlib import bench
 
@@ -758,21 +757,12 @@ compiled = {name: bench.compile_function(fn, qb, kb, vb, tiles_b) for name, fn i
 for name, fn in compiled.items():  # compiled once: checked, then timed
     notebook.passed(f"{name} == reference", max_error(fn(qb, kb, vb, tiles_b), qb, kb, vb, band_b), tolerance(dtype_b))
 rounds, trials = (3, 2) if cfg.on_tpu else (1, 1)
-timings = bench.time_interleaved(compiled, qb, kb, vb, tiles_b, rounds=rounds, trials=trials)
-splash_ms = timings["Splash (the band)"].median_ms
-print(f"\n{'measured on ' + cfg.where:<46} {'median ms':>10} {'min':>9} {'max':>9} {'compile s':>10} {'vs Splash':>10}")
-for name, t in timings.items():
-    print(f"{name:<46} {t.median_ms:>10.2f} {t.min_ms:>9.2f} {t.max_ms:>9.2f} {t.compile_ms / 1e3:>10.1f} "
-          f"{splash_ms / t.median_ms:>9.2f}x")
-records = [{**bench.environment(), "interpret": cfg.interpret, "label": name, **dataclasses.asdict(t)}
-           for name, t in timings.items()]
-fig = plotting.latency_bars(records, f"Band 0.25, {heads_b} x {length_b:,} x {D} {jnp.dtype(dtype_b).name}, tiles "
-                            f"{bq_b} x {bkv_b}: median of {rounds * trials} calls, whiskers min-max\n"
-                            f"measured on {cfg.where}")
-plotting.save(fig, cfg.timed_figure("06_timed"))
-cfg.record("06_tile_aligned", "the kernel in view, pallas_tile and Splash on one band", shape=[heads_b, length_b, D],
-           dtype=jnp.dtype(dtype_b).name, density=layout_b.density, block_q=bq_b, block_kv=bkv_b,
-           times={name: dataclasses.asdict(t) for name, t in timings.items()})
+timings = notebook.time_side_by_side(
+    cfg, compiled, qb, kb, vb, tiles_b, rounds=rounds, trials=trials, baseline="Splash (the band)", figure="06_timed",
+    title=f"Band 0.25, {heads_b} x {length_b:,} x {D} {jnp.dtype(dtype_b).name}, tiles {bq_b} x {bkv_b}",
+    notebook="06_tile_aligned", what="the kernel in view, pallas_tile and Splash on one band",
+    shape=[heads_b, length_b, D], dtype=jnp.dtype(dtype_b).name, density=layout_b.density, block_q=bq_b,
+    block_kv=bkv_b)
 
 # %% [markdown]
 # Read the table with its whiskers. The kernel in view and `pallas_tile` run the same tiles in the

@@ -873,22 +873,12 @@ compiled = {name: bench.compile_function(fn, qb, kb, vb) for name, fn in timed.i
 for name, fn in compiled.items():  # compiled once: checked, then timed
     notebook.passed(f"{name} == reference", max_error(fn(qb, kb, vb), qb, kb, vb, band_b), tolerance(dtype_b))
 rounds, trials = (3, 2) if cfg.on_tpu else (1, 1)
-timings = bench.time_interleaved(compiled, qb, kb, vb, rounds=rounds, trials=trials)
-splash_ms = timings["Splash (the band)"].median_ms
-print(f"\n{'measured on ' + cfg.where:<46} {'median ms':>10} {'min':>9} {'max':>9} {'compile s':>10} {'vs Splash':>10}")
-for name, t in timings.items():
-    print(f"{name:<46} {t.median_ms:>10.2f} {t.min_ms:>9.2f} {t.max_ms:>9.2f} {t.compile_ms / 1e3:>10.1f} "
-          f"{splash_ms / t.median_ms:>9.2f}x")
-records = [{**bench.environment(), "interpret": cfg.interpret, "label": name, **dataclasses.asdict(t)}
-           for name, t in timings.items()]
-fig = plotting.latency_bars(records, f"Band 0.25, {' x '.join(f'{n:,}' for n in shape_b)} {jnp.dtype(dtype_b).name}, "
-                            f"blocks {bq_b:,} x {bkv_b:,}: median of {rounds * trials} calls, whiskers min-max\n"
-                            f"measured on {cfg.where}")
-plotting.save(fig, cfg.timed_figure("07_timed"))
-cfg.record("07_lane_dense_kernel", "the kernel in view, pallas_tile_lane_dense and Splash on one band",
-           shape=list(shape_b), dtype=jnp.dtype(dtype_b).name, block_q=bq_b, block_kv=bkv_b, chunk=chunk_b,
-           register=register_b, fold_lanes=fold_b, lookahead=ahead_b,
-           times={name: dataclasses.asdict(t) for name, t in timings.items()})
+timings = notebook.time_side_by_side(
+    cfg, compiled, qb, kb, vb, rounds=rounds, trials=trials, baseline="Splash (the band)", figure="07_timed",
+    title=f"Band 0.25, {' x '.join(f'{n:,}' for n in shape_b)} {jnp.dtype(dtype_b).name}, blocks {bq_b:,} x {bkv_b:,}",
+    notebook="07_lane_dense_kernel", what="the kernel in view, pallas_tile_lane_dense and Splash on one band",
+    shape=list(shape_b), dtype=jnp.dtype(dtype_b).name, block_q=bq_b, block_kv=bkv_b, chunk=chunk_b,
+    register=register_b, fold_lanes=fold_b, lookahead=ahead_b)
 
 # %% [markdown]
 # The kernel in view and the library compile to the same schedule region for region (the schedule

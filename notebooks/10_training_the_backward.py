@@ -142,19 +142,10 @@ def reference_loss(q, k, v):
     return jnp.sum(stlib.attention(q[None], k[None], v[None], band, impl="reference")[0] * do)
 
 
-def gradient_error(got, want) -> float:
-    """``checks.scaled_error`` of a gradient against the reference's, both divided by the reference's
-    largest entry: relative to it, since a gradient's entries may lie far below one, where
-    ``scaled_error`` alone would be absolute."""
-    got, want = jnp.asarray(got, jnp.float32), jnp.asarray(want, jnp.float32)
-    top = float(jnp.max(jnp.abs(want))) or 1.0
-    return checks.scaled_error(got / top, want / top)
-
-
 want = jax.grad(reference_loss, argnums=(0, 1, 2))(q, k, v)
 got = dk_dv_by_the_formula(q, k, v, do)
 for name, mine, ref in zip(("dk", "dv"), got, want[1:]):
-    notebook.passed(f"{name} by the formula == jax.grad of the reference", gradient_error(mine, ref),
+    notebook.passed(f"{name} by the formula == jax.grad of the reference", checks.scaled_error(mine, ref),
                     tolerance(jnp.float32), detail="; relative to its largest entry")
 
 # %% [markdown]
@@ -257,7 +248,7 @@ def check_dq(dq_step):
                 rows, cols = slice(i, i + BQ), slice(j, j + BKV)
                 dq = dq.at[rows].add(dq_step(q[rows], k[cols], v[cols], do[rows], lse_col[rows], di_col[rows],
                                              allowed, scale))
-    err, tol = gradient_error(dq, want[0]), tolerance(jnp.float32)
+    err, tol = checks.scaled_error(dq, want[0]), tolerance(jnp.float32)
     if not err <= tol:
         raise exercises.NotYet(f"max error {err:.1e} of the largest entry (tolerance {tol:.0e}): is dS = P * (dP - di), "
                                "times scale?")
@@ -350,7 +341,7 @@ library = jax.grad(lambda q, k, v: jnp.sum(stlib.attention(q[None], k[None], v[N
                                                            block_q=BQ, block_kv=BKV)[0] * do), argnums=(1, 2))(q, k, v)
 for name, mine, ref, lib in (("dk", dk_mine, want[1], library[0]), ("dv", dv_mine, want[2], library[1])):
     for other, theirs in (("jax.grad of the reference", ref), ("stlib's backward", lib)):
-        notebook.passed(f"{name}: the kernel in view == {other}", gradient_error(mine, theirs), tolerance(jnp.float32),
+        notebook.passed(f"{name}: the kernel in view == {other}", checks.scaled_error(mine, theirs), tolerance(jnp.float32),
                         detail="; relative to the largest entry")
 
 # %% [markdown]
@@ -663,7 +654,7 @@ for label, plan_ in (("patterns", s_plan), ("patterns off", plan_steps(s_layout,
     got = dk_dv_steps(sq, sk, sv, sdo, s_lse[0, :, 0], s_di, plan=plan_, grain=GRAIN, width=s_band.width)
     steps_by_code = {region_name(int(c)).removeprefix("compute_"): int((plan_.codes == c).sum()) for c in plan_.present}
     notebook.passed(f"step-coded dk, dv ({label}; steps by code {steps_by_code}) == jax.grad of the reference",
-                    max(gradient_error(g, w) for g, w in zip(got, s_want)), tolerance(jnp.float32),
+                    max(checks.scaled_error(g, w) for g, w in zip(got, s_want)), tolerance(jnp.float32),
                     detail="; relative to the largest entry")
 
 # %% [markdown]
@@ -736,16 +727,14 @@ for label, plan_ in (("patterns", c_plan), ("patterns off", plan_steps(c_layout,
 # The checks come first, at the same size. The cotangent is zero except on the rows of
 # `checks.reference_rows` (at the case study 384 of them, 128 each at the start, the middle and the
 # end), so dq is nonzero on those rows only and dk, dv are sums over them alone. The reference's
-# gradients on those rows against the full k and v (`stlib.reference.reference_gradients`, float32
-# at HIGHEST) are then exact, and no [H, L, L] array is formed.
+# gradients on those rows against the full k and v (`stlib.checks.reference_on_rows`, float32 at
+# HIGHEST) are then exact, and no [H, L, L] array is formed.
 
 # %%
-import dataclasses
 
 from stlib import bench
 from stlib.kernels.tile import tile_attention
 from stlib.layout import call_layout
-from stlib.reference import reference_gradients
 
 TH, TL, TD, t_dtype = (cfg.workload.num_heads, cfg.workload.num_tokens, cfg.workload.head_dim,
                        cfg.workload.dtype)
@@ -817,61 +806,34 @@ def di_of(do):  # rowsum(dO * o) in float32: the backward's second residual
     return jnp.sum(do.astype(jnp.float32) * t_out.astype(jnp.float32), axis=-1)
 
 
-@jax.jit
-def reference_on_rows(q_rows, k, v, do_rows, allowed):
-    """(dq of these rows, dk, dv) of the loss sum(o * dO) over these query rows [H, n, D] alone,
-    allowed [n, L]: the reference's forward and backward in float32 at HIGHEST."""
-    q_rows, k, v, do_rows = (x.astype(jnp.float32) for x in (q_rows, k, v, do_rows))
-    o_rows, lse_rows = reference_attention_lse(q_rows, k, v, allowed, TD**-0.5)
-    return reference_gradients(q_rows, k, v, o_rows, lse_rows, do_rows, allowed, TD**-0.5)
-
-
 picked = checks.reference_rows(TL)
 sampled = np.zeros(TL, bool)
 sampled[picked] = True
 do_rows = jnp.where(jnp.asarray(sampled)[None, :, None], tdo, 0).astype(t_dtype)  # zero but on the sampled rows
-dq_runs, dk_want, dv_want = [], 0.0, 0.0
-for run in np.split(picked, np.flatnonzero(np.diff(picked) > 1) + 1):  # contiguous runs of rows
-    q0, q1 = int(run[0]), int(run[-1]) + 1
-    dq_run, dk_run, dv_run = reference_on_rows(tq[:, q0:q1], tk, tv, do_rows[:, q0:q1], t_band.block(q0, q1, 0, TL))
-    dq_runs, dk_want, dv_want = [*dq_runs, dq_run], dk_want + dk_run, dv_want + dv_run
-want_rows = {"dq": jnp.concatenate(dq_runs, axis=1), "dk": dk_want, "dv": dv_want}
+# the reference's dq (on those rows), dk and dv of sum(o * do_rows), from the sampled rows alone
+_, *want = checks.reference_on_rows(tq, tk, tv, t_band, picked, do_rows[:, picked])
+want_rows = dict(zip(("dq", "dk", "dv"), want))
 for name, fn in compiled.items():
     if "forward" in name:
         continue
     got = fn(tq, tk, tv, do_rows, t_lse, di_of(do_rows))
     grads = dict(zip(("dk", "dv"), got)) if "in view" in name else {"dq": got[0][:, picked], "dk": got[1], "dv": got[2]}
     notebook.passed(f"{name}: {', '.join(grads)} == the reference's on {picked.size} sampled rows",
-                    max(gradient_error(g, want_rows[g_name]) for g_name, g in grads.items()), tol,
+                    max(checks.scaled_error(g, want_rows[g_name]) for g_name, g in grads.items()), tol,
                     detail="; relative to the largest entry")
 
 rounds, trials = (3, 2) if cfg.on_tpu else (1, 1)  # a call at the case study takes tens to hundreds of ms on a TPU
-timings = bench.time_interleaved(compiled, tq, tk, tv, tdo, t_lse, di_of(tdo), rounds=rounds, trials=trials)
-print(f"\n{'':40} {'median ms':>10} {'min':>9} {'max':>9}")
-for name, t in timings.items():
-    print(f"{name:40} {t.median_ms:>10.2f} {t.min_ms:>9.2f} {t.max_ms:>9.2f}")
-derived = {
-    "stlib pallas_tile": timings["stlib pallas_tile training step"].median_ms
-    - timings["stlib pallas_tile forward (with lse)"].median_ms,
-    "Splash (split)": timings["Splash training step (split backward)"].median_ms - timings["Splash forward"].median_ms,
-}
-for name, ms in derived.items():
-    print(f"{name + ' backward (training step - forward)':40} {ms:>10.2f}")
-calls = min(t.trials for t in timings.values())
-print(f"medians of {calls} calls each, on {cfg.where}")
-records = [{**bench.environment(), "interpret": cfg.interpret, "label": name, **dataclasses.asdict(t)}
-           for name, t in timings.items()]
-fig = plotting.latency_bars(records, f"dk / dv kernels in view vs stlib pallas_tile and Splash, band 0.25, {TH} x {TL:,} x "
-                            f"{TD} {jnp.dtype(t_dtype).name}\nmeasured on {cfg.where}; median of {calls} calls, "
-                            "whiskers min-max")
-plotting.save(fig, cfg.timed_figure("10_backward_in_view_vs_library"))
-kept = cfg.record("10_training_the_backward", "dk / dv kernels in view vs pallas_tile and Splash (split backward), "
-                  "forward and training step, band 0.25", shape=[TH, TL, TD], dtype=jnp.dtype(t_dtype).name,
-                  blocks=blocks, in_view_blocks=[TB, TB], rounds=rounds, trials=trials,
-                  cases=[{"label": name, **dataclasses.asdict(t)} for name, t in timings.items()],
-                  derived_backward_ms=derived)
-if kept:
-    print(f"recorded in data/notebook_measurements.jsonl ({kept['device_kind']}, revision {kept.get('git_rev')})")
+timings = notebook.time_side_by_side(
+    cfg, compiled, tq, tk, tv, tdo, t_lse, di_of(tdo), rounds=rounds, trials=trials,
+    figure="10_backward_in_view_vs_library",
+    title=f"dk / dv kernels in view vs stlib pallas_tile and Splash, band 0.25, {TH} x {TL:,} x {TD} "
+          f"{jnp.dtype(t_dtype).name}",
+    notebook="10_training_the_backward",
+    what="dk / dv kernels in view vs pallas_tile and Splash (split backward), forward and training step, band 0.25",
+    shape=[TH, TL, TD], dtype=jnp.dtype(t_dtype).name, blocks=blocks, in_view_blocks=[TB, TB])
+for name, (step, forward) in {"stlib pallas_tile": ("stlib pallas_tile training step", "stlib pallas_tile forward (with lse)"),
+                              "Splash (split)": ("Splash training step (split backward)", "Splash forward")}.items():
+    print(f"{name + ' backward (training step - forward)':46} {timings[step].median_ms - timings[forward].median_ms:>10.2f}")
 
 # %% [markdown]
 # Read the table row against row, on a TPU (off one, the times are the interpreter's and say nothing

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import math
 import sys
 import time
@@ -57,8 +56,6 @@ GRADIENT_RESIDUAL_LIMIT = 4 << 30
 #: Free device memory left over by a program the check runs (an allocator's slack): at the case study
 #: Splash's fused backward needs 15.64 GiB beside its inputs (dq partials in HBM), a v5e about 15.7.
 MEMORY_MARGIN = 1 << 28
-#: Most query rows of one reference pass (its scores: [H, CHUNK, L] float32, 387 MB at the case study).
-CHUNK = 128
 GRADIENTS = ("dq", "dk", "dv")
 #: Where the records go, under ``stlib.paths.data_dir()``.
 RECORDS = "check.jsonl"
@@ -116,18 +113,15 @@ def workload_of(size: str) -> Workload:
 
 def catalogue(workload: Workload) -> dict[str, Mask]:
     """The catalogue masks on ``workload``'s grid and heads, its sliding tile the workload's own
-    (``sta_tile``) with the largest window up to its ``sta_window`` short of the whole grid."""
-    from stlib.bench.cases import sta_windows
+    (``sta_tile``, ``bench.cases.workload_sta_window``)."""
+    from stlib.bench.cases import workload_sta_window
 
-    grid, tile = workload.grid, workload.sta_tile
-    counts = [math.ceil(n / t) for n, t in zip(grid.shape, tile)]
-    windows = [
-        w
-        for w in sta_windows(grid, tile)
-        if all(a <= b for a, b in zip(w, workload.sta_window)) and any(a < c for a, c in zip(w, counts))
-    ]
-    window = windows[-1] if windows else (1, 1, 1)
-    return case_study_masks(grid, workload.num_heads, sta_tile=tile, sta_window=window)
+    return case_study_masks(
+        workload.grid,
+        workload.num_heads,
+        sta_tile=workload.sta_tile,
+        sta_window=workload_sta_window(workload),
+    )
 
 
 def pick(names: Sequence[str] | None, known: Sequence[str], what: str) -> list[str]:
@@ -146,22 +140,18 @@ def pick(names: Sequence[str] | None, known: Sequence[str], what: str) -> list[s
 
 
 def refusal(implementation, mask: Mask, num_heads: int) -> str | None:
-    """Why ``implementation`` is not run on ``mask`` here (None: it is): its capabilities, or a
-    Pallas kernel in interpret mode over more query-key pairs than ``stlib.api`` allows."""
-    from stlib.api import INTERPRET_PAIR_LIMIT
-    from stlib.device import resolve_interpret
+    """Why ``implementation`` is not run on ``mask`` here (None: it is): what it says it cannot take
+    (``unsupported``: the reference past its length among them), or what ``stlib.attention`` refuses
+    of a Pallas kernel in interpret mode (``INTERPRET_PAIR_LIMIT``: hours on a CPU)."""
+    from stlib.api import _check_interpret_size
 
     reason = implementation.unsupported(mask=mask)
     if reason is not None:
         return reason
-    length, limit = mask.length, implementation.capabilities.max_length
-    if limit is not None and length > limit:
-        return f"impl={implementation.name!r} takes at most {limit:,} tokens (here {length:,})"
-    if implementation.is_pallas and resolve_interpret(None) and num_heads * length**2 > INTERPRET_PAIR_LIMIT:
-        return (
-            f"impl={implementation.name!r} would run in Pallas interpret mode (no TPU here) over "
-            f"{num_heads} heads x {length:,} tokens: hours on a CPU (run it on a TPU, or --size small)"
-        )
+    try:
+        _check_interpret_size(implementation, (num_heads, mask.length, None), None, False)
+    except ValueError as error:
+        return str(error)
     return None
 
 
@@ -236,38 +226,11 @@ def inputs(shape: tuple[int, int, int], dtype, rows: int, seed: int) -> Inputs:
     return Inputs(q, k, v, picked, g, cotangent)
 
 
-@functools.partial(jax.jit, static_argnames="scale")
-def _reference_chunk(q, k, v, g, dense, scale):
-    """(o [H, rows, D], dq [H, rows, D], dk, dv [H, L, D]) in float32 of rows ``q`` over every key:
-    the output and the gradients of sum(o * g)."""
-    from stlib.reference import reference_attention_lse, reference_gradients
-
-    q, k, v, g = (x.astype(jnp.float32) for x in (q, k, v, g))
-    o, lse = reference_attention_lse(q, k, v, dense, scale)
-    return (o, *reference_gradients(q, k, v, o, lse, g, dense, scale))
-
-
 def reference(data: Inputs, mask: Mask) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """(o on the sampled rows, dq [H, L, D] zeros off them, dk, dv) of ``mask`` in float32, from the
-    sampled rows alone, ``CHUNK`` contiguous rows at a time (scores [H, CHUNK, L], never L x L)."""
-    _, length, dim = data.q.shape
-    mask_heads = [0] if mask.num_heads is None else range(mask.num_heads)
-    rows = data.rows
-    runs = np.split(np.arange(rows.size), np.flatnonzero(np.diff(rows) != 1) + 1)  # contiguous rows
-    outs, dqs = [], []
-    dk = dv = jnp.zeros(data.q.shape, jnp.float32)
-    for run in runs:
-        for at in np.array_split(run, -(-run.size // CHUNK)):
-            q0, q1 = int(rows[at[0]]), int(rows[at[-1]]) + 1
-            dense = np.stack([mask.block(q0, q1, 0, length, h) for h in mask_heads])  # [1 or H, rows, L]
-            o, dq, dk_rows, dv_rows = _reference_chunk(
-                data.q[:, q0:q1], data.k, data.v, data.g[:, at], dense, dim**-0.5
-            )
-            outs.append(o)
-            dqs.append(dq)
-            dk, dv = dk + dk_rows, dv + dv_rows
-    dq = jnp.zeros(data.q.shape, jnp.float32).at[:, rows].set(jnp.concatenate(dqs, axis=1))
-    return jnp.concatenate(outs, axis=1), dq, dk, dv
+    sampled rows alone (``checks.reference_on_rows``: never L x L)."""
+    o, dq_rows, dk, dv = checks.reference_on_rows(data.q, data.k, data.v, mask, data.rows, data.g)
+    return o, jnp.zeros(data.q.shape, jnp.float32).at[:, data.rows].set(dq_rows), dk, dv
 
 
 # --------------------------------------------------------------------------------------------
@@ -275,11 +238,19 @@ def reference(data: Inputs, mask: Mask) -> tuple[jax.Array, jax.Array, jax.Array
 
 
 def check_case(
-    implementation, mask_name: str, mask: Mask, data: Inputs, want, *, grad: bool = True
+    implementation,
+    mask_name: str,
+    mask: Mask,
+    data: Inputs,
+    want,
+    *,
+    grad: bool = True,
+    refused: str | None = None,
 ) -> CaseResult:
-    """``implementation`` on ``mask`` with ``data`` against the reference ``want`` (``reference``):
-    the forward, then (``grad``) the output and gradients of sum(o[:, rows] * g). Refusals and
-    errors are results, never raised."""
+    """``implementation`` on ``mask`` with ``data`` against the reference ``want`` (``reference``; a
+    string: why the reference failed): the forward, then (``grad``) the output and gradients of
+    sum(o[:, rows] * g); ``refused`` (``refusal``'s reason): not run. Refusals and errors are
+    results, never raised."""
     from stlib.api import attention
 
     start = time.perf_counter()
@@ -291,9 +262,10 @@ def check_case(
             name, mask_name, status, tolerance=tol, seconds=time.perf_counter() - start, **fields
         )
 
-    reason = refusal(implementation, mask, data.q.shape[0])
-    if reason is not None:
-        return result("refused", reason=reason)
+    if refused is not None:
+        return result("refused", reason=refused)
+    if isinstance(want, str):
+        return result("error", reason=want)
 
     def forward(q, k, v):
         return attention(q, k, v, mask, impl=name)
@@ -380,21 +352,23 @@ def run_check(
             data = by_length[mask.length]
             want, took = None, None
             for implementation in implementations:
-                if want is None and refusal(implementation, mask, heads) is None:
-                    took = time.perf_counter()
-                    try:
-                        want = reference(data, mask)
-                        took = time.perf_counter() - took
-                    except Exception as error:  # noqa: BLE001 - every case of the mask is an error
-                        want, took = f"the reference raised {_one_line(error)}", None
-                if isinstance(want, str) and refusal(implementation, mask, heads) is None:
-                    result = CaseResult(implementation.name, mask_name, "error", reason=want)
-                else:
-                    result = check_case(implementation, mask_name, mask, data, want, grad=grad)
+                refused = refusal(implementation, mask, heads)
+                if refused is None and want is None:  # computed once a mask, where a case needs it
+                    want, took = _reference_or_why(data, mask)
+                result = check_case(implementation, mask_name, mask, data, want, grad=grad, refused=refused)
                 results.append(result)
                 recorder.write({**_record(result, workload, size, rows, grad), "reference_s": took})
                 bar.step(result.line())
     return results
+
+
+def _reference_or_why(data: Inputs, mask: Mask) -> tuple:
+    """(``reference(data, mask)``, its seconds), or (the string saying what it raised, None)."""
+    start = time.perf_counter()
+    try:
+        return reference(data, mask), time.perf_counter() - start
+    except Exception as error:  # noqa: BLE001 - every case of the mask is an error
+        return f"the reference raised {_one_line(error)}", None
 
 
 def _defaults(known: dict) -> list[str]:

@@ -269,3 +269,57 @@ max_error, tolerance, check_close, passed = (
     checks.check_close,
     checks.passed,
 )
+
+
+def time_side_by_side(
+    cfg: NotebookConfig,
+    compiled: dict,
+    *args,
+    rounds: int,
+    trials: int,
+    title: str,
+    figure: str,
+    notebook: str,
+    what: str,
+    baseline: str | None = None,
+    **fields,
+) -> dict:
+    """How a notebook ends a kernel lesson: time the ``compiled`` calls (``{name: bench.Compiled}``,
+    each already checked) on ``args`` side by side (``bench.time_interleaved``), print a table (median,
+    min, max, compile seconds, each median over ``baseline``'s, default the fastest), draw their bars
+    (``title``, then where they were measured) to ``cfg.timed_figure(figure)`` and keep them with
+    ``cfg.record(notebook, what, ...)`` (``fields`` added; a TPU only). Returns {name: Timing}."""
+    import dataclasses
+
+    from stlib import bench, plotting
+
+    timings = bench.time_interleaved(compiled, *args, rounds=rounds, trials=trials)
+    base = timings[baseline].median_ms if baseline else min(t.median_ms for t in timings.values())
+    width = max(len(name) for name in timings) + 2
+    print(f"measured on {cfg.where}; the last column: each median over {baseline or 'the fastest'}'s")
+    print(f"{'':<{width}} {'median ms':>10} {'min':>9} {'max':>9} {'compile s':>10} {'ratio':>8}")
+    for name, t in timings.items():
+        print(
+            f"{name:<{width}} {t.median_ms:>10.2f} {t.min_ms:>9.2f} {t.max_ms:>9.2f} {t.compile_ms / 1e3:>10.1f} "
+            f"{t.median_ms / base:>8.2f}"
+        )
+    calls = min(t.trials for t in timings.values())
+    records = [
+        {**bench.environment(), "interpret": cfg.interpret, "label": name, **dataclasses.asdict(t)}
+        for name, t in timings.items()
+    ]
+    fig = plotting.latency_bars(
+        records, f"{title}\nmeasured on {cfg.where}; median of {calls} calls, whiskers min-max"
+    )
+    plotting.save(fig, cfg.timed_figure(figure))
+    kept = cfg.record(
+        notebook,
+        what,
+        rounds=rounds,
+        trials=trials,
+        **fields,
+        cases=[{"label": name, **dataclasses.asdict(t)} for name, t in timings.items()],
+    )
+    if kept:
+        print(f"recorded in data/{MEASUREMENTS} ({kept['device_kind']}, revision {kept.get('git_rev')})")
+    return timings

@@ -57,6 +57,7 @@ def test_max_error_large_length_samples_rows_without_materialising():
     out = stlib.attention(q, k, v, mask, impl="xla", block_q=256, block_kv=256)
     assert notebook.max_error(out, q, k, v, mask) < notebook.tolerance(jnp.float32)
     assert notebook.max_error(out.at[0, length - 1, 0].add(1.0), q, k, v, mask) > 0.5  # last rows are sampled
+    assert notebook.max_error(out.at[0, length // 2, 0].add(1.0), q, k, v, mask) > 0.5  # middle rows too
 
 
 def test_a_tpu_host_too_small_for_the_case_study_says_so_and_runs_small(monkeypatch, capsys):
@@ -93,3 +94,30 @@ def test_compile_subprocesses_on_a_tpu_host_never_open_the_chip(monkeypatch):
     monkeypatch.setattr(dump, "host_has_tpu", lambda: False)
     monkeypatch.delenv("JAX_PLATFORMS", raising=False)
     assert "JAX_PLATFORMS" not in dump.subprocess_env()
+
+
+def test_time_side_by_side_times_prints_and_draws_beside_the_chips(capsys):
+    from stlib import bench
+
+    cfg = notebook.setup("small")
+    x = jnp.ones((64, 64))
+    compiled = {
+        name: bench.compile_function(fn, x)
+        for name, fn in (("twice", lambda a: a * 2), ("matmul", lambda a: a @ a))
+    }
+    timings = notebook.time_side_by_side(
+        cfg,
+        compiled,
+        x,
+        rounds=1,
+        trials=1,
+        title="demo",
+        figure="99_demo",
+        notebook="99_demo",
+        what="demo",
+        baseline="twice",
+    )
+    assert set(timings) == {"twice", "matmul"}
+    printed = capsys.readouterr().out
+    assert "each median over twice's" in printed and "interpret mode" in printed
+    assert (cfg.figures / "cpu" / "99_demo.png").is_file() and not cfg.figure("99_demo").exists()

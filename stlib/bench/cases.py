@@ -68,6 +68,19 @@ def sta_windows(grid: VideoGrid, tile) -> list[tuple[int, int, int]]:
     return options
 
 
+def workload_sta_window(workload: Workload) -> tuple[int, int, int]:
+    """The sliding-tile window of ``workload``: its ``sta_window`` where that is short of the whole grid
+    of its ``sta_tile``s, else the widest of ``sta_windows`` within it that is (a small grid has few
+    tiles); (1, 1, 1) where none is."""
+    counts = [cdiv(n, s) for n, s in zip(workload.grid.shape, workload.sta_tile)]
+    windows = [
+        w
+        for w in sta_windows(workload.grid, workload.sta_tile)
+        if all(a <= b for a, b in zip(w, workload.sta_window)) and any(a < c for a, c in zip(w, counts))
+    ]
+    return windows[-1] if windows else (1, 1, 1)
+
+
 def case_study_cases(workload: Workload, tpu: bool, densities=DENSITIES) -> list[Case]:
     """Every case of the comparison at ``workload``: dense, a band per density, and the sliding-tile
     pattern (the workload's ``sta_tile``) at each window short of the whole grid. ``tpu`` picks the
@@ -139,7 +152,7 @@ def focus_cases(workload: Workload, tpu: bool, density: float = 0.35) -> list[Ca
     compiles, checks and times them at the full size on a TPU): dense Splash and the tile kernel
     without a mask; on the band built for ``density``, Splash, the block-sparse kernel, the tile
     kernel (flat grid) and the best tile kernel; on the sliding-tile pattern at the workload's window
-    (the widest short of the whole grid where the grid has fewer tiles), every case: the
+    (``workload_sta_window``), every case: the
     block-sparse kernel in raster order and the tile kernels in 3-D tiled order (Splash has no lazy
     form for it above ``masks.DENSE_LIMIT`` tokens)."""
     baseline, block_sparse = registry.baseline().name, by_role(Role.BLOCK_SPARSE).name
@@ -149,10 +162,7 @@ def focus_cases(workload: Workload, tpu: bool, density: float = 0.35) -> list[Ca
         "band": {(baseline, "{}"), (block_sparse, "{}"), (tile, '{"form": "flat"}'), (best_tile, "{}")},
     }
     grid, sta_tile = workload.grid, workload.sta_tile
-    counts = [cdiv(n, s) for n, s in zip(grid.shape, sta_tile)]
-    windows = [w for w in sta_windows(grid, sta_tile) if not all(a >= c for a, c in zip(w, counts))]
-    window = workload.sta_window if workload.sta_window in windows else windows[-1]
-    sta = masks.sliding_tile(grid, sta_tile, window)
+    sta = masks.sliding_tile(grid, sta_tile, workload_sta_window(workload))
     sta_masks = {sta, sta.permute(tiled_order(grid, sta_tile))}
 
     def wanted(case: Case) -> bool:
