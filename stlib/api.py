@@ -76,7 +76,7 @@ def check_mask(mask, num_heads: int, length: int) -> None:
 INTERPRET_PAIR_LIMIT = 2**32
 
 
-def _check_interpret_size(implementation, shape, interpret, allow_slow: bool, batch: int = 1) -> None:
+def check_interpret_size(implementation, shape, interpret, allow_slow: bool, batch: int = 1) -> None:
     """Refuse a Pallas kernel in interpret mode over more than ``INTERPRET_PAIR_LIMIT`` pairs in all
     (``batch`` elements of [H, L, D] ``shape``) unless ``allow_slow``."""
     from stlib.device import resolve_interpret
@@ -200,7 +200,7 @@ def _attention_heads(q, k, v, mask: Mask | None, call: dict):
     implementation = _choose(call["impl"], mask)
     options = implementation.options(call["options"])
     interpret = call["interpret"]
-    _check_interpret_size(
+    check_interpret_size(
         implementation, q.shape, interpret, call["allow_slow_interpret"], call["batch_elements"]
     )
     scale = call["scale"]

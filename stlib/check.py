@@ -143,13 +143,13 @@ def refusal(implementation, mask: Mask, num_heads: int) -> str | None:
     """Why ``implementation`` is not run on ``mask`` here (None: it is): what it says it cannot take
     (``unsupported``: the reference past its length among them), or what ``stlib.attention`` refuses
     of a Pallas kernel in interpret mode (``INTERPRET_PAIR_LIMIT``: hours on a CPU)."""
-    from stlib.api import _check_interpret_size
+    from stlib.api import check_interpret_size
 
     reason = implementation.unsupported(mask=mask)
     if reason is not None:
         return reason
     try:
-        _check_interpret_size(implementation, (num_heads, mask.length, None), None, False)
+        check_interpret_size(implementation, (num_heads, mask.length, None), None, False)
     except ValueError as error:
         return str(error)
     return None
