@@ -2,17 +2,18 @@
 (``assert_close``), the one family of seeded random masks (``random_dense`` / ``random_mask``),
 and the blocks a test runs an implementation with (``small_blocks``).
 
-Tolerances come from conftest's ``ATOL`` table (``tolerance``); nothing here picks its own.
+Tolerances and errors come from ``stlib.checks`` (the rule the notebooks and ``python -m stlib.check``
+use): ``checks.tolerance`` of the inputs' dtype bounds ``checks.scaled_error``, the max error
+relative to the largest reference value; nothing here picks its own.
 """
 
 from __future__ import annotations
 
 import jax.numpy as jnp
 import numpy as np
-from conftest import ATOL
 
 import stlib
-from stlib import masks
+from stlib import checks, masks
 
 #: ``assert_close``'s default: the output has the reference's dtype.
 SAME_DTYPE = object()
@@ -26,19 +27,6 @@ def as64(x) -> np.ndarray:
     return np.asarray(x).astype(np.float64)
 
 
-def tolerance(impl: str, dtype) -> float:
-    """conftest's ATOL of ``impl`` against impl="reference": the "splash" row for the baseline, the
-    "kernel" row for the other Pallas kernels, the "reference" row for plain-JAX implementations."""
-    implementation = stlib.registry.get(impl)
-    if implementation.baseline:
-        row = "splash"
-    elif implementation.is_pallas:
-        row = "kernel"
-    else:
-        row = "reference"
-    return next(atol for key, atol in ATOL[row].items() if jnp.dtype(key) == jnp.dtype(dtype))
-
-
 def _empty_rows(mask, num_heads: int) -> np.ndarray:
     """bool [H, L]: the query rows of ``mask`` (a stlib mask or a bool [L, L] / [Hm, L, L] array)
     that see no key."""
@@ -47,9 +35,10 @@ def _empty_rows(mask, num_heads: int) -> np.ndarray:
     return np.broadcast_to(~dense.any(axis=2), (num_heads, dense.shape[1]))
 
 
-def assert_close(out, ref, atol: float, *, dtype=SAME_DTYPE, rows=None, mask=None) -> float:
-    """Assert that ``out`` equals ``ref`` within ``atol`` (max absolute error, in float64; no rtol)
-    and return that error.
+def assert_close(out, ref, bound: float, *, dtype=SAME_DTYPE, rows=None, mask=None) -> float:
+    """Assert that ``out`` equals ``ref`` within ``bound`` (``checks.scaled_error``: the max error
+    relative to the largest reference value, as every check of the project measures it; pass
+    ``checks.tolerance`` of the inputs' dtype) and return that error.
 
     ``out`` must have ``ref``'s shape and the dtype ``dtype`` (default: ``ref``'s; None: any), and be
     finite wherever it is compared. ``rows``: bool [H, L] selecting the query rows compared (None:
@@ -65,8 +54,8 @@ def assert_close(out, ref, atol: float, *, dtype=SAME_DTYPE, rows=None, mask=Non
     if rows is not None:
         got, want = got[rows], want[rows]
     assert np.all(np.isfinite(got)), "the output has NaN / inf where it is compared"
-    err = float(np.max(np.abs(got - want))) if got.size else 0.0
-    assert err <= atol, f"max error {err} > {atol}"
+    err = checks.scaled_error(got, want)
+    assert err <= bound, f"max error {err:.2e} of the largest reference value > {bound}"
     if mask is not None:
         empty = _empty_rows(mask, out.shape[0])
         assert np.all(as64(out)[empty] == 0.0), "rows that see no key must be exactly zero"

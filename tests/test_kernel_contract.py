@@ -6,7 +6,8 @@ each run on every implementation, what a case does decided by the implementation
 
 Small shapes in interpret mode on CPU (L = 300, ragged against every block; H 2-3; D 128 or 64;
 32 x 128 tiles, 128 x 128 where an implementation takes no smaller: ``_kernels.small_blocks``).
-Tolerances: conftest's ATOL row of each implementation (``_kernels.tolerance``).
+Tolerances: ``stlib.checks.tolerance`` of the inputs' dtype, errors ``stlib.checks.scaled_error``
+(``_kernels.assert_close``).
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _kernels import assert_close, mixed_tile_mask, small_blocks, tolerance
+from _kernels import assert_close, mixed_tile_mask, small_blocks
 
 import stlib
-from stlib import masks, registry
+from stlib import checks, masks, registry
 from stlib.routing import svg_plan
 
 IMPLS = sorted(registry.IMPLEMENTATIONS)
@@ -46,7 +47,7 @@ def test_random_per_head_mask_at_ragged_length_equals_reference(impl, dtype):
     block_q, block_kv = small_blocks(impl, mask, LENGTH)
     ref = stlib.attention(q, k, v, mask, impl="reference")
     out = stlib.attention(q, k, v, mask, impl=impl, block_q=block_q, block_kv=block_kv)
-    assert_close(out, ref, tolerance(impl, dtype), mask=mask)  # the empty head and rows 3..6 included
+    assert_close(out, ref, checks.tolerance(dtype), mask=mask)  # the empty head and rows 3..6 included
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -65,7 +66,7 @@ def test_jit_takes_the_mask_as_an_argument(impl):
     jitted = jax.jit(call)
     out = jitted(q, k, v, band)
     assert_close(
-        out, stlib.attention(q, k, v, band, impl="reference"), tolerance(impl, jnp.float32), mask=band
+        out, stlib.attention(q, k, v, band, impl="reference"), checks.tolerance(jnp.float32), mask=band
     )
     jitted(q, k, v, masks.band(LENGTH, 40))  # an equal mask, another object: no new trace
     assert len(traces) == 1
@@ -116,7 +117,7 @@ def test_shared_kv_heads_and_own_v_head_dim_run_or_are_refused(impl):
     group = heads // kv_heads  # q head h reads kv head h // group
     k_rep, v_rep = jnp.repeat(k, group, axis=0), jnp.repeat(v, group, axis=0)
     ref = stlib.attention(q, k_rep, v_rep, mask, impl="reference")[..., :dim_v]
-    assert_close(out, ref, tolerance(impl, jnp.float32), mask=mask)
+    assert_close(out, ref, checks.tolerance(jnp.float32), mask=mask)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -147,7 +148,7 @@ def test_config_blocks_are_the_blocks_the_forward_runs(impl):
         q, k, v, mask, impl=impl, block_q=config.block_q, block_kv=config.block_kv, options=config.options
     )
     np.testing.assert_array_equal(np.asarray(pinned), np.asarray(out))
-    assert_close(out, stlib.attention(q, k, v, mask, impl="reference"), tolerance(impl, jnp.float32))
+    assert_close(out, stlib.attention(q, k, v, mask, impl="reference"), checks.tolerance(jnp.float32))
 
 
 #: A mask above DENSE_LIMIT with no lazy Splash form (18,000 tokens), traced only (eval_shape).
@@ -191,7 +192,7 @@ def test_routed_plan_equals_reference(impl, boundary):
     q, k, v = stlib.random_qkv((2, grid.num_tokens, 64), jnp.float32, seed=5)
     out = stlib.video_attention(q, k, v, grid, plan=plan, impl=impl)
     ref = stlib.attention(q, k, v, plan.mask, impl="reference")
-    assert_close(out, ref, tolerance(impl, jnp.float32), mask=plan.mask)
+    assert_close(out, ref, checks.tolerance(jnp.float32), mask=plan.mask)
 
 
 def test_jit_of_the_entry_points_themselves():
@@ -221,7 +222,7 @@ def test_interpret_mode_past_a_few_minutes_is_refused_unless_asked(monkeypatch):
         stlib.attention(q, k, v, impl="pallas_dense")
     stlib.attention(q, k, v, impl="xla")  # compiled for the CPU: no limit
     out = stlib.attention(q, k, v, impl="pallas_dense", allow_slow_interpret=True)
-    assert_close(out, stlib.attention(q, k, v, impl="reference"), tolerance("pallas_dense", jnp.float32))
+    assert_close(out, stlib.attention(q, k, v, impl="reference"), checks.tolerance(jnp.float32))
     one = jnp.zeros((1, 2, LENGTH, 8), jnp.float32)  # each batch element under the limit, all over it
     stlib.attention(one[0, :1], one[0, :1], one[0, :1], impl="pallas_dense")
     pair = jnp.zeros((2, 1, LENGTH, 8), jnp.float32)
@@ -255,12 +256,12 @@ def test_jit_with_batch_axes_and_grouped_kv_heads_equals_the_reference(impl):
     out, want = run(q, k, v, mask), reference(q, k, v)
     assert out.shape == q.shape
     for b in range(2):
-        assert_close(out[b], want[b], tolerance(impl, jnp.float32), mask=mask)
+        assert_close(out[b], want[b], checks.tolerance(jnp.float32), mask=mask)
     grads = jax.grad(lambda *x: run(*x, mask).sum(), argnums=(0, 1, 2))(q, k, v)
     expected = jax.grad(lambda *x: reference(*x).sum(), argnums=(0, 1, 2))(q, k, v)
     for got, want in zip(grads, expected):
         assert got.shape == want.shape
-        np.testing.assert_allclose(got, want, atol=20 * tolerance(impl, jnp.float32) + 1e-5)
+        assert checks.scaled_error(got, want) <= checks.tolerance(jnp.float32)
 
 
 def test_a_flax_layout_without_a_mask_is_refused():

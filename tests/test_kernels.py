@@ -15,10 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _kernels import assert_close, random_dense
-from conftest import ATOL as TOLERANCES
 
 import stlib
-from stlib import masks, registry
+from stlib import checks, masks, registry
 from stlib.blocks import BlockSizes
 from stlib.kernels.block_sparse import block_sparse_work, step_table
 from stlib.kernels.dense import dense_work
@@ -28,7 +27,6 @@ from stlib.passes import balanced_keep
 
 #: Every stlib Pallas kernel of the registry (the Splash baseline has tests of its own).
 PALLAS = [impl.name for impl in registry.tpu_kernels() if not impl.baseline]
-ATOL = TOLERANCES["kernel"]
 BQ, BKV = 32, 128
 
 
@@ -50,7 +48,7 @@ def test_lazy_masks(impl, make_mask):
     q, k, v = stlib.random_qkv((2, grid.num_tokens, 128), jnp.float32, seed=2)
     ref = stlib.attention(q, k, v, mask, impl="reference")
     out = stlib.attention(q, k, v, mask, impl=impl, block_q=BQ, block_kv=BKV)
-    assert_close(out, ref, ATOL[jnp.float32], mask=mask)
+    assert_close(out, ref, checks.tolerance(jnp.float32), mask=mask)
 
 
 @pytest.mark.parametrize("impl", PALLAS)
@@ -60,7 +58,7 @@ def test_video_attention_reorders_and_restores(impl):
     for mask in (masks.temporal_band(grid, 0.3), masks.sliding_tile(grid, (2, 3, 8), (1, 1, 1))):
         ref = stlib.attention(q, k, v, mask, impl="reference")
         out = stlib.video_attention(q, k, v, grid, mask, impl=impl, block_q=BQ, block_kv=BKV)
-        assert_close(out, ref, ATOL[jnp.float32], mask=mask)
+        assert_close(out, ref, checks.tolerance(jnp.float32), mask=mask)
 
 
 def test_video_attention_padded_tiled_order():
@@ -72,7 +70,7 @@ def test_video_attention_padded_tiled_order():
     ref = stlib.attention(q, k, v, mask, impl="reference")
     for impl in PALLAS:
         out = stlib.video_attention(q, k, v, grid, mask, impl=impl, orders=order, block_q=BQ, block_kv=BKV)
-        assert_close(out, ref, ATOL[jnp.float32], mask=mask)
+        assert_close(out, ref, checks.tolerance(jnp.float32), mask=mask)
 
 
 @pytest.mark.parametrize("form", ["rows", "flat"])
@@ -104,7 +102,10 @@ def test_tile_forms_lse_and_chunks(form, exp2):
     assert np.allclose(np.asarray(lse)[seen], expected_lse[seen], atol=1e-4)
     assert np.all(np.isneginf(np.asarray(lse)[~seen]))
     assert_close(
-        out, stlib.attention(q, k, v, mask, scale=0.1, impl="reference"), ATOL[jnp.float32], mask=mask
+        out,
+        stlib.attention(q, k, v, mask, scale=0.1, impl="reference"),
+        checks.tolerance(jnp.float32),
+        mask=mask,
     )
 
 
@@ -123,7 +124,7 @@ def test_tile_balanced_boundary_is_the_rounded_mask():
     assert_close(
         out,
         stlib.attention(q, k, v, masks.from_array(rounded), impl="reference"),
-        ATOL[jnp.float32],
+        checks.tolerance(jnp.float32),
         mask=rounded,
     )
 
@@ -135,7 +136,7 @@ def test_kernels_agree_with_splash(impl):
     q, k, v = stlib.random_qkv((2, length, 128), jnp.float32, seed=8)
     splash = stlib.attention(q, k, v, mask, impl="splash", block_q=128, block_kv=128)
     out = stlib.attention(q, k, v, mask, impl=impl, block_q=BQ, block_kv=BKV)
-    assert_close(out, splash, ATOL[jnp.float32])
+    assert_close(out, splash, checks.tolerance(jnp.float32))
 
 
 def test_block_sparse_skipped_steps_fetch_no_new_tile():

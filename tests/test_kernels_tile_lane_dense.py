@@ -14,15 +14,13 @@ import re
 import jax.numpy as jnp
 import pytest
 from _kernels import assert_close
-from conftest import ATOL as TOLERANCES
 
 import stlib
-from stlib import masks
+from stlib import checks, masks
 from stlib.kernels import tile_lane_dense as ld
 from stlib.kernels.tile_lane_dense import StepKind
 
 IMPL = ld.NAME
-ATOL = TOLERANCES["kernel"]
 
 
 # (block_q, block_kv, options): the one-chunk form, and inner chunks with register tiles that do not
@@ -47,7 +45,7 @@ def test_matches_reference_ragged(length, dtype, mask_name, blocks):
         q, k, v, mask, impl=IMPL, block_q=block_q, block_kv=block_kv, options=options, interpret=True
     )
     assert out.dtype == q.dtype and out.shape == q.shape
-    assert_close(out, ref, ATOL[dtype], mask=mask)
+    assert_close(out, ref, checks.tolerance(dtype), mask=mask)
 
 
 def test_step_kinds_split_full_ragged_masked():
@@ -84,7 +82,7 @@ def test_sliding_tile_in_tiled_order():
         out = stlib.video_attention(
             q, k, v, grid, mask, impl=IMPL, orders=order, block_q=128, block_kv=128, interpret=True
         )
-        assert_close(out, ref, ATOL[dtype], mask=mask)
+        assert_close(out, ref, checks.tolerance(dtype), mask=mask)
 
 
 def test_sliding_tile_rows_of_tiles_run_as_patterns():
@@ -127,7 +125,7 @@ def test_sliding_tile_rows_of_tiles_run_as_patterns():
                 options=opt,
                 interpret=True,
             )
-            assert_close(out, ref, ATOL[dtype], mask=mask)
+            assert_close(out, ref, checks.tolerance(dtype), mask=mask)
 
 
 def test_pattern_updates_cover_each_computed_sub_tile_once():
@@ -171,7 +169,7 @@ def test_band_edges_run_as_mixed_patterns(dtype):
         out = stlib.attention(
             q, k, v, mask, impl=IMPL, block_q=512, block_kv=512, options=options, interpret=True
         )
-        assert_close(out, ref, ATOL[dtype], mask=mask)
+        assert_close(out, ref, checks.tolerance(dtype), mask=mask)
 
 
 def test_scores_issued_ahead_change_the_order_not_the_result():
@@ -200,7 +198,10 @@ def test_scores_issued_ahead_change_the_order_not_the_result():
     for out, lse in runs.values():
         assert (out == runs[0][0]).all() and (lse == runs[0][1]).all()
     assert_close(
-        runs[None][0], stlib.attention(q, k, v, mask, impl="reference"), ATOL[jnp.float32], mask=mask
+        runs[None][0],
+        stlib.attention(q, k, v, mask, impl="reference"),
+        checks.tolerance(jnp.float32),
+        mask=mask,
     )
 
 
@@ -229,7 +230,7 @@ def test_queries_per_fold_change_the_grouping_not_the_result():
         for width in (None, 128, 384)  # 384: the last slice of a 512-query tile is narrower
     }
     for out, lse in runs.values():
-        assert_close(out, ref, ATOL[jnp.float32], mask=mask)
+        assert_close(out, ref, checks.tolerance(jnp.float32), mask=mask)
         assert jnp.allclose(lse, runs[None][1], atol=1e-5, rtol=1e-6)
     with pytest.raises(ValueError, match="block_q_compute=100 must be None or a positive multiple of 128"):
         ld.LaneDenseOptions(block_q_compute=100)
@@ -247,7 +248,7 @@ def test_bf16_probabilities_error_is_within_the_bf16_tolerance():
         out = stlib.attention(
             q, k, v, None, impl=IMPL, block_q=128, block_kv=256, options={"bf16_probs": bf16}, interpret=True
         )
-        errors[bf16] = assert_close(out, ref, ATOL[jnp.bfloat16], dtype=q.dtype)
+        errors[bf16] = assert_close(out, ref, checks.tolerance(jnp.bfloat16), dtype=q.dtype)
     assert errors[True] <= 4 * max(errors[False], 2**-9)
 
 

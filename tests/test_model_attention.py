@@ -10,18 +10,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _kernels import assert_close
-from conftest import ATOL, qkv
+from conftest import qkv
 from flax import nnx
 from jax.sharding import Mesh
 
 import stlib
-from stlib import masks
+from stlib import checks, masks
 from stlib.routing import svg_plan
 from stlib.wan import WanBlock
 
 GRID = stlib.VideoGrid(2, 8, 12)  # 192 tokens
 HEADS, DIM = 4, 64
-TOL = ATOL["reference"][jnp.float32]
+TOL = checks.tolerance(jnp.float32)
 
 
 def _mix(grid=GRID):

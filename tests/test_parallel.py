@@ -10,18 +10,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _kernels import assert_close
-from conftest import ATOL, qkv
+from conftest import qkv
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import stlib
-from stlib import masks
+from stlib import checks, masks
 from stlib.parallel import device_branches, parallel_attention
 from stlib.routing import svg_plan
 
 GRID = stlib.VideoGrid(3, 8, 12)  # 288 tokens: ragged against 128-token tiles
 HEADS = 8
-TOL = ATOL["reference"][jnp.float32]
+TOL = checks.tolerance(jnp.float32)
 
 
 def _mesh(*shape, names=("x",)):

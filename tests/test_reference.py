@@ -14,22 +14,20 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _kernels import as64, assert_close, random_dense
-from conftest import ATOL as TOLERANCES
 from conftest import qkv
 
 import stlib
-from stlib import VideoGrid, masks, tiled_order
+from stlib import VideoGrid, checks, masks, tiled_order
 
 jax.config.update("jax_enable_x64", False)
 
-ATOL = TOLERANCES["reference"]
 IMPLS = ["reference", "xla"]
 
 
 def check(out, q, k, v, dense, dtype, scale=None):
     """``out`` against float64 attention of the same inputs; rows ``dense`` leaves empty are zeros."""
     want = bf.attention_f64(as64(q), as64(k), as64(v), dense, scale)
-    assert_close(out, want, ATOL[dtype], dtype=q.dtype, mask=dense)
+    assert_close(out, want, checks.tolerance(dtype), dtype=q.dtype, mask=dense)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -110,7 +108,7 @@ def test_tiled_order_attention_round_trip():
         out = stlib.attention(
             *(order.apply(x) for x in (q, k, v)), permuted, impl=impl, block_q=8, block_kv=8
         )
-        assert_close(order.restore(out), want, ATOL[jnp.float32], dtype=q.dtype)
+        assert_close(order.restore(out), want, checks.tolerance(jnp.float32), dtype=q.dtype)
 
 
 def test_xla_padding_rows_are_zero():

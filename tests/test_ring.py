@@ -16,12 +16,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _kernels import assert_close
-from conftest import ATOL, qkv
+from conftest import qkv
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import stlib
-from stlib import masks
+from stlib import checks, masks
 from stlib.bench.collectives import all_to_all_bytes, kernel_bodies, permute_bytes, permutes_ahead
 from stlib.parallel import parallel_attention
 from stlib.registry import Role, by_role
@@ -30,7 +30,7 @@ from stlib.routing import svg_plan
 
 GRID = stlib.VideoGrid(4, 8, 16)  # 512 tokens: one frame of 128 per device
 HEADS = 3  # does not divide over the 4 devices: the ring does not need it to
-TOL = ATOL["reference"][jnp.float32]
+TOL = checks.tolerance(jnp.float32)
 PERMUTE = re.compile(r"collective-permute(?:-start)?\(")
 
 

@@ -10,17 +10,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _kernels import assert_close, random_mask
-from conftest import ATOL as TOLERANCES
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import stlib
-from stlib import masks
+from stlib import checks, masks
 from stlib.configs import CASE_STUDY
 from stlib.device import compile_for_tpu
 from stlib.kernels import splash
-
-ATOL = TOLERANCES["splash"]
 
 
 def check(mask, shape, dtype=jnp.float32, seed=0, **kwargs):
@@ -29,7 +26,7 @@ def check(mask, shape, dtype=jnp.float32, seed=0, **kwargs):
     q, k, v = stlib.random_qkv(shape, dtype, seed)
     out = stlib.attention(q, k, v, mask, impl="splash", interpret=True, **kwargs)
     ref = stlib.attention(q, k, v, mask, impl="reference", scale=kwargs.get("scale"))
-    assert_close(out, ref, ATOL[dtype], mask=mask)
+    assert_close(out, ref, checks.tolerance(dtype), mask=mask)
     return np.asarray(out, np.float32)
 
 
