@@ -1,4 +1,22 @@
-"""stlib: sparse spatio-temporal attention for video diffusion transformers on TPUs."""
+"""stlib: sparse spatio-temporal attention for video diffusion transformers on TPUs.
+
+The public entry points (README.md has a quickstart, docs/architecture.md the module map):
+
+- ``attention(q, k, v, mask, impl=...)``: attention over [H, L, D] under a lazy mask, by any
+  implementation in ``IMPLEMENTATIONS``; ``impl="auto"`` runs what ``choose(mask)`` picks.
+- ``video_attention(q, k, v, grid, mask)``: the same on raster-order video tokens, reordered so the
+  mask is tile-aligned and restored after.
+- ``attention_fn(mask, ...)``: flax's ``attention_fn`` contract; ``parallel_attention(..., mesh=...)``:
+  attention sharded over a device mesh (heads, Ulysses, ring).
+- ``masks``: the sequence and video masks; ``block_layout``, ``BlockLayout``, ``TileKind``: which
+  tiles a mask leaves EMPTY, PARTIAL or FULL.
+- ``VideoGrid``, ``TokenOrder``, ``raster_order``, ``token_major_order``, ``tiled_order``,
+  ``pad_tokens``, ``padded_length``: video grids and token orders.
+- ``Workload``, ``CASE_STUDY``, ``WAN_480P``, ``SMALL_CPU``: the named workloads; ``random_qkv``: inputs.
+- ``register``: add an implementation; ``kernels``: importing it registers stlib's own.
+- ``static_estimate(impl, mask, chip, ...)``: the static TPU time estimate, read from the compiled
+  schedule without a TPU (loads ``stlib.analysis`` on first use).
+"""
 
 from stlib import _versions
 
