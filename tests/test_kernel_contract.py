@@ -157,7 +157,7 @@ BIG_GRID = stlib.VideoGrid(5, 60, 60)
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_mask_support_decides_what_attention_accepts(impl):
-    """A mask ``unsupported(mask=...)`` refuses (Splash: no lazy form above DENSE_LIMIT; reference:
+    """A mask ``unsupported(mask=...)`` refuses (Splash: rows without key intervals above DENSE_LIMIT; reference:
     L x L scores above it; xla: too many masked tiles to tabulate) is
     refused by ``stlib.attention`` with ValueError giving the same reason, before any kernel runs;
     a mask it accepts traces."""

@@ -160,7 +160,10 @@ def test_supports_says_why_not():
     with pytest.raises(ValueError, match="as many k / v heads"):
         tile.check_supports(shared_kv_heads=True)
     sta = masks.sliding_tile(stlib.CASE_STUDY.grid, (3, 8, 16), (3, 3, 3))
-    assert "no lazy Splash form" in splash.unsupported(mask=sta)  # above DENSE_LIMIT, no lazy form
+    tiled = sta.permute(stlib.tiled_order(stlib.CASE_STUDY.grid, (3, 8, 16)))
+    assert splash.supports(mask=sta) and splash.supports(mask=tiled)  # no lazy form: from the layout
+    shard = tiled.block_view(0, 0, masks.DENSE_LIMIT + 128)  # rows from no key intervals: refused
+    assert "no lazy Splash form" in splash.unsupported(mask=shard)
     assert splash.supports(mask=masks.band(75_600, 1000)) and tile.supports(mask=sta)
 
 

@@ -63,10 +63,51 @@ def test_per_head_lazy_and_dense_heads():
             masks.full(length),
             masks.band(length, 30),
             masks.band(length, 30),  # same as head 1: Splash deduplicates it
-            random_mask(rng, None, length, 0.2),  # no lazy form: NumpyMask
+            random_mask(rng, None, length, 0.2),  # no lazy form: from its block layout
         ]
     )
     check(mask, (4, length, 128), block_q=128, block_kv=128)
+
+
+def test_a_padded_tiled_order_runs_from_its_block_layout():
+    """A mask with no lazy Splash form and padding slots (a sliding tile in a padded 3-D tiled order):
+    padding never attended, its rows exactly zero."""
+    grid = stlib.VideoGrid(3, 8, 40)  # 40 tokens along x: 16-token tiles pad to 48
+    mask = masks.sliding_tile(grid, (1, 8, 16), (1, 1, 1)).permute(stlib.tiled_order(grid, (1, 8, 16)))
+    assert not mask.token_validity().all()
+    out = check(mask, (2, mask.length, 128), block_q=128, block_kv=256)
+    assert np.all(out[:, ~mask.token_validity()] == 0.0)
+
+
+def test_a_long_mask_without_a_lazy_form_evaluates_only_its_partial_tiles(monkeypatch):
+    """Above DENSE_LIMIT Splash takes a mask with no lazy form from stlib's block layout: its tiles
+    are classified from the layout's counts and only PARTIAL ones are evaluated (``Mask.block``),
+    each once, never an L x L array."""
+    grid = stlib.VideoGrid(5, 60, 60)  # 18,000 tokens
+    mask = masks.sliding_tile(grid, (1, 6, 6), (3, 3, 3))
+    assert mask.length > masks.DENSE_LIMIT and splash.mask_support(mask) is None
+    blocks = splash.splash_blocks(mask.length)
+    padded = blocks.padded_length(mask.length)
+    layout = stlib.block_layout(mask, blocks.block_q, blocks.block_kv)
+    evaluated = []
+    original = type(mask).block
+
+    def block(self, q0, q1, k0, k1, head=0):
+        assert (q1 - q0) * (k1 - k0) <= blocks.block_q * blocks.block_kv, "only tiles are evaluated"
+        evaluated.append((q0, k0))
+        return original(self, q0, q1, k0, k1, head)
+
+    monkeypatch.setattr(type(mask), "block", block)
+    shape = jax.ShapeDtypeStruct((2, mask.length, 128), jnp.bfloat16)
+    jax.eval_shape(
+        lambda q, k, v: stlib.attention(q, k, v, mask, impl="splash", interpret=False), shape, shape, shape
+    )
+    partial = {
+        (i * blocks.block_q, j * blocks.block_kv)
+        for i, j in zip(*np.nonzero(layout.kinds[0] == stlib.TileKind.PARTIAL))
+    }
+    assert sorted(evaluated) == sorted(partial)  # every PARTIAL tile once, nothing else
+    assert padded > mask.length  # the padded rows and columns were answered without evaluation
 
 
 def test_per_head_masks_combined_with_a_band():

@@ -6,7 +6,9 @@ What the adapter does around ``make_splash_mha``:
 * masks: full -> Splash ``FullMask``, causal (``causal``: k <= q) -> ``CausalMask``, band |q - k| <= w
   -> ``LocalMask`` window (w, w), ``&`` / ``|``
   of those -> Splash ``LogicalAnd`` / ``LogicalOr``, a different mask per head -> ``MultiHeadMask``.
-  Anything else becomes a block-exact ``NumpyMask`` of the stlib mask, only for L <= DENSE_LIMIT.
+  Any other mask, at any length, is handed to Splash tile by tile from stlib's own block layout
+  (``_TiledMask``): EMPTY and FULL tiles from the layout's counts, only PARTIAL tiles evaluated (a
+  mask without key intervals: L <= DENSE_LIMIT).
 * ragged lengths: Splash needs block sizes that divide L, so q, k, v are padded with zeros to Lp;
   pad keys are hidden with Splash ``SegmentIds`` (real tokens 0, pad tokens 1) and the output is
   sliced back to L.
@@ -32,10 +34,12 @@ import numpy as np
 from jax.experimental.pallas.ops.tpu import splash_attention as sa
 
 from stlib import masks as M
+from stlib import tile_counts
 from stlib._intmath import round_up
 from stlib.accounting import block_changes, work_from_counts
 from stlib.contract import Capabilities, Config, EstimatorHooks, Presentation, ScheduleCounts
 from stlib.device import CHIPS, LANES, resolve_interpret
+from stlib.geometry import TokenOrder
 from stlib.layout import TileKind, block_layout
 from stlib.registry import Implementation, Role, register
 
@@ -165,37 +169,121 @@ def _lazy(mask: M.Mask, head: int, padded: int):
     return None
 
 
-def _no_lazy_form(mask: M.Mask, length: int) -> str:
-    return (
-        f"impl='splash' has no lazy Splash form for {mask!r} (only full, band and & / | of them "
-        f"have one), and a NumpyMask would materialise {length}^2 pairs per head: that is limited "
-        f"to L <= stlib.masks.DENSE_LIMIT = {M.DENSE_LIMIT}. Use another impl for this mask."
-    )
+class _TiledMask(sa.Mask):
+    """One head of an stlib mask without a lazy Splash form, as a Splash mask on the padded square
+    [Lp, Lp], answered tile by tile from stlib's own block layout at the tiles Splash asks for:
+    EMPTY tiles as no pair and FULL tiles as every real pair without evaluating one, only PARTIAL
+    tiles by the stlib mask itself (``Mask.block``), each once. Splash classifies every tile on the
+    host and keeps each distinct PARTIAL tile in its ``partial_mask_blocks``; the kernel skips EMPTY
+    tiles and runs FULL ones mask-free, as stlib's tile kernels do. Padding (rows and columns past
+    L, and the padding slots of a padded permutation) is never allowed."""
+
+    def __init__(self, mask: M.Mask, head: int, padded: int):
+        self.mask, self.head, self.padded = mask, head, padded
+        valid = mask.token_validity()
+        self._valid = np.zeros(padded, dtype=bool)
+        self._valid[: mask.length] = True if valid is None else valid
+        self._layouts: dict[tuple[int, int], object] = {}
+        self._partial: dict[tuple[int, int, int, int], np.ndarray] = {}
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.padded, self.padded)
+
+    def __eq__(self, other):
+        if not isinstance(other, _TiledMask):
+            return NotImplemented
+        return (self.mask, self.head, self.padded) == (other.mask, other.head, other.padded)
+
+    def __hash__(self):
+        return hash((_TiledMask, self.mask, self.head, self.padded))
+
+    def _kind(self, q0: int, k0: int, rows: int, cols: int) -> TileKind | None:
+        """The layout's kind of the tile at (q0, k0) of ``rows`` x ``cols`` (a grid tile of those
+        sizes), EMPTY past the mask's length; None for a slice that is not one tile."""
+        if q0 % rows or k0 % cols:
+            return None
+        if q0 >= self.mask.length or k0 >= self.mask.length:
+            return TileKind.EMPTY
+        layout = self._layouts.get((rows, cols))
+        if layout is None:
+            layout = self._layouts[(rows, cols)] = block_layout(self.mask, rows, cols)
+        kinds = layout.kinds
+        return TileKind(int(kinds[self.head if kinds.shape[0] > 1 else 0, q0 // rows, k0 // cols]))
+
+    def __getitem__(self, idx) -> np.ndarray:
+        q_slice, k_slice = idx
+        q0, q1, _ = q_slice.indices(self.padded)
+        k0, k1, _ = k_slice.indices(self.padded)
+        rows, cols = q1 - q0, k1 - k0
+        kind = self._kind(q0, k0, rows, cols) if rows > 0 and cols > 0 else TileKind.EMPTY
+        if kind is TileKind.EMPTY:
+            return np.zeros((rows, cols), dtype=bool)
+        if kind is TileKind.FULL:  # every real pair
+            return self._valid[q0:q1, None] & self._valid[None, k0:k1]
+        key = (q0, q1, k0, k1)
+        if key not in self._partial:
+            out = np.zeros((rows, cols), dtype=bool)
+            real_q, real_k = min(q1, self.mask.length), min(k1, self.mask.length)
+            if real_q > q0 and real_k > k0:
+                out[: real_q - q0, : real_k - k0] = self.mask.block(q0, real_q, k0, real_k, self.head)
+            self._partial[key] = out
+        return self._partial[key]
+
+
+def _rows_from_intervals(mask: M.Mask) -> tuple[M.Mask, np.ndarray | None] | None:
+    """(the single-head mask in raster order whose key intervals give ``mask``'s rows, the raster
+    row of each of ``mask``'s rows (-1 at padding; None: the same rows)), as stlib's tile counting
+    reads a permuted view (``tile_counts.counting_key``); None where no intervals give them."""
+    base, view = tile_counts.counting_key(mask)
+    if not base.has_intervals or not (view is None or isinstance(view, TokenOrder)):
+        return None
+    return base, (None if view is None else view.perm)
+
+
+def _visible_rows(mask: M.Mask, head: int, chunk: int = 4096) -> np.ndarray:
+    """bool [L]: the rows of one head of ``mask`` that see at least one key: from key intervals
+    (in raster order, through the permutation of a permuted view), else from dense rows a chunk at
+    a time (L <= DENSE_LIMIT: ``mask_support``)."""
+    one = mask if mask.num_heads is None else mask.head(head)
+    length = one.length
+    from_intervals = _rows_from_intervals(one)
+    if from_intervals is None:
+        seen = np.zeros(length, dtype=bool)
+        for start in range(0, length, chunk):
+            stop = min(start + chunk, length)
+            seen[start:stop] = one.block(start, stop, 0, length).any(axis=1)
+        return seen
+    base, raster_row = from_intervals
+    seen = np.zeros(base.length, dtype=bool)
+    for start in range(0, base.length, chunk):
+        rows = np.arange(start, min(start + chunk, base.length))
+        lo, hi = base.key_intervals(rows)
+        seen[rows] = (hi > lo).any(axis=1)
+    if raster_row is None:
+        return seen
+    return (raster_row >= 0) & seen[np.maximum(raster_row, 0)]
 
 
 def mask_support(mask: M.Mask) -> str | None:
-    """Why Splash cannot run ``mask`` (None: it can): no lazy Splash form above DENSE_LIMIT tokens."""
-    if mask.length <= M.DENSE_LIMIT:
-        return None
+    """Why Splash cannot run ``mask`` (None: it can): a mask without a lazy Splash form runs from
+    stlib's block layout (``_TiledMask``), which reads key intervals above DENSE_LIMIT tokens."""
     heads = [0] if mask.num_heads is None else range(mask.num_heads)
-    if all(_lazy(mask, h, mask.length) is not None for h in heads):
+    if mask.length <= M.DENSE_LIMIT or all(_lazy(mask, h, mask.length) is not None for h in heads):
         return None
-    return _no_lazy_form(mask, mask.length)
-
-
-def _dense(mask: M.Mask, head: int, length: int, padded: int) -> np.ndarray:
-    """bool [Lp, Lp]: the stlib mask of one head, padding rows and columns all False."""
-    if length > M.DENSE_LIMIT:
-        raise ValueError(_no_lazy_form(mask, length))
-    out = np.zeros((padded, padded), dtype=bool)
-    out[:length, :length] = mask.block(0, length, 0, length, head)
-    return out
+    if all(_rows_from_intervals(mask if mask.num_heads is None else mask.head(h)) is not None for h in heads):
+        return None
+    return (
+        f"impl='splash' has no lazy Splash form for {mask!r}, and without key intervals its tiles "
+        f"would be classified from {mask.length}^2 pairs per head: that is limited to L <= "
+        f"stlib.masks.DENSE_LIMIT = {M.DENSE_LIMIT}. Use another impl for this mask."
+    )
 
 
 def splash_mask(mask: M.Mask | None, num_heads: int, length: int, padded: int):
-    """Splash ``MultiHeadMask`` ([num_heads, Lp, Lp]) for an stlib mask of length ``length`` and the
-    rows that see at least one key (bool [num_heads or 1, length], None when every row does).
-    Raises ValueError when a NumpyMask is needed above DENSE_LIMIT tokens."""
+    """Splash ``MultiHeadMask`` ([num_heads, Lp, Lp]) for an stlib mask of length ``length``: its
+    lazy Splash form where it has one, else its block layout (``_TiledMask``); and the rows that see
+    at least one key (bool [num_heads or 1, length], None when every row does)."""
     if mask is None:
         mask = M.full(length)
     heads = [None] if mask.num_heads is None else list(range(mask.num_heads))
@@ -204,10 +292,9 @@ def splash_mask(mask: M.Mask | None, num_heads: int, length: int, padded: int):
         head = 0 if h is None else h
         lazy = _lazy(mask, head, padded)
         if lazy is None:
-            dense = _dense(mask, head, length, padded)
-            rows = dense[:length].any(axis=1)
+            rows = _visible_rows(mask, head)
             any_empty |= not rows.all()
-            lazy = sa.NumpyMask(dense)
+            lazy = _TiledMask(mask, head, padded)
         else:
             rows = np.ones(length, dtype=bool)
         per_head.append(lazy)
@@ -224,9 +311,8 @@ def splash_mask(mask: M.Mask | None, num_heads: int, length: int, padded: int):
 def splash_attention(q, k, v, mask, *, scale, config: Config, interpret):
     """Splash attention on validated [H, L, D] inputs (see ``stlib.attention``); returns [H, L, Dv] in
     q's dtype, zeros for rows that see no key. k and v may have H / G heads (G q heads per kv head)
-    and v its own head dim Dv. Raises ValueError for block sizes that are not multiples of 128, kv
-    heads that do not divide the q heads, and masks without a lazy Splash form above DENSE_LIMIT
-    tokens."""
+    and v its own head dim Dv. Raises ValueError for block sizes that are not multiples of 128 and
+    kv heads that do not divide the q heads."""
     num_heads, length, _ = q.shape
     if num_heads % k.shape[0] or k.shape[0] != v.shape[0]:
         raise ValueError(
