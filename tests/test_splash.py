@@ -197,3 +197,21 @@ def test_compiles_for_tpu_at_case_study_shape(chip, pattern):
     nbytes = int(np.prod(CASE_STUDY.qkv_shape)) * jnp.dtype(CASE_STUDY.dtype).itemsize
     assert memory["argument_size_in_bytes"] == 3 * nbytes
     assert memory["output_size_in_bytes"] == nbytes
+
+
+def test_a_tiled_order_defaults_to_one_3d_tile_a_block():
+    """Splash's default blocks on a mask in a padded 3-D tiled order: one tile (3 x 8 x 16 = 384
+    tokens) on both axes, every block EMPTY or FULL; explicit blocks win; raster order keeps the
+    defaults."""
+    grid = stlib.CASE_STUDY.grid
+    sta = masks.sliding_tile(grid, (3, 8, 16), (3, 3, 3))
+    tiled = sta.permute(stlib.tiled_order(grid, (3, 8, 16)))
+    implementation = stlib.registry.get("splash")
+    config = implementation.config(tiled, tiled.length, interpret=False)
+    assert (config.block_q, config.block_kv, config.block_kv_compute) == (384, 384, 384)
+    kinds = stlib.block_layout(tiled, 384, 384).kinds
+    assert not np.any(kinds == stlib.TileKind.PARTIAL)
+    explicit = implementation.config(tiled, tiled.length, 512, 1024, interpret=False)
+    assert (explicit.block_q, explicit.block_kv) == (512, 1024)
+    raster = implementation.config(sta, sta.length, interpret=False)
+    assert (raster.block_q, raster.block_kv) == (splash.DEFAULT_BLOCK_Q, splash.DEFAULT_BLOCK_KV)

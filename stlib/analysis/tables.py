@@ -59,7 +59,7 @@ def case_study_table(chip: str = "v6e", use_cache: bool = True) -> list[dict]:
         for label, opts in impl.comparison_runs()
         for m, b in masks_
         if impl.supports(mask=resolve_mask(KernelConfig(impl.name, m)))
-    ]  # e.g. Splash has no lazy form of the sliding tile at this length: bands only
+    ]  # a mask an implementation refuses has no row
 
     def one(impl, label, opts, mask, block):
         est = estimate(

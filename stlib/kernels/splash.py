@@ -39,7 +39,7 @@ from stlib._intmath import round_up
 from stlib.accounting import block_changes, work_from_counts
 from stlib.contract import Capabilities, Config, EstimatorHooks, Presentation, ScheduleCounts
 from stlib.device import CHIPS, LANES, resolve_interpret
-from stlib.geometry import TokenOrder
+from stlib.geometry import TokenOrder, tile_rows
 from stlib.layout import TileKind, block_layout
 from stlib.registry import Implementation, Role, register
 
@@ -106,13 +106,20 @@ class SplashBlocks:
         )
 
 
-def splash_blocks(length: int, block_q: int | None = None, block_kv: int | None = None) -> SplashBlocks:
-    """Tile sizes for a sequence of ``length`` tokens: the given ones, else the defaults capped to the
-    sequence (rounded up to 128) with block_kv a multiple of block_q, so padding stays below one
-    kv tile. Raises ValueError for a block size that is not a multiple of 128."""
+def splash_blocks(
+    length: int, block_q: int | None = None, block_kv: int | None = None, *, tile: int | None = None
+) -> SplashBlocks:
+    """Tile sizes for a sequence of ``length`` tokens: the given ones; else, for a mask in a padded
+    3-D tiled order whose tiles hold ``tile`` tokens (a multiple of 128), one 3-D tile a block on
+    both axes, so every block is EMPTY or FULL (on the case study's sliding tile, 384 x 384 ran
+    fastest of Splash's blocks on a v5e, and larger ones ran out of VMEM); else the defaults capped
+    to the sequence (rounded up to 128) with block_kv a multiple of block_q, so padding stays below
+    one kv tile. Raises ValueError for a block size that is not a multiple of 128."""
     for name, value in (("block_q", block_q), ("block_kv", block_kv)):
         if value is not None and value % LANES:
             raise ValueError(f"{name}={value} must be a multiple of {LANES} for Splash")
+    if block_q is None and block_kv is None and tile is not None and tile % LANES == 0 and tile <= length:
+        return SplashBlocks(tile, tile, tile)
     rounded = round_up(length, LANES)
     bq = block_q if block_q is not None else min(DEFAULT_BLOCK_Q, rounded)
     if block_kv is None:
@@ -125,6 +132,13 @@ def splash_blocks(length: int, block_q: int | None = None, block_kv: int | None 
 
 # --------------------------------------------------------------------------------------------
 # stlib mask -> Splash mask
+
+
+def _tile_tokens(mask: M.Mask | None) -> int | None:
+    """Tokens per 3-D tile of a mask in a padded 3-D tiled order (``geometry.tile_rows``), else None."""
+    order = None if mask is None else tile_counts.counting_key(mask)[1]
+    rows = tile_rows(order) if isinstance(order, TokenOrder) else None
+    return None if rows is None else rows[0]
 
 
 class _Band(sa.LocalMask):
@@ -473,7 +487,7 @@ IMPLEMENTATION = register(
         work=lambda layout, num_heads, head_dim, options: splash_work(layout, num_heads, head_dim),
         chips=CHIPS,
         resolve=lambda mask, length, block_q, block_kv, options, interpret: (
-            splash_blocks(length, block_q, block_kv),
+            splash_blocks(length, block_q, block_kv, tile=_tile_tokens(mask)),
             options,
         ),
         capabilities=Capabilities(shared_kv_heads=True, head_dim_v=True, mask_support=mask_support),
