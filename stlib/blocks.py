@@ -66,6 +66,8 @@ INTERPRET_BLOCK_SIZES = BlockSizes(block_q=128, block_kv=128)
 TPU_BLOCK_SIZES = BlockSizes(block_q=512, block_kv=1024, block_kv_compute=512)
 #: The chip whose defaults a compile for a TPU takes off a TPU (the case study's chip).
 COMPILE_CHIP = "v6e"
+#: ``block_sizes_for``'s default chip: the TPU at hand (a caller outside a kernel call's ``Config``).
+AT_HAND = object()
 
 
 def default_block_sizes(chip: str | None, overrides=None) -> BlockSizes:
@@ -88,11 +90,14 @@ def block_sizes_for(
     interpret: bool | None = None,
     block_kv_compute: int | None = None,
     overrides=None,
+    chip: str | None = AT_HAND,
 ) -> BlockSizes:
-    """The block sizes an implementation uses: explicit values, else the default of the chip it
-    runs on (``COMPILE_CHIP``'s when compiling for a TPU from elsewhere, small tiles in interpret
-    mode). The default chunk applies only with default kv blocks."""
-    chip = current_chip()
+    """The block sizes an implementation uses: explicit values, else the default of ``chip`` (a
+    call's ``Config.chip``; default: the TPU at hand; ``COMPILE_CHIP``'s when compiling for a TPU
+    from elsewhere, small tiles in interpret mode). The default chunk applies only with default kv
+    blocks."""
+    if chip is AT_HAND:
+        chip = current_chip()
     if chip is None and not resolve_interpret(interpret):
         chip = COMPILE_CHIP
     base = default_block_sizes(chip, overrides)

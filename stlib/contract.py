@@ -43,12 +43,16 @@ class ScheduleCounts:
 class Config:
     """The blocks and options one call of an implementation runs with, resolved once: ``block_q``
     rows x ``block_kv`` keys per grid step in chunks of ``block_kv_compute`` keys (None: the whole
-    tile; all None for an implementation without blocks) and ``options`` (its ``options_type``)."""
+    tile; all None for an implementation without blocks), ``options`` (its ``options_type``) and
+    ``chip``: the TPU chip the call is sized for (the chip its options name, else the TPU at hand;
+    None off a TPU: a kernel then fits the smallest VMEM of the chip table), resolved where the
+    call is made (``Implementation.config``) and read, never looked up again, below it."""
 
     block_q: int | None
     block_kv: int | None
     block_kv_compute: int | None
     options: object
+    chip: str | None = None
 
     def blocks(self) -> dict:
         return {"block_q": self.block_q, "block_kv": self.block_kv, "block_kv_compute": self.block_kv_compute}

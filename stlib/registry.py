@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from stlib.contract import Backward, Capabilities, Config, EstimatorHooks, NoOptions, Presentation
+from stlib.device import current_chip
 
 
 class Role(enum.StrEnum):
@@ -51,7 +52,7 @@ class Implementation:
     instance of ``options_type``, its blocks by ``resolve``): no forward resolves again.
     ``work(layout, num_heads, head_dim, options)`` -> ``KernelWork`` (grid steps, computed and
     masked tiles, flops) on a tile layout. ``chips``: the chips it compiles for. ``resolve(mask,
-    length, block_q, block_kv, options, interpret)`` -> (blocks with ``block_q``, ``block_kv``,
+    length, block_q, block_kv, options, interpret, chip)`` -> (blocks with ``block_q``, ``block_kv``,
     ``block_kv_compute``; options with the chunk resolved): the one rule by which it picks its
     blocks (None: it has none). ``capabilities``: see ``Capabilities``. ``plan_runner(q, k, v,
     plan, *, scale, options, interpret)`` runs a routed ``stlib.routing.SvgPlan`` with the plan's
@@ -71,7 +72,7 @@ class Implementation:
     work: Callable | None = None
     chips: tuple[str, ...] = ()
     resolve: Callable | None = (
-        None  # (mask, length, block_q, block_kv, options, interpret) -> (blocks, options)
+        None  # (mask, length, block_q, block_kv, options, interpret, chip) -> (blocks, options)
     )
     capabilities: Capabilities = field(default_factory=Capabilities)
     plan_runner: Callable | None = None
@@ -176,12 +177,14 @@ class Implementation:
     ) -> Config:
         """The ``Config`` a call on ``length`` tokens with ``mask`` runs with: ``options`` validated
         (see ``options``), blocks by the implementation's own rule (``resolve``; compiled for a TPU
-        when ``interpret`` is False). Raises TypeError / ValueError for bad options or blocks."""
+        when ``interpret`` is False) and the chip it is sized for (``Config.chip``: the one place
+        a call looks up the TPU at hand). Raises TypeError / ValueError for bad options or blocks."""
         options = self.options(options)
+        chip = getattr(options, "chip", None) or current_chip()
         if self.resolve is None:
-            return Config(None, None, None, options)
-        sizes, options = self.resolve(mask, length, block_q, block_kv, options, interpret)
-        return Config(sizes.block_q, sizes.block_kv, sizes.block_kv_compute, options)
+            return Config(None, None, None, options, chip)
+        sizes, options = self.resolve(mask, length, block_q, block_kv, options, interpret, chip)
+        return Config(sizes.block_q, sizes.block_kv, sizes.block_kv_compute, options, chip)
 
     def unsupported(
         self, *, mask=None, shared_kv_heads: bool = False, head_dim_v: bool = False, chip: str | None = None

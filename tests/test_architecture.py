@@ -177,3 +177,16 @@ def test_the_import_graph_reads_safely_from_threads():
     with ThreadPoolExecutor(8) as pool:
         results = list(pool.map(lambda _: sources.module_sources(["stlib.kernels.tile"]), range(32)))
     assert all(r == results[0] for r in results) and results[0]
+
+
+def test_no_kernel_looks_up_the_chip_at_hand():
+    """The chip a call is sized for is resolved once where the call is made (``Config.chip``, by
+    ``Implementation.config``); nothing under ``stlib/kernels/`` names ``current_chip``."""
+    found = []
+    for file in sorted((sources.ROOT / "kernels").rglob("*.py")):
+        for node in ast.walk(ast.parse(file.read_text())):
+            if (isinstance(node, ast.Name) and node.id == "current_chip") or (
+                isinstance(node, ast.alias) and node.name == "current_chip"
+            ):
+                found.append(f"{file.relative_to(sources.ROOT)}:{getattr(node, 'lineno', '?')}")
+    assert found == []

@@ -239,3 +239,32 @@ def test_every_role_is_held_once_and_names_what_the_rest_asks_for():
         holders[registry.Role.BEST_TILE].option_enum("lookahead")
     with pytest.raises(ValueError):
         registry.by_role("the fastest kernel")
+
+
+def test_the_chip_is_resolved_once_where_the_call_is_made(monkeypatch):
+    """``config`` looks up the TPU at hand once and hands it on in ``Config.chip``: the blocks are that
+    chip's; a chip the options name is taken without a lookup; off a TPU it is None."""
+    from stlib.kernels import tile_lane_dense as ld
+
+    lookups = []
+
+    def at_hand():
+        lookups.append(1)
+        return "v5e"
+
+    monkeypatch.setattr(registry, "current_chip", at_hand)
+    lane_dense = registry.get("pallas_tile_lane_dense")
+    config = lane_dense.config(None, 75_600, interpret=False)
+    assert config.chip == "v5e" and lookups == [1]
+    assert (config.block_q, config.block_kv) == (
+        ld.DEFAULT_BLOCKS["v5e"].block_q,
+        ld.DEFAULT_BLOCKS["v5e"].block_kv,
+    )
+    named = lane_dense.config(None, 75_600, options={"chip": "tpu7x"}, interpret=False)
+    assert named.chip == "tpu7x" and lookups == [1]
+    assert (named.block_q, named.block_kv) == (
+        ld.DEFAULT_BLOCKS["tpu7x"].block_q,
+        ld.DEFAULT_BLOCKS["tpu7x"].block_kv,
+    )
+    monkeypatch.setattr(registry, "current_chip", lambda: None)
+    assert registry.get("pallas_tile").config(None, 4096, interpret=True).chip is None

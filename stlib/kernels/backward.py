@@ -17,7 +17,7 @@ import numpy as np
 
 from stlib.blocks import block_sizes_for
 from stlib.contract import Backward, Config, EstimatorHooks
-from stlib.device import current_chip, resolve_interpret
+from stlib.device import resolve_interpret
 from stlib.kernels import mask_info, online_softmax, pallas_call
 from stlib.kernels.backward_calls import BACKWARD_METHODS, KernelCall, kernel_calls
 from stlib.kernels.backward_fused import Finish, fused_pass
@@ -76,14 +76,13 @@ def tile_backward(
     rows that saw nothing) and the forward's ``passes`` (``stlib.passes.split_passes``), or
     the backward's ``KernelCall`` list itself (``kernel_calls``). Each in its input's dtype.
     ``method``: one of ``BACKWARD_METHODS`` (for passes); ``chip``: the chip whose VMEM sizes the
-    fused kernel's dq windows (None: the current TPU's, else the smallest chip's). ``stack``: the
+    fused kernel's dq windows (the call's ``Config.chip``; None: the smallest chip's). ``stack``: the
     passes are over a ``StackedBlocks`` layout and run its block ``block`` (an int32 scalar, traced
     or not): every block through the same compiled kernels, its rows of their tables as data
     (``backward_kernels.PassGrid``); no call finishes (``KernelCall.finishes``)."""
     length = q.shape[1]
     qp, dop = pallas_call.pad_sequence(q, block_q), pallas_call.pad_sequence(do, block_q)
     kp, vp = pallas_call.pad_sequence(k, block_kv), pallas_call.pad_sequence(v, block_kv)
-    chip = chip or current_chip()
     calls = list(passes)
     if (stack is None) != (block is None):
         raise ValueError("block= selects a block of a StackedBlocks layout, and such a layout needs it")
@@ -286,7 +285,7 @@ def _compute_regions(kernel: str, n: int) -> list[str]:
 
 def tile_training(forward_with_lse, passes_of, *, own_blocks: bool = False, step_blocks=None) -> Backward:
     """The ``contract.Backward`` of a flash kernel whose ``forward_with_lse(q, k, v, layout, mask, *,
-    scale, options, interpret) -> (o, lse)`` runs the call's ``mask`` (None: dense) on the layout of
+    scale, options, chip, interpret) -> (o, lse)`` runs the call's ``mask`` (None: dense) on the layout of
     the call's resolved ``Config``: the forward keeps (q, k, v, o, lse); the backward runs
     ``tile_backward`` over ``passes_of(layout, options)`` (``stlib.passes.split_passes`` with the
     boundary policy the forward ran), so the gradient is that of what the forward computed. The
@@ -306,7 +305,7 @@ def tile_training(forward_with_lse, passes_of, *, own_blocks: bool = False, step
         """(layout, options, calls, chip) of the backward: the forward's layout (or the default
         blocks, ``own_blocks``) and its kernel calls, sized for the chip the forward was."""
         layout, options = call_layout(mask, length, config.block_q, config.block_kv), config.options
-        chip = getattr(options, "chip", None) or current_chip()  # a kernel sized for a chip: its backward too
+        chip = config.chip  # a kernel sized for a chip: its backward too
 
         def calls_of(layout, passes):
             return kernel_calls(
@@ -333,7 +332,7 @@ def tile_training(forward_with_lse, passes_of, *, own_blocks: bool = False, step
                     passes = coded_passes(plan, exact, grain)
                     with contextlib.suppress(ValueError):  # no dq window fits: smaller tiles, below
                         return steps_layout, options, calls_of(steps_layout, passes), chip
-            default = block_sizes_for(length, None, None, interpret=interpret)
+            default = block_sizes_for(length, None, None, interpret=interpret, chip=chip)
             cap = (default.block_q, default.block_kv) if resolve_interpret(interpret) else BACKWARD_TILE
             sizes = (min(layout.block_q, cap[0]), min(layout.block_kv, cap[1]))
             layout = one_tile_layout(layout) or (
@@ -347,7 +346,7 @@ def tile_training(forward_with_lse, passes_of, *, own_blocks: bool = False, step
     def forward(q, k, v, mask, *, scale, config: Config, interpret):
         layout = call_layout(mask, q.shape[1], config.block_q, config.block_kv)
         o, lse = forward_with_lse(
-            q, k, v, layout, mask, scale=scale, options=config.options, interpret=interpret
+            q, k, v, layout, mask, scale=scale, options=config.options, chip=config.chip, interpret=interpret
         )
         return o, (q, k, v, o, lse)
 

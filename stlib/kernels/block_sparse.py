@@ -231,7 +231,7 @@ IMPLEMENTATION = register(
         chips=CHIPS,
         resolve=flash_options.flash_resolve,
         backward=tile_training(
-            lambda q, k, v, layout, mask, *, scale, options, interpret: block_sparse_attention(
+            lambda q, k, v, layout, mask, *, scale, options, chip, interpret: block_sparse_attention(
                 q,
                 k,
                 v,

@@ -144,7 +144,7 @@ def _forward(q, k, v, mask, *, scale, config: Config, interpret):
     )
 
 
-def _forward_with_lse(q, k, v, layout, mask, *, scale, options: flash_options.FlashOptions, interpret):
+def _forward_with_lse(q, k, v, layout, mask, *, scale, options: flash_options.FlashOptions, chip, interpret):
     sizes = BlockSizes(layout.block_q, layout.block_kv, options.block_kv_compute)
     return dense_attention(
         q, k, v, mask, scale=scale, block_sizes=sizes, interpret=interpret, exp2=options.exp2, return_lse=True

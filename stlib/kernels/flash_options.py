@@ -31,14 +31,16 @@ class FlashOptions:
 TUNED_CANDIDATES = ((512, 1024), (512, 2048), (1024, 1024), (1024, 2048))
 
 
-def flash_resolve(mask, length: int, block_q, block_kv, options, interpret):
+def flash_resolve(mask, length: int, block_q, block_kv, options, interpret, chip):
     """(BlockSizes, options with the chunk resolved) of a flash-style kernel call on ``length``
-    tokens: the registry's ``resolve`` of the kernels whose options carry ``block_kv_compute``."""
+    tokens for ``chip``: the registry's ``resolve`` of the kernels whose options carry
+    ``block_kv_compute``."""
     sizes = block_sizes_for(
         length,
         block_q,
         block_kv,
         interpret=interpret,
         block_kv_compute=options.block_kv_compute,
+        chip=chip,
     )
     return sizes, dataclasses.replace(options, block_kv_compute=sizes.block_kv_compute)

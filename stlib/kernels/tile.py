@@ -400,7 +400,7 @@ IMPLEMENTATION = register(
         resolve=flash_options.flash_resolve,
         plan_runner=run_plan,
         backward=tile_training(
-            lambda q, k, v, layout, mask, **kw: tile_attention(q, k, v, layout, **kw, return_lse=True),
+            lambda q, k, v, layout, mask, chip, **kw: tile_attention(q, k, v, layout, **kw, return_lse=True),
             lambda layout, options: split_passes(layout, options.boundary),
         ),
     ),

@@ -34,7 +34,7 @@ def _reference(q, k, v, mask, *, scale, config, interpret):
     return reference_attention(q, k, v, dense, scale)
 
 
-def _xla_blocks(mask, length: int, block_q, block_kv, options, interpret):
+def _xla_blocks(mask, length: int, block_q, block_kv, options, interpret, chip=None):
     """(its blocks: the call's, else ``XLA_BLOCK`` capped to the sequence; options): xla's ``resolve``."""
     bq = block_q or min(XLA_BLOCK, round_up(length, 8))
     bkv = block_kv or min(XLA_BLOCK, round_up(length, 8))
@@ -42,7 +42,7 @@ def _xla_blocks(mask, length: int, block_q, block_kv, options, interpret):
 
 
 def _xla_layout(mask, length: int):
-    sizes, _ = _xla_blocks(mask, length, None, None, None, None)
+    sizes, _ = _xla_blocks(mask, length, None, None, None, None, None)
     return call_layout(mask, length, sizes.block_q, sizes.block_kv)
 
 

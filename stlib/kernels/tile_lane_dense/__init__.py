@@ -21,7 +21,7 @@ from stlib import accounting, tuned
 from stlib._intmath import round_up
 from stlib.blocks import COMPILE_CHIP, BlockSizes, default_block_sizes
 from stlib.contract import Config, EstimatorHooks, Presentation, ScheduleCounts
-from stlib.device import CHIPS, LANES, current_chip, resolve_interpret
+from stlib.device import CHIPS, LANES, resolve_interpret
 from stlib.geometry import tile_rows
 from stlib.kernels import flash_options
 from stlib.kernels.backward import tile_training
@@ -225,13 +225,15 @@ def tiled_blocks(mask: Mask | None, chip: str | None) -> BlockSizes | None:
     return BlockSizes(rows_q * volume * per_row, bkv, volume if volume % LANES == 0 else None)
 
 
-def resolve_blocks(mask: Mask | None, length: int, block_q, block_kv, options: LaneDenseOptions, interpret):
+def resolve_blocks(
+    mask: Mask | None, length: int, block_q, block_kv, options: LaneDenseOptions, interpret, chip=None
+):
     """(BlockSizes, options with the chunk resolved): explicit blocks, else this kernel's default for
-    its chip (``options.chip``, the chip at hand, v6e when compiling elsewhere; small tiles in
-    interpret mode), or whole rows of 3-D tiles for a mask in a tiled order (``tiled_blocks``,
-    whose chunk of one tile explicit blocks of that order take too); blocks shrunk to short sequences
-    in multiples of 128."""
-    chip = options.chip or current_chip()
+    ``chip`` (the call's ``Config.chip``: ``options.chip``, else the chip at hand; None here:
+    ``options.chip``; v6e when compiling elsewhere; small tiles in interpret mode), or whole rows of
+    3-D tiles for a mask in a tiled order (``tiled_blocks``, whose chunk of one tile explicit blocks
+    of that order take too); blocks shrunk to short sequences in multiples of 128."""
+    chip = chip or options.chip
     if chip is None and not resolve_interpret(interpret):
         chip = COMPILE_CHIP
     explicit = block_q is not None and block_kv is not None
@@ -253,7 +255,9 @@ def resolve_blocks(mask: Mask | None, length: int, block_q, block_kv, options: L
 
 def _forward(q, k, v, mask: Mask | None, *, scale, config: Config, interpret):
     layout = call_layout(mask, q.shape[1], config.block_q, config.block_kv)
-    return lane_dense_attention(q, k, v, layout, scale=scale, options=config.options, interpret=interpret)
+    return lane_dense_attention(
+        q, k, v, layout, scale=scale, options=config.options, chip=config.chip, interpret=interpret
+    )
 
 
 def _forward_block(q, k, v, stack, block, *, scale, config: Config, interpret):
@@ -267,6 +271,7 @@ def _forward_block(q, k, v, stack, block, *, scale, config: Config, interpret):
         layout,
         scale=scale,
         options=config.options,
+        chip=config.chip,
         interpret=interpret,
         return_lse=True,
         block=block,
@@ -286,7 +291,7 @@ def run_plan(q, k, v, plan, *, scale, options, interpret):
         layout.mask,
         call,
         primal=lambda *qkv: lane_dense_attention(
-            *qkv, layout, scale=scale, options=opts, interpret=interpret
+            *qkv, layout, scale=scale, options=opts, chip=call["config"].chip, interpret=interpret
         ),
     )
     return plan.in_order(q, k, v, kernel)

@@ -24,7 +24,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from stlib._intmath import round_up
-from stlib.device import SUBLANES, current_chip, resolve_interpret
+from stlib.device import SUBLANES, resolve_interpret
 from stlib.kernels import mask_info, online_softmax, pallas_call
 from stlib.kernels.steps import (
     FIRST_PATTERN,
@@ -337,13 +337,16 @@ def lane_dense_attention(
     *,
     scale: float,
     options: LaneDenseOptions = LaneDenseOptions(),  # noqa: B008 - a frozen dataclass
+    chip: str | None = None,
     interpret: bool | None = None,
     return_lse: bool = False,
     block=None,
 ):
     """q, k, v [H, L, D] -> o [H, L, D] in q's dtype (and, with ``return_lse``, lse [H, L]: natural
     log, -inf for rows that see nothing, for the backward). ``layout`` is the tile layout of the
-    mask for these tokens; its blocks must suit this kernel (``check_blocks``). Raises ValueError
+    mask for these tokens; its blocks must suit this kernel (``check_blocks``). ``chip``: the chip
+    the call is sized for (its ``Config.chip``; None: ``options.chip``, else any chip: the
+    smallest VMEM of the table and whole q tiles a fold). Raises ValueError
     for such blocks and for step tables that overflow SMEM. A layout of a ``StackedBlocks`` mask runs
     its block ``block`` (an int32 scalar, traced or not): its rows of the step tables (the stack's
     joint plan: one pattern set, one width) and its offsets are the kernel's data, so every block of
@@ -359,7 +362,7 @@ def lane_dense_attention(
     present = steps.present
     mask_plan = plan_mask(layout.mask, layout, steps.codes == StepKind.MASKED)
     table = mask_plan.mode == MaskPlanMode.TABLE
-    chip = options.chip or current_chip()
+    chip = chip or options.chip
     sizes = (bq, bkv, chunk, register, head_dim, q.dtype.itemsize)
     fold_lanes = options.block_q_compute or FOLD_LANES.get(chip) or bq
     held = (
