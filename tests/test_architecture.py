@@ -190,3 +190,28 @@ def test_no_kernel_looks_up_the_chip_at_hand():
             ):
                 found.append(f"{file.relative_to(sources.ROOT)}:{getattr(node, 'lineno', '?')}")
     assert found == []
+
+
+def test_no_kernel_tests_a_mask_class():
+    """Kernels read masks through the mask protocol (``form``, intervals, predicate, validity,
+    ``order``, ``stacked``): no ``isinstance`` under ``stlib/kernels/`` names a ``stlib.masks``
+    class, so a new wrapper mask needs no kernel edit."""
+    from stlib import masks
+
+    def subclasses(cls):
+        return {cls} | {s for sub in cls.__subclasses__() for s in subclasses(sub)}
+
+    mask_classes = {c.__name__ for c in subclasses(masks.Mask) if c.__module__.startswith("stlib.masks")}
+    assert {"Mask", "PermutedMask", "StackedBlocks", "BandMask"} <= mask_classes
+    found = []
+    for file in sorted((sources.ROOT / "kernels").rglob("*.py")):
+        for node in ast.walk(ast.parse(file.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and getattr(node.func, "id", None) == "isinstance"
+                and len(node.args) == 2
+            ):
+                named = {getattr(n, "id", None) or getattr(n, "attr", None) for n in ast.walk(node.args[1])}
+                if named & mask_classes:
+                    found.append(f"{file.relative_to(sources.ROOT)}:{node.lineno}")
+    assert found == []

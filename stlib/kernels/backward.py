@@ -317,7 +317,7 @@ def tile_training(forward_with_lse, passes_of, *, own_blocks: bool = False, step
                 head_dim=head_dim,
                 itemsize=itemsize,
                 chip=chip,
-                length=None if isinstance(mask, StackedBlocks) else length,  # a stack's call never finishes
+                length=None if mask is not None and mask.stacked else length,  # a stack's call never finishes
             )
 
         if own_blocks:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from stlib.device import LANES
-from stlib.geometry import TokenOrder, tile_rows
+from stlib.geometry import tile_rows
 from stlib.kernels.steps import (
     FIRST_PATTERN,
     Pattern,
@@ -122,8 +122,7 @@ def tile_grain(layout: BlockLayout) -> tuple[int, int] | None:
     """(tokens per 3-D tile, tiles per row along x) where ``layout``'s mask is in a padded
     ``tiled_order`` whose tiles are lane-aligned, divide the layout's blocks and, at their grain,
     are each FULL or EMPTY; else None."""
-    order = getattr(layout.mask, "order", None)
-    rows = tile_rows(order) if isinstance(order, TokenOrder) else None
+    rows = None if layout.mask.order is None else tile_rows(layout.mask.order)
     if rows is None or rows[0] % LANES or layout.block_q % rows[0] or layout.block_kv % rows[0]:
         return None
     return None if block_layout(layout.mask, rows[0], rows[0]).kind_counts()["PARTIAL"] else rows

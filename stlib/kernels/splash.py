@@ -192,15 +192,18 @@ def _padded_layout(setup):
     """The tile layout of Splash's padded mask at its blocks (full, causal and band masks)."""
     blocks = splash_blocks(setup.length, setup.block_q, setup.block_kv)
     padded = blocks.padded_length(setup.length)
-    mask = setup.mask
-    if mask is None or isinstance(mask, M.FullMask):
+    form = ("full",) if setup.mask is None else setup.mask.form()
+    kind = None if form is None else form[0]
+    if kind == "full":
         padded_mask = M.full(padded)
-    elif isinstance(mask, M.CausalMask):
+    elif kind == "causal":
         padded_mask = M.causal(padded)
-    elif isinstance(mask, M.BandMask):
-        padded_mask = M.band(padded, mask.width)
+    elif kind == "band":
+        padded_mask = M.band(padded, form[1])
     else:
-        raise NotImplementedError(f"the Splash estimate knows full, causal and band masks, not {mask!r}")
+        raise NotImplementedError(
+            f"the Splash estimate knows full, causal and band masks, not {setup.mask!r}"
+        )
     return blocks, block_layout(padded_mask, blocks.block_q, blocks.block_kv)
 
 

@@ -23,8 +23,7 @@ from stlib.layout import TileKind, block_layout
 
 def tile_tokens(mask: M.Mask | None) -> int | None:
     """Tokens per 3-D tile of a mask in a padded 3-D tiled order (``geometry.tile_rows``), else None."""
-    order = None if mask is None else tile_counts.counting_key(mask)[1]
-    rows = tile_rows(order) if isinstance(order, TokenOrder) else None
+    rows = None if mask is None or mask.order is None else tile_rows(mask.order)
     return None if rows is None else rows[0]
 
 
@@ -51,22 +50,24 @@ class _Band(sa.LocalMask):
 
 
 def _lazy(mask: M.Mask, head: int, padded: int):
-    """The Splash lazy mask of one head on the padded square, or None if there is none. Every mask
-    built here contains the diagonal (full, bands, and & / | of them), so no real row is empty."""
-    shape = (padded, padded)
-    if isinstance(mask, M.FullMask):
+    """The Splash lazy mask of one head on the padded square from the mask's ``form``, or None if
+    there is none. Every mask built here contains the diagonal (full, bands, and & / | of them), so
+    no real row is empty."""
+    shape, form = (padded, padded), mask.form()
+    kind = None if form is None else form[0]
+    if kind == "full":
         return sa.FullMask(shape)
-    if isinstance(mask, M.CausalMask):  # pad keys lie right of every real query: masked already
+    if kind == "causal":  # pad keys lie right of every real query: masked already
         return sa.CausalMask(shape)
-    if isinstance(mask, (M.BandMask, M.VideoBandMask)):
-        return _Band(shape, mask.width)
-    if isinstance(mask, M.MultiHeadMask):
-        return _lazy(mask.head(head), 0, padded)
-    if isinstance(mask, M.CombinedMask):
-        a, b = (_lazy(child, head, padded) for child in mask.children())
+    if kind == "band":
+        return _Band(shape, form[1])
+    if kind == "per_head":
+        return _lazy(form[1][head], 0, padded)
+    if kind in ("&", "|"):
+        a, b = (_lazy(child, head, padded) for child in form[1:])
         if a is None or b is None:
             return None
-        return (a & b) if mask.op is M.CombineOp.AND else (a | b)
+        return (a & b) if kind == "&" else (a | b)
     return None
 
 

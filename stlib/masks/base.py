@@ -41,6 +41,11 @@ class Mask:
     num_heads: int | None = None  # None: the same mask for every head
     traceable: bool = False  # _allowed works on jax arrays (so a kernel can evaluate it from iota)
     has_intervals: bool = True
+    #: The token order this mask is a view in (a permuted view's ``TokenOrder``); None: its own.
+    order = None
+    #: Blocks of one mask stacked for one compiled kernel (``StackedBlocks``): a kernel reads a
+    #: block's rows of its tables as data.
+    stacked: bool = False
 
     def __init_subclass__(cls, **kwargs):
         # every mask is a static pytree (no leaves, hashed by value): jax.jit(stlib.attention)(q, k, v,
@@ -61,6 +66,18 @@ class Mask:
     def children(self) -> tuple[Mask, ...]:
         """The masks this mask is built from, () for a leaf."""
         return ()
+
+    def form(self) -> tuple | None:
+        """What the mask is, as data, for a kernel with masks of its own built in (Splash's lazy
+        masks): ``("full",)``, ``("causal",)`` (k <= q), ``("band", w)`` (|q - k| <= w), ``("&", a,
+        b)`` or ``("|", a, b)``, ``("per_head", (m0, m1, ...))``; None for every other mask. Kernels
+        read masks through this, their intervals, predicate, validity and ``order``, never their class.
+
+        >>> from stlib import masks
+        >>> masks.band(100, 5).form(), (masks.full(100) & masks.causal(100)).form()[0]
+        (('band', 5), '&')
+        """
+        return None
 
     def __eq__(self, other):
         if self is other:
@@ -231,6 +248,9 @@ class CombinedMask(Mask):
     def _key(self):
         return (self.a, self.b, self.op)
 
+    def form(self):
+        return (self.op.value, self.a, self.b)
+
     def children(self):
         return (self.a, self.b)
 
@@ -379,6 +399,8 @@ class StackedBlocks(Mask):
     >>> stack.num_heads, stack.head(0).to_dense().all(), stack.head(1).to_dense().any()
     (2, np.True_, np.False_)
     """
+
+    stacked = True
 
     def __init__(self, base: Mask, starts, size: int, heads: int):
         self.base, self.size, self.heads = base, int(size), int(heads)

@@ -28,6 +28,9 @@ class FullMask(Mask):
     def _key(self):
         return (self.length,)
 
+    def form(self):
+        return ("full",)
+
     def _allowed(self, q, k, head):
         xp = _xp(q, k)
         return xp.ones(xp.broadcast_shapes(xp.shape(q), xp.shape(k)), dtype=bool)
@@ -48,6 +51,9 @@ class BandMask(Mask):
 
     def _key(self):
         return (self.length, self.width)
+
+    def form(self):
+        return ("band", self.width)
 
     def _allowed(self, q, k, head):
         return abs(q - k) <= self.width
@@ -71,6 +77,9 @@ class CausalMask(Mask):
 
     def _key(self):
         return (self.length,)
+
+    def form(self):
+        return ("causal",)
 
     def _allowed(self, q, k, head):
         return k <= q
@@ -155,6 +164,9 @@ class MultiHeadMask(Mask):
 
     def _key(self):
         return tuple(self.masks)
+
+    def form(self):
+        return ("per_head", tuple(self.masks))
 
     def children(self):
         return tuple(self.masks)

@@ -433,6 +433,9 @@ class VideoBandMask(VideoMask):
     def _key(self):  # a leaf: ``band`` is how it computes, not a mask it combines
         return (self.grid, self.width)
 
+    def form(self):
+        return ("band", self.width)
+
     def _allowed(self, q, k, head):
         return self.band._allowed(q, k, head)
 

@@ -50,7 +50,7 @@ from stlib.kernels.tile_lane_dense.kernel import (
 )
 from stlib.kernels.tile_lane_dense.vmem import check_blocks, fit_lookahead, vmem_bytes
 from stlib.layout import BlockLayout, call_layout
-from stlib.masks import Mask, PermutedMask
+from stlib.masks import Mask
 from stlib.passes import BoundaryPolicy, split_passes
 from stlib.registry import Implementation, Role, register
 
@@ -216,7 +216,7 @@ def sweep_facts(
 def tiled_blocks(mask: Mask | None, chip: str | None) -> BlockSizes | None:
     """Blocks of whole rows of 3-D tiles (``TILED_ROWS``) for a mask in a padded tiled order, with a
     chunk of one tile where it is a multiple of 128; None for other masks or rows off the lane tiling."""
-    rows = tile_rows(mask.order) if isinstance(mask, PermutedMask) else None
+    rows = None if mask is None or mask.order is None else tile_rows(mask.order)
     if rows is None or (rows[0] * rows[1]) % LANES:
         return None
     volume, per_row = rows

@@ -351,7 +351,7 @@ def lane_dense_attention(
     its block ``block`` (an int32 scalar, traced or not): its rows of the step tables (the stack's
     joint plan: one pattern set, one width) and its offsets are the kernel's data, so every block of
     the stack runs one compiled body."""
-    stack = layout.mask if isinstance(layout.mask, StackedBlocks) else None
+    stack = layout.mask if layout.mask.stacked else None
     if (stack is None) != (block is None):
         raise ValueError("block= selects a block of a StackedBlocks layout, and such a layout needs it")
     num_heads, length, head_dim = q.shape
