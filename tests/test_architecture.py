@@ -215,3 +215,20 @@ def test_no_kernel_tests_a_mask_class():
                 if named & mask_classes:
                     found.append(f"{file.relative_to(sources.ROOT)}:{node.lineno}")
     assert found == []
+
+
+#: The most parameters a function under ``stlib/kernels/`` takes: past it, a call passes records
+#: (``BackwardData``, ``PassSetup``, a ``KernelCall``, ``Folds``), not long argument lists.
+MAX_KERNEL_PARAMETERS = 10
+
+
+def test_no_kernel_function_takes_more_than_ten_parameters():
+    found = []
+    for file in sorted((sources.ROOT / "kernels").rglob("*.py")):
+        for node in ast.walk(ast.parse(file.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                a = node.args
+                count = len(a.posonlyargs) + len(a.args) + len(a.kwonlyargs) + bool(a.vararg) + bool(a.kwarg)
+                if count > MAX_KERNEL_PARAMETERS:
+                    found.append(f"{file.relative_to(sources.ROOT)}:{node.lineno} ({count})")
+    assert found == []

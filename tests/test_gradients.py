@@ -17,6 +17,7 @@ from _kernels import as64, random_dense, small_blocks
 
 import stlib
 from stlib import checks, masks, registry
+from stlib.kernels import online_softmax
 from stlib.routing import svg_plan
 
 HEADS, LENGTH, DIM = 3, 300, 32  # ragged against every tile size the kernels take
@@ -201,10 +202,9 @@ def test_the_fused_and_the_split_backward_equal_the_analytic_gradient(method, mo
         head_dim=DIM, itemsize=4, chip=None,
     )  # fmt: skip
     assert {c.kind for c in calls} == ({"dq", "dkv"} if method == "split" else {"fused"})
-    got = bw.tile_backward(
-        q, k, v, jnp.asarray(o, jnp.float32), jnp.asarray(lse, jnp.float32), do, calls,
-        block_q=bq, block_kv=bkv, scale=scale, exp2=True, interpret=True,
-    )  # fmt: skip
+    residuals = (q, k, v, jnp.asarray(o, jnp.float32), jnp.asarray(lse, jnp.float32))
+    softmax = online_softmax.SoftmaxOptions(scale, exp2=True)
+    got = bw.tile_backward(residuals, do, calls, block_q=bq, block_kv=bkv, softmax=softmax, interpret=True)
     _assert_gradients(got, analytic_gradients(q, k, v, dense, do, scale), jnp.float32, dense)
 
 
@@ -249,10 +249,9 @@ def test_step_coded_backward_equals_the_analytic_gradient():
         passes, "auto", num_q_tiles=4, block_q=256, block_kv=256, head_dim=DIM, itemsize=4, chip=None
     )
     assert calls[0].name.startswith(f"{bw.FUSED_PREFIX}_steps_full_p0")
-    got = bw.tile_backward(
-        q, k, v, jnp.asarray(o, jnp.float32), jnp.asarray(lse, jnp.float32), do, calls,
-        block_q=256, block_kv=256, scale=scale, exp2=True, interpret=True,
-    )  # fmt: skip
+    residuals = (q, k, v, jnp.asarray(o, jnp.float32), jnp.asarray(lse, jnp.float32))
+    softmax = online_softmax.SoftmaxOptions(scale, exp2=True)
+    got = bw.tile_backward(residuals, do, calls, block_q=256, block_kv=256, softmax=softmax, interpret=True)
     _assert_gradients(
         got, analytic_gradients(q, k, v, dense, do, scale), jnp.float32, dense, unseen_keys=False
     )

@@ -280,13 +280,13 @@ def test_bad_blocks_and_options_are_refused_by_name(kwargs, message):
 
 def test_compiled_blocks_need_lanes_and_fit_vmem():
     with pytest.raises(ValueError, match="block_q=64 must be a multiple of 128"):
-        ld.check_blocks(64, 512, 512, 256, 128, 2, "v6e")
-    ld.check_blocks(64, 512, 512, 256, 128, 2, "v6e", compiled=False)  # interpret mode: any multiple of 8
+        ld.check_blocks((64, 512, 512, 256, 128, 2), "v6e")
+    ld.check_blocks((64, 512, 512, 256, 128, 2), "v6e", compiled=False)  # interpret mode: any multiple of 8
     limit = ld.vmem_limit("tpu7x")
     assert limit == int(64 * 2**20 * ld.VMEM_SHARE) and ld.vmem_limit(None) == limit  # the smallest chip
     with pytest.raises(ValueError, match=f"the limit on tpu7x is {limit:,}"):
-        ld.check_blocks(8192, 8192, 2048, 256, 128, 2, "tpu7x")
-    assert ld.check_blocks(1024, 2048, 512, 256, 128, 2, "v6e") == ld.vmem_limit("v6e")
+        ld.check_blocks((8192, 8192, 2048, 256, 128, 2), "tpu7x")
+    assert ld.check_blocks((1024, 2048, 512, 256, 128, 2), "v6e") == ld.vmem_limit("v6e")
 
 
 def test_the_default_lookahead_issues_every_chunk_ahead_that_fits_vmem():
@@ -300,14 +300,14 @@ def test_the_default_lookahead_issues_every_chunk_ahead_that_fits_vmem():
     assert (
         ld.fit_lookahead(*sizes, chip="tpu7x", fold_lanes=256) == 15
     )  # folds of 256 queries: 4 MiB of scores
-    assert ld.check_blocks(*sizes, "tpu7x", lookahead=ahead) == limit
+    assert ld.check_blocks(sizes, "tpu7x", lookahead=ahead) == limit
     with pytest.raises(ValueError, match="lookahead None"):
-        ld.check_blocks(*sizes, "tpu7x")  # every chunk's scores at once: over TPU7x's limit
+        ld.check_blocks(sizes, "tpu7x")  # every chunk's scores at once: over TPU7x's limit
 
 
 def test_default_blocks_fit_their_chip():
     for chip, blocks in ld.DEFAULT_BLOCKS.items():
-        ld.check_blocks(blocks.block_q, blocks.block_kv, blocks.kv_chunk, 256, 128, 2, chip)
+        ld.check_blocks((blocks.block_q, blocks.block_kv, blocks.kv_chunk, 256, 128, 2), chip)
 
 
 def test_schedule_counts_match_the_tables():

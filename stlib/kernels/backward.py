@@ -26,6 +26,8 @@ from stlib.kernels.backward_kernels import (
     DKV_PREFIX,
     DQ_PREFIX,
     FUSED_PREFIX,
+    BackwardData,
+    PassSetup,
     dkv_pass,
     dq_pass,
     residual_rows,
@@ -40,7 +42,6 @@ from stlib.kernels.backward_steps import (
 )
 from stlib.kernels.backward_vmem import dq_windows, fused_vmem_bytes
 from stlib.layout import block_layout, call_layout
-from stlib.masks import StackedBlocks
 from stlib.passes import MaskPlanMode
 
 #: The backward's own tiles, compiled for a TPU, where the forward's are larger (``tile_training``'s
@@ -54,38 +55,35 @@ BACKWARD_TILE = (1024, 1024)
 
 
 def tile_backward(
-    q,
-    k,
-    v,
-    o,
-    lse,
+    residuals,
     do,
     passes,
     *,
     block_q: int,
     block_kv: int,
-    scale: float,
-    exp2: bool,
+    softmax: online_softmax.SoftmaxOptions,
     interpret=None,
     method: str = "auto",
     chip: str | None = None,
-    stack: StackedBlocks | None = None,
-    block=None,
+    stacked: tuple | None = None,
 ):
-    """(dq, dk, dv) of tile attention: q, k, v, o, do [H, L, D], lse [H, L] (natural log, -inf for
-    rows that saw nothing) and the forward's ``passes`` (``stlib.passes.split_passes``), or
-    the backward's ``KernelCall`` list itself (``kernel_calls``). Each in its input's dtype.
-    ``method``: one of ``BACKWARD_METHODS`` (for passes); ``chip``: the chip whose VMEM sizes the
-    fused kernel's dq windows (the call's ``Config.chip``; None: the smallest chip's). ``stack``: the
-    passes are over a ``StackedBlocks`` layout and run its block ``block`` (an int32 scalar, traced
-    or not): every block through the same compiled kernels, its rows of their tables as data
+    """(dq, dk, dv) of tile attention: ``residuals`` = (q, k, v, o, lse): q, k, v, o [H, L, D], lse
+    [H, L] (natural log, -inf for rows that saw nothing), do [H, L, D], and the forward's ``passes``
+    (``stlib.passes.split_passes``) or the backward's ``KernelCall`` list itself (``kernel_calls``).
+    Each in its input's dtype. ``softmax``: the forward's scale and exponential. ``method``: one of
+    ``BACKWARD_METHODS`` (for passes); ``chip``: the chip whose VMEM sizes the fused kernel's dq
+    windows (the call's ``Config.chip``; None: the smallest chip's). ``stacked`` = (stack, block):
+    the passes are over a ``StackedBlocks`` layout and run its block ``block`` (an int32 scalar,
+    traced or not): every block through the same compiled kernels, its rows of their tables as data
     (``backward_kernels.PassGrid``); no call finishes (``KernelCall.finishes``)."""
-    length = q.shape[1]
+    q, k, v, o, lse = residuals
+    stack, block = stacked if stacked is not None else (None, None)
+    length, scale = q.shape[1], softmax.scale
     qp, dop = pallas_call.pad_sequence(q, block_q), pallas_call.pad_sequence(do, block_q)
     kp, vp = pallas_call.pad_sequence(k, block_kv), pallas_call.pad_sequence(v, block_kv)
     calls = list(passes)
-    if (stack is None) != (block is None):
-        raise ValueError("block= selects a block of a StackedBlocks layout, and such a layout needs it")
+    if stacked is not None and (stack is None or block is None):
+        raise ValueError("stacked= is a StackedBlocks layout and the block of it to run")
     if not all(isinstance(c, KernelCall) for c in calls):
         calls = kernel_calls(
             calls,
@@ -101,35 +99,27 @@ def tile_backward(
     if stack is not None and any(c.finishes for c in calls):
         raise ValueError("a call over a StackedBlocks layout does not finish: the blocks share its kernels")
     lse_row, di_row = residual_rows(lse, do, o, length, qp.shape[1])
-    softmax = online_softmax.SoftmaxOptions(scale, exp2)  # the forward's scaling and exponential
-    if exp2:
+    if softmax.exp2:  # the forward's scaling and exponential
         lse_row = lse_row * online_softmax.LOG2_E
-    args = {"bq": block_q, "bkv": block_kv, "softmax": softmax, "interpret": interpret}
-    data = (qp, kp, vp, dop, lse_row, di_row)
-    of_block = {"stack": stack, "block": block}
+    data = BackwardData(qp, kp, vp, dop, lse_row, di_row)
+    setup = PassSetup(block_q, block_kv, softmax, interpret, stack, block)
     if calls[0].finishes:  # the whole backward in one call: dq, dk, dv written final by the kernel
         (call,) = calls
+        finish = Finish(scale, length, (q.dtype, k.dtype, v.dtype))
         dk, dv, dq = fused_pass(
-            *data, None, None, None, call.selected, call.plan, window=call.window, name=call.name,
-            vmem_limit=pallas_call.vmem_limit(chip), steps=call.steps,
-            finish=Finish(scale, length, (q.dtype, k.dtype, v.dtype)), **args,
-        )  # fmt: skip
+            data, None, call, setup, vmem_limit=pallas_call.vmem_limit(chip), finish=finish
+        )
         return dq, dk, dv
     dq = jnp.zeros(qp.shape, jnp.float32)
     dk = jnp.zeros(kp.shape, jnp.float32)
     dv = jnp.zeros(vp.shape, jnp.float32)
     for call in calls:  # each call adds into the accumulators in place (aliased buffers)
-        named = {"name": call.name, **args}
         if call.kind == "fused":
-            limit = pallas_call.vmem_limit(chip)
-            dk, dv, dq = fused_pass(
-                *data, dq, dk, dv, call.selected, call.plan, window=call.window, vmem_limit=limit,
-                steps=call.steps, **named, **of_block,
-            )  # fmt: skip
+            dk, dv, dq = fused_pass(data, (dq, dk, dv), call, setup, vmem_limit=pallas_call.vmem_limit(chip))
         elif call.kind == "dq":
-            dq = dq_pass(*data, dq, call.selected, call.plan, **named, **of_block)
+            dq = dq_pass(data, dq, call, setup)
         else:
-            dk, dv = dkv_pass(*data, dk, dv, call.selected, call.plan, **named, **of_block)
+            dk, dv = dkv_pass(data, dk, dv, call, setup)
     return (
         (dq[:, :length] * scale).astype(q.dtype),
         (dk[:, :length] * scale).astype(k.dtype),
@@ -351,13 +341,13 @@ def tile_training(forward_with_lse, passes_of, *, own_blocks: bool = False, step
         return o, (q, k, v, o, lse)
 
     def backward(residuals, do, mask, *, scale, config: Config, interpret, block=None):
-        q, k, v, o, lse = residuals
+        q = residuals[0]
         shape = (q.shape[1], q.shape[2], q.dtype.itemsize)
         layout, options, calls, chip = backward_plan(mask, *shape, config, interpret)
         return tile_backward(
-            q, k, v, o, lse, do, calls,
-            block_q=layout.block_q, block_kv=layout.block_kv, scale=scale, exp2=options.exp2,
-            interpret=interpret, chip=chip, stack=None if block is None else mask, block=block,
+            residuals, do, calls, block_q=layout.block_q, block_kv=layout.block_kv,
+            softmax=online_softmax.SoftmaxOptions(scale, options.exp2), interpret=interpret, chip=chip,
+            stacked=None if block is None else (mask, block),
         )  # fmt: skip
 
     def stack_backward(residuals, do, stack, block, **call):

@@ -14,7 +14,15 @@ from jax.experimental.pallas import tpu as pltpu
 
 from stlib.device import LANES
 from stlib.kernels import online_softmax
-from stlib.kernels.backward_kernels import PassGrid, dot_f32, kv_blocks, kv_tile_step, read_operands
+from stlib.kernels.backward_kernels import (
+    BackwardData,
+    PassGrid,
+    PassSetup,
+    dot_f32,
+    kv_blocks,
+    kv_tile_step,
+    read_operands,
+)
 from stlib.kernels.steps import StepKind
 
 
@@ -47,12 +55,10 @@ def _final_kv_blocks(grid: PassGrid, finish: Finish, shape, bkv: int) -> tuple[d
     return {}, outputs, scratch
 
 
-def fused_pass(
-    q, k, v, do, lse, di, dq_in, dk_in, dv_in, selected, plan, *, name, window, bq, bkv, softmax,
-    interpret, vmem_limit, steps=None, finish: Finish | None = None, stack=None, block=None,
-):  # fmt: skip
-    """(dq_in + dQ / scale, dk_in + dK / scale, dv_in + dV) of one pass restricted to the q tiles
-    ``window`` = (first, end): the dk / dv grid (kv rows, head by head) that also forms dQ = dS K
+def fused_pass(data: BackwardData, acc, call, setup: PassSetup, *, vmem_limit, finish: Finish | None = None):
+    """(dq_in + dQ / scale, dk_in + dK / scale, dv_in + dV) of one pass (``call``: a ``KernelCall``
+    of kind "fused"; ``acc``: (dq_in, dk_in, dv_in), None with ``finish``) restricted to the q tiles
+    of its ``window`` = (first, end): the dk / dv grid (kv rows, head by head) that also forms dQ = dS K
     from the dS^T it has, accumulating the window's dq of the current head in a VMEM scratch. That
     scratch is read from HBM when a head's first kv row starts and written back after its last, by
     DMAs the kernel waits for (the bytes are small beside the steps'); rows of one head are
@@ -65,6 +71,10 @@ def fused_pass(
     through a staging block, all scaled and cast (returns dk, dv, dq of ``finish.length`` rows).
     ``stack``: the pass runs block ``block`` of a ``StackedBlocks`` layout (``PassGrid``: its rows
     of the tables, its padding rows idle, its MASKED steps on the stack's base at its offsets)."""
+    q, k, v, do, lse, di = data
+    dq_in, dk_in, dv_in = acc if acc is not None else (None, None, None)
+    selected, plan, name, window, steps = call.selected, call.plan, call.name, call.window, call.steps
+    bq, bkv, softmax, stack, block = setup.bq, setup.bkv, setup.softmax, setup.stack, setup.block
     head_dim = k.shape[-1]
     first_tile, end_tile = window
     rows = (end_tile - first_tile) * bq
@@ -186,7 +196,7 @@ def fused_pass(
         outputs=outputs,
         scratch={**scratch, **dq_scratch},
         aliases=aliases,
-        bq=bq, bkv=bkv, name=name, interpret=interpret,
+        setup=setup, name=name,
         dimension_semantics=("arbitrary", "arbitrary"),  # a head's kv rows all add into one dq scratch
         vmem_limit=vmem_limit,
     )  # fmt: skip

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import SimpleNamespace
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -46,6 +47,33 @@ from stlib.device import LANES
 from stlib.kernels import mask_info, online_softmax, pallas_call
 from stlib.masks import StackedBlocks
 from stlib.passes import MaskPlan, MaskPlanMode
+
+
+class BackwardData(NamedTuple):
+    """What every backward kernel reads: q, k, v, dO [H, Lp, D] padded to the tiles, and each row's
+    log-sum-exp and di = rowsum(dO * O), lane-dense [H, 1, Lp] f32 (``residual_rows``)."""
+
+    q: object
+    k: object
+    v: object
+    do: object
+    lse: object
+    di: object
+
+
+@dataclass(frozen=True)
+class PassSetup:
+    """How every pass of one backward runs: its tiles (``bq`` x ``bkv``), the forward's ``softmax``,
+    ``interpret`` mode and, over a ``StackedBlocks`` layout, the ``stack`` and the ``block`` of it
+    run (an int32 scalar, traced or not: ``PassGrid``)."""
+
+    bq: int
+    bkv: int
+    softmax: online_softmax.SoftmaxOptions
+    interpret: object = None
+    stack: StackedBlocks | None = None
+    block: object = None
+
 
 #: Name prefixes of the backward's Pallas kernels in a compiled program.
 DQ_PREFIX, DKV_PREFIX, FUSED_PREFIX = "stlib_bwd_dq", "stlib_bwd_dkv", "stlib_bwd_fused"
@@ -200,10 +228,8 @@ class PassGrid:
         outputs: dict,
         scratch: dict,
         aliases: dict,
-        bq: int,
-        bkv: int,
+        setup: PassSetup,
         name: str,
-        interpret,
         dimension_semantics=("parallel", "arbitrary"),
         vmem_limit=None,
     ):
@@ -212,7 +238,9 @@ class PassGrid:
         kernel's order; the mask table (``mask``) follows the inputs where the plan reads one.
         ``aliases`` (input name -> output name): buffers the outputs reuse. ``body(tab, refs)``
         gets the prefetched tables and every ref by name (``refs.q``, ``refs.dq_acc``, ...).
-        Returns the output, or the list of them when there are several."""
+        ``setup``: the pass's tiles and interpret mode. Returns the output, or the list of them when
+        there are several."""
+        bq, bkv, interpret = setup.bq, setup.bkv, setup.interpret
         inputs = dict(inputs)
         if self.table_mask:
             inputs["mask"] = self.mask_operand(bq, bkv)
@@ -260,27 +288,12 @@ def read_operands(grid: PassGrid, q, k, v, do, lse, di, bq: int, bkv: int) -> di
     }
 
 
-def dq_pass(
-    q,
-    k,
-    v,
-    do,
-    lse,
-    di,
-    dq_in,
-    selected,
-    plan,
-    *,
-    name,
-    bq,
-    bkv,
-    softmax: online_softmax.SoftmaxOptions,
-    interpret,
-    stack=None,
-    block=None,
-):
-    """dq_in + dQ / scale of one pass, [H, Lq, D] f32 (dq_in's buffer reused); with ``stack``, of
-    its block ``block`` (``PassGrid``)."""
+def dq_pass(data: BackwardData, dq_in, call, setup: PassSetup):
+    """dq_in + dQ / scale of one pass (``call``: a ``KernelCall`` of kind "dq"), [H, Lq, D] f32
+    (dq_in's buffer reused); over a stack (``setup.stack``), of its block ``setup.block``."""
+    q, k, v, do, lse, di = data
+    selected, plan, name = call.selected, call.plan, call.name
+    bq, bkv, softmax, stack, block = setup.bq, setup.bkv, setup.softmax, setup.stack, setup.block
     num_heads, _, head_dim = q.shape
     grid = PassGrid.of(
         selected,
@@ -335,7 +348,7 @@ def dq_pass(
             "acc": pltpu.VMEM((bq, head_dim), jnp.float32),
         },
         aliases={"dq_in": "dq"},
-        bq=bq, bkv=bkv, name=name, interpret=interpret,
+        setup=setup, name=name,
     )  # fmt: skip
 
 
@@ -397,12 +410,12 @@ def kv_blocks(grid: PassGrid, dk_in, dv_in, bkv: int) -> tuple[dict, dict, dict]
     return inputs, outputs, scratch
 
 
-def dkv_pass(
-    q, k, v, do, lse, di, dk_in, dv_in, selected, plan, *, name, bq, bkv,
-    softmax: online_softmax.SoftmaxOptions, interpret, stack=None, block=None,
-):  # fmt: skip
-    """(dk_in + dK / scale, dv_in + dV) of one pass, [H, Lkv, D] f32 each (their buffers reused);
-    with ``stack``, of its block ``block`` (``PassGrid``)."""
+def dkv_pass(data: BackwardData, dk_in, dv_in, call, setup: PassSetup):
+    """(dk_in + dK / scale, dv_in + dV) of one pass (``call``: a ``KernelCall`` of kind "dkv"),
+    [H, Lkv, D] f32 each (their buffers reused); over a stack, of its block ``setup.block``."""
+    q, k, v, do, lse, di = data
+    selected, plan, name = call.selected, call.plan, call.name
+    bq, bkv, softmax, stack, block = setup.bq, setup.bkv, setup.softmax, setup.stack, setup.block
     grid = PassGrid.of(
         selected, plan, k.shape[0], transposed=True, block_q=bq, kernel="the dk / dv kernel", stack=stack,
         block=block,
@@ -433,7 +446,7 @@ def dkv_pass(
         body,
         inputs={**read_operands(grid, q, k, v, do, lse, di, bq, bkv), **inputs},
         outputs=outputs, scratch=scratch, aliases={"dk_in": "dk", "dv_in": "dv"},
-        bq=bq, bkv=bkv, name=name, interpret=interpret,
+        setup=setup, name=name,
     )  # fmt: skip
 
 

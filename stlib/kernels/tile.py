@@ -87,9 +87,7 @@ def _pass_tables(selected: np.ndarray, plan: MaskPlan, form: GridForm) -> tuple[
 
 
 def _run_pass(
-    qp,
-    kp,
-    vp,
+    qkv,
     selected,
     plan,
     *,
@@ -101,7 +99,9 @@ def _run_pass(
     out_dtype,
     name,
 ):
-    """One pallas_call over the tiles in ``selected``. Returns o [H, Lq, D] and lse [H, Lq, 1]."""
+    """One pallas_call over the tiles in ``selected`` of ``qkv`` = (q, k, v), padded to the tiles.
+    Returns o [H, Lq, D] and lse [H, Lq, 1]."""
+    qp, kp, vp = qkv
     num_heads, lq, head_dim = qp.shape
     nq = lq // bq
     shared = selected.shape[0] == 1
@@ -274,9 +274,7 @@ def tile_attention(
     o = lse = None
     for p in passes:
         o_p, lse_p = _run_pass(
-            qp,
-            kp,
-            vp,
+            (qp, kp, vp),
             p.selected,
             p.plan,
             bq=bq,

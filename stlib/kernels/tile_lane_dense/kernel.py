@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -55,9 +56,7 @@ def _scores(k, q):
 def _fold(
     s,
     v,
-    m_ref,
-    l_ref,
-    acc_ref,
+    state,
     *,
     lanes: slice,
     score_scale_exp,
@@ -67,9 +66,9 @@ def _fold(
     keys_valid=None,
 ):
     """Fold one chunk's scores ``s`` [C, n] (k q^T of pre-scaled q) into the running softmax of the q
-    lanes ``lanes`` (a static slice of the q tile). v [C, D]; ``allowed`` bool [C, n] or None: the
-    mask on these pairs, applied to the scores and to the probabilities; ``keys_valid`` bool [C, 1] or
-    None: which keys are real (padding slots of a permuted order, rows past the array end hold stale
+    lanes ``lanes`` (a static slice of the q tile), held in ``state`` = (m, l, acc) refs. v [C, D];
+    ``allowed`` bool [C, n] or None: the mask on these pairs, applied to the scores and to the
+    probabilities; ``keys_valid`` bool [C, 1] or None: which keys are real (padding slots of a permuted order, rows past the array end hold stale
     data), applied to the scores and to v only. Flops: 2 * C * n * D (v^T p); exps: C * n + n.
 
     Why v and not the probabilities, for a key mask: an invalid key's score is ``MASK_VALUE``, so its
@@ -84,6 +83,7 @@ def _fold(
         v = jnp.where(keys_valid, v, jnp.zeros((), v.dtype))
     if allowed is not None:
         s = jnp.where(allowed, s, MASK_VALUE)
+    m_ref, l_ref, acc_ref = state  # the running max, sum and accumulator (VMEM refs)
     m_prev = m_ref[:, lanes]  # [8, n]
     m_next = jnp.maximum(m_prev, jnp.max(s, axis=0, keepdims=True))  # [8, n]
     m_row = m_next[:1]  # [1, n]
@@ -128,26 +128,42 @@ class Chunk:
     keys_valid: object = None
 
 
+class Folds(NamedTuple):
+    """How a step folds its work: ``chunk`` keys at a time, ``register`` keys a register tile,
+    ``fold_lanes`` queries a fold over whole q tiles, ``lookahead`` chunks' scores issued ahead."""
+
+    chunk: int
+    register: int
+    fold_lanes: int
+    lookahead: int
+
+
+class TableGrid(NamedTuple):
+    """The step tables' grid: ``nq`` q tiles, ``extent`` steps a row, ``shared`` (one head's tables
+    for every head) and ``n_tables`` scalar-prefetch tables."""
+
+    nq: int
+    extent: int
+    shared: bool
+    n_tables: int
+
+
 def _build_kernel(
     *,
     steps: StepPlan,
     mask_plan: MaskPlan,
-    chunk: int,
-    register: int,
-    nq: int,
-    extent: int,
-    shared: bool,
+    folds: Folds,
+    tables: TableGrid,
     softmax: online_softmax.SoftmaxOptions,
     p_dtype,
-    n_tables: int,
     with_lse: bool = False,
-    lookahead: int = 0,
-    fold_lanes: int,
     stack: StackedBlocks | None = None,
 ):
     """The kernel body of ``lane_dense_attention``; with ``stack``, the third scalar-prefetch table
     holds the block's (first head, q_start, k_start) in ``stack.base``, whose predicate the MASKED
     steps and the patterns' PARTIAL sub-tiles evaluate at those offsets (one body for every block)."""
+    chunk, register, fold_lanes, lookahead = folds
+    nq, extent, shared, n_tables = tables
     layout, length, present = steps.layout, steps.length, steps.present
     bq, bkv = layout.block_q, layout.block_kv
     tail = length % bkv  # real rows of the last kv block (0: the array ends at a block edge)
@@ -214,9 +230,7 @@ def _build_kernel(
                 _fold(
                     scores.pop(n),
                     v_ref[pl.ds(c.c0, c.size), :],
-                    m_ref,
-                    l_ref,
-                    acc_ref,
+                    (m_ref, l_ref, acc_ref),
                     lanes=c.lanes,
                     score_scale_exp=softmax.exp,
                     register=register,
@@ -374,7 +388,7 @@ def lane_dense_attention(
             *sizes, chip=chip, table=table, key_validity=steps.key_validity, fold_lanes=held
         )
     limit = check_blocks(
-        *sizes,
+        sizes,
         chip,
         table,
         compiled=not resolve_interpret(interpret),
@@ -411,17 +425,11 @@ def lane_dense_attention(
     kernel = _build_kernel(
         steps=steps,
         mask_plan=mask_plan,
-        chunk=chunk,
-        register=register,
-        nq=nq,
-        extent=extent,
-        shared=shared,
+        folds=Folds(chunk, register, fold_lanes, lookahead),
+        tables=TableGrid(nq, extent, shared, len(tables)),
         softmax=softmax,
         p_dtype=p_dtype,
-        n_tables=len(tables),
         with_lse=return_lse,
-        lookahead=lookahead,
-        fold_lanes=fold_lanes,
         stack=stack,
     )
     if stack is None:

@@ -44,12 +44,7 @@ def vmem_bytes(
 
 
 def check_blocks(
-    block_q: int,
-    block_kv: int,
-    chunk: int,
-    register: int | None,
-    head_dim: int,
-    itemsize: int,
+    sizes: tuple[int, int, int, int | None, int, int],
     chip: str | None,
     table: bool = False,
     compiled: bool = True,
@@ -59,7 +54,9 @@ def check_blocks(
 ) -> int:
     """Refuse blocks this kernel cannot tile or that overflow the VMEM limit, naming value and limit;
     returns the limit. block_q is the lane dimension of the scores here: a multiple of 128 when
-    ``compiled`` for a TPU (interpret mode takes any multiple of 8)."""
+    ``compiled`` for a TPU (interpret mode takes any multiple of 8). ``sizes``: (block_q, block_kv,
+    chunk, register, head_dim, itemsize)."""
+    block_q, block_kv, chunk, register, head_dim, itemsize = sizes
     BlockSizes(block_q, block_kv, chunk)  # (8, 128) rule, chunk divides block_kv
     if compiled and block_q % LANES:
         raise ValueError(f"{block_q=} must be a multiple of {LANES}: queries lie along lanes in this kernel")
