@@ -133,7 +133,7 @@ def test_random_mask_with_empty_rows_gives_zeros(dtype):
     assert np.all(out[0, 7] == 0) and np.all(out[0, 128:256] == 0) and np.all(out[-1] == 0)
 
 
-def test_video_mask_uses_block_exact_numpy_mask():
+def test_a_video_mask_runs_from_its_block_layout():
     grid = stlib.VideoGrid(3, 8, 12)
     check(
         masks.sliding_tile(grid, tile=(1, 4, 4), window=(3, 1, 1)),
