@@ -87,8 +87,8 @@ def allowed_pairs(mask, heads: int) -> int:
     head-uniform mask counts once per head), never an L x L array."""
     from stlib import block_layout
 
-    counts = block_layout(mask, 512, 1024).counts
-    return int(counts.sum()) * (heads if counts.shape[0] == 1 else 1)
+    layout = block_layout(mask, 512, 1024)
+    return layout.allowed_pairs * (heads if layout.num_heads == 1 else 1)
 
 
 def floor_ms(pairs: int, head_dim: int, peak_flops: float, direction: str) -> float:
