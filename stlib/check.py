@@ -192,6 +192,19 @@ def memory_shortfall(compiled, args, stats: dict | None = None) -> str | None:
     return f"needs {need / 2**30:.2f} GiB of the device's memory, {free / 2**30:.2f} GiB free"
 
 
+def _compile_within_memory(function, args) -> tuple[object, str | None]:
+    """(``function`` compiled for ``args``, None), or (None, why it is not run): its compile ran out
+    of the device's memory (a TPU compile refuses a program past its HBM: RESOURCE_EXHAUSTED), or
+    it needs more than is free (``memory_shortfall``). Any other error is raised."""
+    try:
+        compiled = jax.jit(function).lower(*args).compile()
+    except Exception as error:  # noqa: BLE001 - only the compile's own out-of-memory is a refusal
+        if "RESOURCE_EXHAUSTED" not in str(error):
+            raise
+        return None, f"does not fit the device's memory ({_one_line(error)})"
+    return compiled, memory_shortfall(compiled, args)
+
+
 def _one_line(error: BaseException) -> str:
     """The first non-empty line of an exception, with its type, cut to 200 characters."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
@@ -277,16 +290,14 @@ def check_case(
     rows, qkv = data.rows, (data.q, data.k, data.v)
     errors, times = {}, {}
     try:
-        compiled = jax.jit(lambda q, k, v: forward(q, k, v)[:, rows]).lower(*qkv).compile()
-        short = memory_shortfall(compiled, qkv)
+        compiled, short = _compile_within_memory(lambda q, k, v: forward(q, k, v)[:, rows], qkv)
         if short is not None:
             return result("refused", reason=f"its forward {short}")
         errors["fwd"] = checks.scaled_error(compiled(*qkv), want[0])
         times["fwd"] = time.perf_counter() - start
         why_not = _gradient_refusal(implementation, forward, *qkv) if grad else "--no-grad"
         if why_not is None:
-            compiled = jax.jit(train).lower(*qkv, data.cotangent).compile()
-            why_not = memory_shortfall(compiled, (*qkv, data.cotangent))
+            compiled, why_not = _compile_within_memory(train, (*qkv, data.cotangent))
             why_not = None if why_not is None else f"its gradient {why_not}"
         if why_not is None:
             o, *gradients = compiled(*qkv, data.cotangent)

@@ -94,14 +94,17 @@ class NotebookConfig:
 
     def record(self, notebook: str, what: str, **fields) -> dict | None:
         """On a TPU, append one record of a notebook's measurement to ``data/notebook_measurements.jsonl``
-        (device kind, versions, revision, date, configuration in front of ``fields``) and return it;
+        (device kind, versions, revision, date, configuration and who wrote the exercises, "fill" or
+        "hide", in front of ``fields``) and return it;
         elsewhere (interpret-mode times say nothing about a TPU) record nothing and return None."""
         if not self.on_tpu:
             return None
         from stlib.bench.records import Recorder
 
+        solutions = "hide" if exercises.hidden() else "fill"
         return Recorder(self.data / MEASUREMENTS).write(
-            {"notebook": notebook, "what": what, "size": self.size, "workload": self.workload.name, **fields}
+            {"notebook": notebook, "what": what, "size": self.size, "workload": self.workload.name,
+             "solutions": solutions, **fields}
         )
 
     @property

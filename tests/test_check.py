@@ -142,3 +142,23 @@ def test_a_program_that_does_not_fit_the_device_is_not_run():
     )
     assert check.memory_shortfall(compiled, args, {**stats, "bytes_limit": 17 * gib}) is None
     assert check.memory_shortfall(compiled, args, {}) is None  # a CPU: no limit known
+
+
+def test_a_compile_that_runs_out_of_device_memory_is_a_refusal_not_an_error():
+    """A TPU refuses at compile time a program past its HBM (on a v5e, Splash's fused backward on the
+    3-D tiled sliding tile at 384 x 384 asked for 41.92 GB): the check reports it as not run. Any
+    other failure is raised, to be reported as an error."""
+    x = jnp.ones(4)
+
+    def too_big(x):
+        raise RuntimeError("RESOURCE_EXHAUSTED: Ran out of memory on HBM, (41.92G) exceeds available HBM (15.75G).")
+
+    def broken(x):
+        raise RuntimeError("INTERNAL: something else")
+
+    compiled, why_not = check._compile_within_memory(too_big, (x,))
+    assert compiled is None and why_not.startswith("does not fit the device's memory (RuntimeError: RESOURCE_EXHAUSTED")
+    with pytest.raises(RuntimeError, match="INTERNAL"):
+        check._compile_within_memory(broken, (x,))
+    compiled, why_not = check._compile_within_memory(lambda x: 2 * x, (x,))
+    assert why_not is None and float(compiled(x)[0]) == 2.0

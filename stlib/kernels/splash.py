@@ -33,7 +33,7 @@ from stlib import masks as M
 from stlib._intmath import round_up
 from stlib.accounting import block_changes, work_from_counts
 from stlib.contract import Capabilities, Config, EstimatorHooks, Presentation, ScheduleCounts
-from stlib.device import CHIPS, LANES, resolve_interpret
+from stlib.device import CHIP_TABLE, CHIPS, LANES, resolve_interpret
 from stlib.kernels.splash_masks import mask_support, splash_mask, tile_tokens
 from stlib.layout import TileKind, block_layout
 from stlib.registry import Implementation, Role, register
@@ -51,16 +51,45 @@ DEFAULT_BLOCK_KV_COMPUTE = 512
 TUNED_CANDIDATES = ((512, 1024), (512, 2048), (1024, 1024), (1024, 2048), (2048, 2048))
 
 
+#: ``SplashOptions(fused_backward=None)`` fuses the backward where its dq partials take at most this
+#: share of one device's HBM (the smallest chip's off a TPU). Dense at the case study with 1,024 x
+#: 2,048 tiles: 7.2 GB of partials, fused (589 ms a training step on a v5e against 735 split); the
+#: 3-D tiled sliding tile with 384 x 384 tiles: 43 GB, split (fused, its compile asks for 41.92 GB of
+#: the v5e's 15.75).
+FUSED_PARTIALS_SHARE = 0.5
+
+
 @dataclass(frozen=True)
 class SplashOptions:
     """``fused_backward``: ``jax.grad`` runs Splash's fused dk / dv / dq kernel (True; dq summed
-    over per-kv-tile partials in HBM) or its split dq and dk / dv kernels (False)."""
+    over per-kv-tile partials in HBM, [Lp / block_kv, H, Lp, D] in q's dtype), its split dq and
+    dk / dv kernels (False), or (None, the default) fused where those partials fit
+    (``fuses_backward``)."""
 
-    fused_backward: bool = True
+    fused_backward: bool | None = None
 
     def __post_init__(self):
-        if not isinstance(self.fused_backward, bool):
-            raise TypeError(f"fused_backward={self.fused_backward!r} must be True or False")
+        if self.fused_backward is not None and not isinstance(self.fused_backward, bool):
+            raise TypeError(f"fused_backward={self.fused_backward!r} must be True, False or None")
+
+
+def dq_partial_bytes(num_heads: int, padded: int, block_kv: int, head_dim: int, itemsize: int) -> int:
+    """Bytes of the fused backward's dq partials: one [H, Lp, D] per kv tile.
+
+    >>> round(dq_partial_bytes(10, 75_776, 2048, 128, 2) / 1e9, 2)
+    7.18
+    """
+    return padded // block_kv * num_heads * padded * head_dim * itemsize
+
+
+def fuses_backward(options: SplashOptions, partial_bytes: int, chip: str | None) -> bool:
+    """Whether Splash's backward runs fused: as ``options`` says, else (None) where ``partial_bytes``
+    of dq partials take at most ``FUSED_PARTIALS_SHARE`` of ``chip``'s HBM per device (None: the
+    smallest chip's, as a program compiled off a TPU must fit every chip)."""
+    if options.fused_backward is not None:
+        return options.fused_backward
+    capacity = CHIP_TABLE[chip].hbm_capacity if chip else min(c.hbm_capacity for c in CHIP_TABLE.values())
+    return partial_bytes <= FUSED_PARTIALS_SHARE * capacity
 
 
 @dataclass(frozen=True)
@@ -154,9 +183,10 @@ def splash_attention(q, k, v, mask, *, scale, config: Config, interpret):
         ids = jnp.asarray((np.arange(padded) >= length).astype(np.int32))  # 0 real, 1 padding
         segment_ids = sa.SegmentIds(q=ids, kv=ids)
 
+    partials = dq_partial_bytes(num_heads, padded, blocks.block_kv, q.shape[2], jnp.dtype(dtype).itemsize)
     kernel = sa.make_splash_mha(
         splash,
-        block_sizes=blocks.to_splash(config.options.fused_backward),
+        block_sizes=blocks.to_splash(fuses_backward(config.options, partials, config.chip)),
         head_shards=1,
         q_seq_shards=1,
         interpret=resolve_interpret(interpret),
@@ -248,7 +278,8 @@ def _backward_counts(setup, attribution, blocks: SplashBlocks, layout) -> Schedu
     """Splash's backward kernels on the forward's tiles (``SplashBlocks.to_splash``). The dk / dv
     kernel's grid is kv tiles x H x (widest column of non-empty q tiles); it inits and writes dk, dv
     once per (kv tile, head), fetches q, dO and the lse / di rows at every non-empty tile (and,
-    fused, writes that tile's dq partial, [bq, D] in q's dtype, which XLA sums afterwards: glue).
+    fused, writes that tile's dq partial, [bq, D] in q's dtype, which XLA sums afterwards: glue; a
+    fused dk / dv kernel is known by that output, [Lp / bkv, H, Lp, D], as it was compiled).
     The split dq kernel's grid is the forward's; it fetches k, v at every non-empty tile. The lse /
     di rows are counted lane-dense ([1, bq] f32)."""
     nq, nk = layout.grid_shape
@@ -262,7 +293,7 @@ def _backward_counts(setup, attribution, blocks: SplashBlocks, layout) -> Schedu
                 f"{attribution.kernel}: grid {attribution.grid} does not start with (kv tiles, heads) = {(nk, h)}"
             )
         rows = nk * h
-        fused = (setup.options or {}).get("fused_backward", True)
+        fused = any(role == "output" and len(shape) == 4 for _, _, shape, role in attribution.operands)
         row_bytes = 4 * bkv * d * item  # k, v in; dk, dv out
         fetch_bytes = 2 * bq * d * item + rows_f32 + (bq * d * item if fused else 0)
     else:
