@@ -198,7 +198,7 @@ def _compile_within_memory(function, args) -> tuple[object, str | None]:
     it needs more than is free (``memory_shortfall``). Any other error is raised."""
     try:
         compiled = jax.jit(function).lower(*args).compile()
-    except Exception as error:  # noqa: BLE001 - only the compile's own out-of-memory is a refusal
+    except Exception as error:
         if "RESOURCE_EXHAUSTED" not in str(error):
             raise
         return None, f"does not fit the device's memory ({_one_line(error)})"

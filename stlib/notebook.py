@@ -103,8 +103,14 @@ class NotebookConfig:
 
         solutions = "hide" if exercises.hidden() else "fill"
         return Recorder(self.data / MEASUREMENTS).write(
-            {"notebook": notebook, "what": what, "size": self.size, "workload": self.workload.name,
-             "solutions": solutions, **fields}
+            {
+                "notebook": notebook,
+                "what": what,
+                "size": self.size,
+                "workload": self.workload.name,
+                "solutions": solutions,
+                **fields,
+            }
         )
 
     @property

@@ -59,7 +59,9 @@ class Implementation:
     own tile layout (None: the plan's masks go through ``forward``). ``stack_forward(q, k, v, stack,
     block, *, scale, config, interpret) -> (o, lse [H, L] f32)`` runs block ``block`` (a traced int32)
     of a ``stlib.masks.StackedBlocks`` with one compiled kernel for every block (a ring's hops; None:
-    a kernel a block). ``backward``: its training path
+    a kernel a block). ``prepare(mask, length, config, interpret)`` -> ``stlib.plan.KernelPlan``:
+    what a call derives from its mask, built once in ``kernel_call`` and given to its forward,
+    backward and stack forward as ``plan`` (None: they take no plan). ``backward``: its training path
     (``Backward``; None: differentiable only where ``forward`` is plain JAX). ``roles``: the
     ``Role`` entries it holds (one holder a role). ``estimator`` and ``presentation``: its adapters,
     given to ``register``.
@@ -77,6 +79,7 @@ class Implementation:
     capabilities: Capabilities = field(default_factory=Capabilities)
     plan_runner: Callable | None = None
     stack_forward: Callable | None = None
+    prepare: Callable | None = None  # (mask, length, config, interpret) -> stlib.plan.KernelPlan
     backward: Backward | None = None
     roles: frozenset = frozenset()  # the ``Role`` entries it holds
     estimator: EstimatorHooks | None = None  # set by ``register``
@@ -102,10 +105,14 @@ class Implementation:
         self, mask, length: int, *, scale: float, block_q=None, block_kv=None, options=None, interpret=None
     ) -> dict:
         """The keywords ``forward`` and ``backward`` take for a call on ``length`` tokens with ``mask``:
-        ``scale``, the ``Config`` (``config``: blocks and options resolved here, once) and
-        ``interpret``. Raises TypeError / ValueError for bad options or blocks."""
+        ``scale``, the ``Config`` (``config``: blocks and options resolved here, once),
+        ``interpret`` and, where the implementation prepares one, the call's ``plan`` (built here,
+        once). Raises TypeError / ValueError for bad options or blocks."""
         config = self.config(mask, length, block_q, block_kv, options, interpret=interpret)
-        return {"scale": scale, "config": config, "interpret": interpret}
+        call = {"scale": scale, "config": config, "interpret": interpret}
+        if self.prepare is not None:
+            call["plan"] = self.prepare(mask, length, config, interpret)
+        return call
 
     def trainable(self, mask, call: dict, primal: Callable | None = None) -> Callable:
         """(q, k, v) -> o: ``forward`` with ``mask`` and ``call`` (its keywords, ``kernel_call``) as a function whose

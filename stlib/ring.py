@@ -198,9 +198,12 @@ def hop_functions(implementation: Implementation, call: dict):
     and lse; ``call``: the implementation's keywords (scale, blocks, options, interpret)."""
     training = implementation.backward
     if training is not None and training.lse_residuals:
+        prepared = {}  # (block, length) -> the hop's keywords: its Config and plan, built once
 
-        def hop_call(block, length):  # each hop's block resolves its own Config, once
-            return implementation.kernel_call(block, length, **call)
+        def hop_call(block, length):  # each hop's block resolves its own Config and plan, once
+            if (block, length) not in prepared:  # masks compare and hash by value
+                prepared[block, length] = implementation.kernel_call(block, length, **call)
+            return prepared[block, length]
 
         def forward(q, k, v, block):
             o, (*_, lse) = training.forward(q, k, v, block, **hop_call(block, q.shape[1]))

@@ -151,13 +151,17 @@ def test_a_compile_that_runs_out_of_device_memory_is_a_refusal_not_an_error():
     x = jnp.ones(4)
 
     def too_big(x):
-        raise RuntimeError("RESOURCE_EXHAUSTED: Ran out of memory on HBM, (41.92G) exceeds available HBM (15.75G).")
+        raise RuntimeError(
+            "RESOURCE_EXHAUSTED: Ran out of memory on HBM, (41.92G) exceeds available HBM (15.75G)."
+        )
 
     def broken(x):
         raise RuntimeError("INTERNAL: something else")
 
     compiled, why_not = check._compile_within_memory(too_big, (x,))
-    assert compiled is None and why_not.startswith("does not fit the device's memory (RuntimeError: RESOURCE_EXHAUSTED")
+    assert compiled is None and why_not.startswith(
+        "does not fit the device's memory (RuntimeError: RESOURCE_EXHAUSTED"
+    )
     with pytest.raises(RuntimeError, match="INTERNAL"):
         check._compile_within_memory(broken, (x,))
     compiled, why_not = check._compile_within_memory(lambda x: 2 * x, (x,))

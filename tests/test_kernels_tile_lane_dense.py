@@ -178,8 +178,8 @@ def test_scores_issued_ahead_change_the_order_not_the_result():
     patterns with masked sub-tiles)."""
     length = 1000  # ragged: 1000 % 256 = 232 keys in the last kv block
     mask = masks.per_head([masks.band(length, 300), masks.causal(length)])
-    layout = stlib.block_layout(mask, 256, 256)
-    present = set(ld.plan_steps(layout, length).present)
+    steps = ld.plan_steps(stlib.block_layout(mask, 256, 256), length)
+    present = set(steps.present)
     assert {StepKind.FULL, StepKind.RAGGED, StepKind.MASKED} <= present and max(present) >= ld.FIRST_PATTERN
     q, k, v = stlib.random_qkv((2, length, 128), jnp.float32, seed=4)
     runs = {
@@ -187,7 +187,7 @@ def test_scores_issued_ahead_change_the_order_not_the_result():
             q,
             k,
             v,
-            layout,
+            steps,
             scale=128**-0.5,
             options=ld.LaneDenseOptions(block_kv_compute=128, block_kv_register=64, lookahead=ahead),
             interpret=True,
@@ -211,8 +211,8 @@ def test_queries_per_fold_change_the_grouping_not_the_result():
     sub-tiles), every slice width gives the reference's output and the whole tile's lse."""
     length = 1000
     mask = masks.per_head([masks.band(length, 300), masks.full(length)])
-    layout = stlib.block_layout(mask, 512, 256)
-    present = set(ld.plan_steps(layout, length).present)
+    steps = ld.plan_steps(stlib.block_layout(mask, 512, 256), length)
+    present = set(steps.present)
     assert {StepKind.FULL, StepKind.RAGGED, StepKind.MASKED} <= present and max(present) >= ld.FIRST_PATTERN
     q, k, v = stlib.random_qkv((2, length, 128), jnp.float32, seed=6)
     ref = stlib.attention(q, k, v, mask, impl="reference")
@@ -221,7 +221,7 @@ def test_queries_per_fold_change_the_grouping_not_the_result():
             q,
             k,
             v,
-            layout,
+            steps,
             scale=128**-0.5,
             options=ld.LaneDenseOptions(block_kv_compute=128, block_q_compute=width),
             interpret=True,

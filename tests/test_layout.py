@@ -434,7 +434,11 @@ def test_block_layout_bad_input():
 
 
 def test_one_gradient_of_attention_builds_its_layout_once():
-    """The forward, the backward and their custom_vjp share one ``block_layout`` per (mask, blocks)."""
+    """The forward, the backward and their custom_vjp share one ``block_layout`` per (mask, blocks):
+    the call's plan (``stlib.plan.KernelPlan``) holds it. ``pallas_tile``'s backward runs the
+    forward's layout and looks nothing up; the lane-dense backward asks for a layout at its own
+    blocks (``backward_steps.block_steps``), here the forward's in interpret mode, and gets it from
+    the value-keyed cache, never built twice."""
     import jax
 
     import stlib
@@ -452,7 +456,7 @@ def test_one_gradient_of_attention_builds_its_layout_once():
 
         jax.eval_shape(jax.grad(loss, argnums=(0, 1, 2)), q, k, v)
         info = layout_module._block_layout.cache_info()
-        assert info.misses == 1 and info.hits >= 1, (impl, info)
+        assert info.misses == 1 and (info.hits == 0 or role == Role.BEST_TILE), (impl, info)
     built = block_layout(mask, 128, 128)
     with pytest.raises(ValueError, match="read-only"):
         built.counts[0, 0, 0] = 0

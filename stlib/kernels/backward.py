@@ -9,8 +9,8 @@ the gradient they compute: ``stlib.kernels.backward_kernels`` and ``stlib.kernel
 from __future__ import annotations
 
 import contextlib
-import functools
 import re
+from dataclasses import dataclass
 
 import jax.numpy as jnp
 import numpy as np
@@ -41,7 +41,7 @@ from stlib.kernels.backward_steps import (
     tile_grain,
 )
 from stlib.kernels.backward_vmem import dq_windows, fused_vmem_bytes
-from stlib.layout import block_layout, call_layout
+from stlib.layout import block_layout
 from stlib.passes import MaskPlanMode
 
 #: The backward's own tiles, compiled for a TPU, where the forward's are larger (``tile_training``'s
@@ -273,32 +273,28 @@ def _compute_regions(kernel: str, n: int) -> list[str]:
     return step_regions(kernel) or ["compute"]
 
 
-def tile_training(forward_with_lse, passes_of, *, own_blocks: bool = False, step_blocks=None) -> Backward:
-    """The ``contract.Backward`` of a flash kernel whose ``forward_with_lse(q, k, v, layout, mask, *,
-    scale, options, chip, interpret) -> (o, lse)`` runs the call's ``mask`` (None: dense) on the layout of
-    the call's resolved ``Config``: the forward keeps (q, k, v, o, lse); the backward runs
-    ``tile_backward`` over ``passes_of(layout, options)`` (``stlib.passes.split_passes`` with the
-    boundary policy the forward ran), so the gradient is that of what the forward computed. The
-    backward's plan (its layout and kernel calls) is built once per (mask, config, shape) and
-    shared by every backward of that call (``backward_plan``: cached by value).
-    ``own_blocks``: the backward takes ``BACKWARD_TILE`` (in interpret mode the default blocks)
-    where the forward's are larger (a forward tuned to big tiles, whose [block_q, block_kv] f32
-    scores the backward's several intermediates would not fit beside in VMEM); only for a forward
-    whose passes are exact, since
-    the backward's tiles then differ. With ``own_blocks``, the backward runs step-coded where it can:
-    rows of 3-D tiles (``step_layout``), else ``step_blocks(layout, options, chip, interpret) ->
-    (block_q, block_kv, grain)`` (``block_steps``: its own blocks, ``grain``-key updates); where no
-    dq window fits beside them, ``BACKWARD_TILE``. The entry also names, attributes and counts the
-    backward's kernels for the static estimate."""
+@dataclass(frozen=True)
+class BackwardPlan:
+    """The backward of one call: the ``layout`` its kernels run (the forward's, or the backward's
+    own blocks) and their ``calls`` (``KernelCall``), sized for the call's chip."""
 
-    def backward_plan(mask, length, head_dim, itemsize, config: Config, interpret):
-        """(layout, options, calls, chip) of the backward: the forward's layout (or the default
-        blocks, ``own_blocks``) and its kernel calls, sized for the chip the forward was."""
-        layout, options = call_layout(mask, length, config.block_q, config.block_kv), config.options
-        chip = config.chip  # a kernel sized for a chip: its backward too
+    layout: object  # BlockLayout
+    calls: tuple
 
-        def calls_of(layout, passes):
-            return kernel_calls(
+
+def backward_plan(
+    plan, head_dim: int, itemsize: int, passes_of, own_blocks: bool, step_blocks
+) -> BackwardPlan:
+    """The ``BackwardPlan`` of the call ``plan`` (``stlib.plan.KernelPlan``) for q of ``head_dim``
+    and ``itemsize``: the forward's layout (or, ``own_blocks``, the backward's own, see
+    ``tile_training``) and the kernel calls of ``passes_of(layout, options)``, sized for the chip the
+    forward was."""
+    mask, length, options, chip, interpret = plan.mask, plan.length, plan.options, plan.chip, plan.interpret
+    layout = plan.layout
+
+    def calls_of(layout, passes):
+        return tuple(
+            kernel_calls(
                 passes,
                 "auto",
                 num_q_tiles=-(-length // layout.block_q),
@@ -309,45 +305,64 @@ def tile_training(forward_with_lse, passes_of, *, own_blocks: bool = False, step
                 chip=chip,
                 length=None if mask is not None and mask.stacked else length,  # a stack's call never finishes
             )
-
-        if own_blocks:
-            coded, grains = step_layout(layout, length), [None]  # rows of 3-D tiles: the forward's patterns
-            if coded is None and step_blocks is not None:  # any other layout, at the backward's blocks
-                block_q, block_kv, grain = step_blocks(layout, options, chip, interpret)
-                coded, grains = block_steps(layout, length, block_q, block_kv), update_keys(grain)
-            if coded is not None:
-                steps_layout, plan = coded
-                exact = passes_of(steps_layout, options)  # the layout's exact passes, once
-                for grain in grains:  # fewer keys an update where VMEM is short
-                    passes = coded_passes(plan, exact, grain)
-                    with contextlib.suppress(ValueError):  # no dq window fits: smaller tiles, below
-                        return steps_layout, options, calls_of(steps_layout, passes), chip
-            default = block_sizes_for(length, None, None, interpret=interpret, chip=chip)
-            cap = (default.block_q, default.block_kv) if resolve_interpret(interpret) else BACKWARD_TILE
-            sizes = (min(layout.block_q, cap[0]), min(layout.block_kv, cap[1]))
-            layout = one_tile_layout(layout) or (
-                layout if sizes == (layout.block_q, layout.block_kv) else block_layout(layout.mask, *sizes)
-            )
-        calls = calls_of(layout, passes_of(layout, options))
-        return layout, options, calls, chip
-
-    backward_plan = functools.lru_cache(maxsize=32)(backward_plan)  # masks, configs hash by value
-
-    def forward(q, k, v, mask, *, scale, config: Config, interpret):
-        layout = call_layout(mask, q.shape[1], config.block_q, config.block_kv)
-        o, lse = forward_with_lse(
-            q, k, v, layout, mask, scale=scale, options=config.options, chip=config.chip, interpret=interpret
         )
+
+    if own_blocks:
+        coded, grains = step_layout(layout, length), [None]  # rows of 3-D tiles: the forward's patterns
+        if coded is None and step_blocks is not None:  # any other layout, at the backward's blocks
+            block_q, block_kv, grain = step_blocks(layout, options, chip, interpret)
+            coded, grains = block_steps(layout, length, block_q, block_kv), update_keys(grain)
+        if coded is not None:
+            steps_layout, steps = coded
+            exact = passes_of(steps_layout, options)  # the layout's exact passes, once
+            for grain in grains:  # fewer keys an update where VMEM is short
+                passes = coded_passes(steps, exact, grain)
+                with contextlib.suppress(ValueError):  # no dq window fits: smaller tiles, below
+                    return BackwardPlan(steps_layout, calls_of(steps_layout, passes))
+        default = block_sizes_for(length, None, None, interpret=interpret, chip=chip)
+        cap = (default.block_q, default.block_kv) if resolve_interpret(interpret) else BACKWARD_TILE
+        sizes = (min(layout.block_q, cap[0]), min(layout.block_kv, cap[1]))
+        layout = one_tile_layout(layout) or (
+            layout if sizes == (layout.block_q, layout.block_kv) else block_layout(layout.mask, *sizes)
+        )
+    return BackwardPlan(layout, calls_of(layout, passes_of(layout, options)))
+
+
+def tile_training(forward_with_lse, passes_of, *, own_blocks: bool = False, step_blocks=None) -> Backward:
+    """The ``contract.Backward`` of a flash kernel whose ``forward_with_lse(q, k, v, plan, *, scale,
+    interpret) -> (o, lse)`` runs the call's prepared plan (``stlib.plan.KernelPlan``: its layout,
+    config and mask): the forward keeps (q, k, v, o, lse); the backward runs ``tile_backward`` over
+    ``passes_of(layout, options)`` (``stlib.passes.split_passes`` with the boundary policy the
+    forward ran), so the gradient is that of what the forward computed. The backward's plan
+    (``backward_plan``: its layout and kernel calls) is built once per call plan and q's head dim
+    and dtype, and kept in the call's plan (``KernelPlan.once``).
+    ``own_blocks``: the backward takes ``BACKWARD_TILE`` (in interpret mode the default blocks)
+    where the forward's are larger (a forward tuned to big tiles, whose [block_q, block_kv] f32
+    scores the backward's several intermediates would not fit beside in VMEM); only for a forward
+    whose passes are exact, since
+    the backward's tiles then differ. With ``own_blocks``, the backward runs step-coded where it can:
+    rows of 3-D tiles (``step_layout``), else ``step_blocks(layout, options, chip, interpret) ->
+    (block_q, block_kv, grain)`` (``block_steps``: its own blocks, ``grain``-key updates); where no
+    dq window fits beside them, ``BACKWARD_TILE``. The entry also names, attributes and counts the
+    backward's kernels for the static estimate."""
+
+    def planned(plan, head_dim: int, itemsize: int) -> BackwardPlan:
+        return plan.once(
+            ("backward", head_dim, itemsize),
+            lambda: backward_plan(plan, head_dim, itemsize, passes_of, own_blocks, step_blocks),
+        )
+
+    def forward(q, k, v, mask, *, scale, config: Config, interpret, plan):
+        o, lse = forward_with_lse(q, k, v, plan, scale=scale, interpret=interpret)
         return o, (q, k, v, o, lse)
 
-    def backward(residuals, do, mask, *, scale, config: Config, interpret, block=None):
+    def backward(residuals, do, mask, *, scale, config: Config, interpret, plan, block=None):
         q = residuals[0]
-        shape = (q.shape[1], q.shape[2], q.dtype.itemsize)
-        layout, options, calls, chip = backward_plan(mask, *shape, config, interpret)
+        own = planned(plan, q.shape[2], q.dtype.itemsize)
         return tile_backward(
-            residuals, do, calls, block_q=layout.block_q, block_kv=layout.block_kv,
-            softmax=online_softmax.SoftmaxOptions(scale, options.exp2), interpret=interpret, chip=chip,
-            stacked=None if block is None else (mask, block),
+            residuals, do, own.calls, block_q=own.layout.block_q, block_kv=own.layout.block_kv,
+            softmax=online_softmax.SoftmaxOptions(scale, config.options.exp2), interpret=interpret,
+            chip=config.chip, stacked=None if block is None else (mask, block),
         )  # fmt: skip
 
     def stack_backward(residuals, do, stack, block, **call):
@@ -359,20 +374,19 @@ def tile_training(forward_with_lse, passes_of, *, own_blocks: bool = False, step
         """The counts of the compiled backward kernel ``attribution.kernel`` of ``setup``'s call."""
         from stlib import registry
 
-        config = registry.get(setup.impl).config(
-            setup.mask, setup.length, setup.block_q, setup.block_kv, setup.options or None, interpret=False
-        )
-        layout, _, calls, _ = backward_plan(
-            setup.mask, setup.length, setup.head_dim, setup.itemsize, config, False
-        )
+        call = registry.get(setup.impl).kernel_call(
+            setup.mask, setup.length, scale=1.0, block_q=setup.block_q, block_kv=setup.block_kv,
+            options=setup.options or None, interpret=False,
+        )  # fmt: skip
+        own = planned(call["plan"], setup.head_dim, setup.itemsize)
         name = re.sub(r"\.\d+$", "", attribution.kernel)  # the compiled program's ".N" suffix
-        call = next((c for c in calls if c.name == name), None)
-        if call is None:
+        kernel = next((c for c in own.calls if c.name == name), None)
+        if kernel is None:
             raise ValueError(
-                f"{attribution.kernel}: not one of the backward's calls {[c.name for c in calls]}"
+                f"{attribution.kernel}: not one of the backward's calls {[c.name for c in own.calls]}"
             )
         return call_schedule_counts(
-            call, setup.num_heads, setup.head_dim, setup.itemsize, layout.block_q, layout.block_kv
+            kernel, setup.num_heads, setup.head_dim, setup.itemsize, own.layout.block_q, own.layout.block_kv
         )
 
     estimator = EstimatorHooks(
@@ -395,7 +409,9 @@ __all__ = [
     "FORWARD_MATMULS",
     "FUSED_MATMULS",
     "FUSED_PREFIX",
+    "BackwardPlan",
     "KernelCall",
+    "backward_plan",
     "backward_work",
     "call_schedule_counts",
     "dq_windows",

@@ -23,9 +23,10 @@ from stlib.contract import Config, EstimatorHooks
 from stlib.device import CHIPS
 from stlib.kernels import flash_options, mask_info, online_softmax, pallas_call
 from stlib.kernels.backward import tile_training
-from stlib.layout import BlockLayout, TileKind, call_layout
+from stlib.layout import BlockLayout, TileKind
 from stlib.masks import Mask
 from stlib.passes import MaskPlanMode, exact_passes, plan_mask
+from stlib.plan import KernelPlan, prepare
 from stlib.registry import Implementation, Role, register
 
 NAME = "pallas_block_sparse"
@@ -186,18 +187,26 @@ def block_sparse_work(layout: BlockLayout, num_heads: int, head_dim: int) -> acc
     return accounting.work_from_counts(layout, num_heads, head_dim, num_heads * nq * nk, computed, masked)
 
 
-def _forward(q, k, v, mask: Mask | None, *, scale, config: Config, interpret):
-    layout = call_layout(mask, q.shape[1], config.block_q, config.block_kv)
-    options = config.options
+def _forward(
+    q, k, v, mask: Mask | None, *, scale, config: Config, interpret, plan: KernelPlan, return_lse=False
+):
+    """The call's plan's layout at its blocks and options."""
     return block_sparse_attention(
         q,
         k,
         v,
-        layout,
+        plan.layout,
         scale=scale,
         interpret=interpret,
-        block_kv_compute=options.block_kv_compute,
-        exp2=options.exp2,
+        block_kv_compute=config.options.block_kv_compute,
+        exp2=config.options.exp2,
+        return_lse=return_lse,
+    )
+
+
+def _forward_with_lse(q, k, v, plan: KernelPlan, *, scale, interpret):
+    return _forward(
+        q, k, v, plan.mask, scale=scale, config=plan.config, interpret=interpret, plan=plan, return_lse=True
     )
 
 
@@ -230,20 +239,8 @@ IMPLEMENTATION = register(
         work=lambda layout, num_heads, head_dim, options: block_sparse_work(layout, num_heads, head_dim),
         chips=CHIPS,
         resolve=flash_options.flash_resolve,
-        backward=tile_training(
-            lambda q, k, v, layout, mask, *, scale, options, chip, interpret: block_sparse_attention(
-                q,
-                k,
-                v,
-                layout,
-                scale=scale,
-                interpret=interpret,
-                block_kv_compute=options.block_kv_compute,
-                exp2=options.exp2,
-                return_lse=True,
-            ),
-            exact_passes,
-        ),
+        prepare=prepare,
+        backward=tile_training(_forward_with_lse, exact_passes),
     ),
     estimator=EstimatorHooks(
         kernel_names=("stlib_block_sparse",),

@@ -21,6 +21,7 @@ from stlib.kernels import flash_options, mask_info, online_softmax, pallas_call
 from stlib.kernels.backward import tile_training
 from stlib.masks import DENSE_LIMIT, Mask, full
 from stlib.passes import MaskPlan, MaskPlanMode, exact_passes
+from stlib.plan import KernelPlan, prepare
 from stlib.registry import Implementation, Role, register
 
 NAME = "pallas_dense"
@@ -137,17 +138,18 @@ def dense_work(layout, num_heads: int, head_dim: int) -> accounting.KernelWork:
     return accounting.work_from_counts(layout, num_heads, head_dim, steps, steps, masked)
 
 
-def _forward(q, k, v, mask, *, scale, config: Config, interpret):
+def _forward(q, k, v, mask, *, scale, config: Config, interpret, plan: KernelPlan, return_lse=False):
+    """The call's mask element by element at its blocks (the plan's layout is its backward's)."""
     sizes = BlockSizes(config.block_q, config.block_kv, config.block_kv_compute)
     return dense_attention(
-        q, k, v, mask, scale=scale, block_sizes=sizes, interpret=interpret, exp2=config.options.exp2
-    )
+        q, k, v, mask, scale=scale, block_sizes=sizes, interpret=interpret, exp2=config.options.exp2,
+        return_lse=return_lse,
+    )  # fmt: skip
 
 
-def _forward_with_lse(q, k, v, layout, mask, *, scale, options: flash_options.FlashOptions, chip, interpret):
-    sizes = BlockSizes(layout.block_q, layout.block_kv, options.block_kv_compute)
-    return dense_attention(
-        q, k, v, mask, scale=scale, block_sizes=sizes, interpret=interpret, exp2=options.exp2, return_lse=True
+def _forward_with_lse(q, k, v, plan: KernelPlan, *, scale, interpret):
+    return _forward(
+        q, k, v, plan.mask, scale=scale, config=plan.config, interpret=interpret, plan=plan, return_lse=True
     )
 
 
@@ -168,6 +170,7 @@ IMPLEMENTATION = register(
         work=lambda layout, num_heads, head_dim, options: dense_work(layout, num_heads, head_dim),
         chips=CHIPS,
         resolve=flash_options.flash_resolve,
+        prepare=prepare,
         backward=tile_training(_forward_with_lse, exact_passes),
     ),
     estimator=EstimatorHooks(

@@ -34,9 +34,10 @@ from stlib.contract import Config, EstimatorHooks, Presentation, ScheduleCounts
 from stlib.device import CHIPS
 from stlib.kernels import flash_options, mask_info, online_softmax, pallas_call
 from stlib.kernels.backward import tile_training
-from stlib.layout import BlockLayout, call_layout, flat_steps, row_tables
+from stlib.layout import BlockLayout, flat_steps, row_tables
 from stlib.masks import Mask
 from stlib.passes import SPLIT_KINDS, BoundaryPolicy, MaskPlan, MaskPlanMode, PassKind, split_passes
+from stlib.plan import KernelPlan, prepare
 from stlib.reference import merge_partials
 from stlib.registry import Implementation, Role, register
 
@@ -310,9 +311,14 @@ def tile_work(layout: BlockLayout, num_heads: int, head_dim: int, options: TileO
     return accounting.work_from_counts(layout, num_heads, head_dim, steps, computed, masked)
 
 
-def _forward(q, k, v, mask: Mask | None, *, scale, config: Config, interpret):
-    layout = call_layout(mask, q.shape[1], config.block_q, config.block_kv)
-    return tile_attention(q, k, v, layout, scale=scale, interpret=interpret, options=config.options)
+def _forward(q, k, v, mask: Mask | None, *, scale, config: Config, interpret, plan: KernelPlan):
+    return tile_attention(q, k, v, plan.layout, scale=scale, interpret=interpret, options=config.options)
+
+
+def _forward_with_lse(q, k, v, plan: KernelPlan, *, scale, interpret):
+    return tile_attention(
+        q, k, v, plan.layout, scale=scale, interpret=interpret, options=plan.options, return_lse=True
+    )
 
 
 def run_plan(q, k, v, plan, *, scale, options, interpret):
@@ -397,9 +403,9 @@ IMPLEMENTATION = register(
         chips=CHIPS,
         resolve=flash_options.flash_resolve,
         plan_runner=run_plan,
+        prepare=prepare,
         backward=tile_training(
-            lambda q, k, v, layout, mask, chip, **kw: tile_attention(q, k, v, layout, **kw, return_lse=True),
-            lambda layout, options: split_passes(layout, options.boundary),
+            _forward_with_lse, lambda layout, options: split_passes(layout, options.boundary)
         ),
     ),
     estimator=EstimatorHooks(

@@ -49,9 +49,10 @@ from stlib.kernels.tile_lane_dense.kernel import (
     lane_dense_attention,
 )
 from stlib.kernels.tile_lane_dense.vmem import check_blocks, fit_lookahead, vmem_bytes
-from stlib.layout import BlockLayout, call_layout
+from stlib.layout import BlockLayout
 from stlib.masks import Mask
 from stlib.passes import BoundaryPolicy, split_passes
+from stlib.plan import KernelPlan, prepare
 from stlib.registry import Implementation, Role, register
 
 __all__ = [
@@ -253,29 +254,32 @@ def resolve_blocks(
     return BlockSizes(bq, bkv, chunk), dataclasses.replace(options, block_kv_compute=chunk)
 
 
-def _forward(q, k, v, mask: Mask | None, *, scale, config: Config, interpret):
-    layout = call_layout(mask, q.shape[1], config.block_q, config.block_kv)
+def _forward(q, k, v, mask: Mask | None, *, scale, config: Config, interpret, plan: KernelPlan):
     return lane_dense_attention(
-        q, k, v, layout, scale=scale, options=config.options, chip=config.chip, interpret=interpret
+        q, k, v, plan.steps, scale=scale, options=config.options, chip=config.chip, interpret=interpret
     )
 
 
-def _forward_block(q, k, v, stack, block, *, scale, config: Config, interpret):
-    """Block ``block`` (traced) of ``stack`` (``StackedBlocks``) -> (o, lse [H, L]): the stack's
-    joint step plan, the block's rows of its tables and its offsets as the kernel's data."""
-    layout = call_layout(stack, q.shape[1], config.block_q, config.block_kv)
+def _forward_with_lse(q, k, v, plan: KernelPlan, *, scale, interpret):
     return lane_dense_attention(
-        q,
-        k,
-        v,
-        layout,
-        scale=scale,
-        options=config.options,
-        chip=config.chip,
-        interpret=interpret,
+        q, k, v, plan.steps, scale=scale, options=plan.options, chip=plan.chip, interpret=interpret,
         return_lse=True,
-        block=block,
-    )
+    )  # fmt: skip
+
+
+def _forward_block(q, k, v, stack, block, *, scale, config: Config, interpret, plan: KernelPlan):
+    """Block ``block`` (traced) of ``stack`` (``StackedBlocks``) -> (o, lse [H, L]): the stack's
+    joint step plan (the call's plan), the block's rows of its tables and its offsets as the
+    kernel's data."""
+    return lane_dense_attention(
+        q, k, v, plan.steps, scale=scale, options=config.options, chip=config.chip, interpret=interpret,
+        return_lse=True, block=block,
+    )  # fmt: skip
+
+
+def _prepare(mask: Mask | None, length: int, config: Config, interpret) -> KernelPlan:
+    """The call's plan with the forward's step plan (``plan_steps`` at the options' pattern grain)."""
+    return prepare(mask, length, config, interpret, steps=lambda layout, n, options: _plan(layout, options))
 
 
 def run_plan(q, k, v, plan, *, scale, options, interpret):
@@ -287,11 +291,12 @@ def run_plan(q, k, v, plan, *, scale, options, interpret):
         layout.mask, layout.mask.length, scale=scale, block_q=layout.block_q, block_kv=layout.block_kv,
         options=opts, interpret=interpret,
     )  # fmt: skip
+    steps = _plan(layout, opts)
     kernel = IMPLEMENTATION.trainable(
         layout.mask,
         call,
         primal=lambda *qkv: lane_dense_attention(
-            *qkv, layout, scale=scale, options=opts, chip=call["config"].chip, interpret=interpret
+            *qkv, steps, scale=scale, options=opts, chip=call["config"].chip, interpret=interpret
         ),
     )
     return plan.in_order(q, k, v, kernel)
@@ -365,8 +370,9 @@ IMPLEMENTATION = register(
         resolve=resolve_blocks,
         plan_runner=run_plan,
         stack_forward=_forward_block,
+        prepare=_prepare,
         backward=tile_training(
-            lambda q, k, v, layout, mask, **kw: lane_dense_attention(q, k, v, layout, **kw, return_lse=True),
+            _forward_with_lse,
             lambda layout, options: split_passes(layout, BoundaryPolicy.EXACT),
             own_blocks=True,
             step_blocks=backward_step_blocks,

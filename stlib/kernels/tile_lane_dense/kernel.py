@@ -33,11 +33,9 @@ from stlib.kernels.steps import (
     StepKind,
     StepPlan,
     kernel_name,
-    plan_steps,
 )
 from stlib.kernels.tile_lane_dense.options import FOLD_LANES, LaneDenseOptions
 from stlib.kernels.tile_lane_dense.vmem import check_blocks, fit_lookahead
-from stlib.layout import BlockLayout
 from stlib.masks import StackedBlocks
 from stlib.passes import MaskPlan, MaskPlanMode, plan_mask
 from stlib.reference import MASK_VALUE
@@ -347,7 +345,7 @@ def lane_dense_attention(
     q,
     k,
     v,
-    layout: BlockLayout,
+    steps: StepPlan,
     *,
     scale: float,
     options: LaneDenseOptions = LaneDenseOptions(),  # noqa: B008 - a frozen dataclass
@@ -357,22 +355,25 @@ def lane_dense_attention(
     block=None,
 ):
     """q, k, v [H, L, D] -> o [H, L, D] in q's dtype (and, with ``return_lse``, lse [H, L]: natural
-    log, -inf for rows that see nothing, for the backward). ``layout`` is the tile layout of the
-    mask for these tokens; its blocks must suit this kernel (``check_blocks``). ``chip``: the chip
+    log, -inf for rows that see nothing, for the backward). ``steps`` is the step plan
+    (``plan_steps``) of the mask's tile layout for these tokens, made once for the call (its
+    ``stlib.plan.KernelPlan``); the layout's blocks must suit this kernel (``check_blocks``). ``chip``: the chip
     the call is sized for (its ``Config.chip``; None: ``options.chip``, else any chip: the
     smallest VMEM of the table and whole q tiles a fold). Raises ValueError
     for such blocks and for step tables that overflow SMEM. A layout of a ``StackedBlocks`` mask runs
     its block ``block`` (an int32 scalar, traced or not): its rows of the step tables (the stack's
     joint plan: one pattern set, one width) and its offsets are the kernel's data, so every block of
     the stack runs one compiled body."""
+    layout = steps.layout
     stack = layout.mask if layout.mask.stacked else None
     if (stack is None) != (block is None):
         raise ValueError("block= selects a block of a StackedBlocks layout, and such a layout needs it")
     num_heads, length, head_dim = q.shape
+    if steps.length != length:
+        raise ValueError(f"the step plan is for {steps.length} tokens, the inputs have {length}")
     bq, bkv = layout.block_q, layout.block_kv
     chunk = options.block_kv_compute or bkv
     register = min(options.block_kv_register or chunk, chunk)
-    steps = plan_steps(layout, length, options.pattern_grain)
     present = steps.present
     mask_plan = plan_mask(layout.mask, layout, steps.codes == StepKind.MASKED)
     table = mask_plan.mode == MaskPlanMode.TABLE
