@@ -771,8 +771,9 @@ timings = notebook.time_side_by_side(
 # Splash skips the same EMPTY tiles of the band with blocks of its own, in one pass that masks every
 # tile it does not know to be FULL: on a band that is already tile-aligned, the gap to Splash weighs
 # the tile kernels' second pass and merge against that masking and those blocks. Where the token
-# order matters (a temporal head in raster order, a sliding tile) Splash has no reorder to help it;
-# notebook 08 times those cases. On a CPU the times are the interpreter's and say nothing about a
+# order matters (a temporal head in raster order, a sliding tile) Splash has no reorder of its own;
+# notebook 08 gives it the tile kernels' 3-D tiled order on the sliding tile and times them side by
+# side. On a CPU the times are the interpreter's and say nothing about a
 # TPU.
 
 # %% [markdown]

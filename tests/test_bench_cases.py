@@ -37,7 +37,7 @@ def test_cases_name_kernels_patterns_and_lengths(small_cases):
     windows = len(sta_windows(SMALL_CPU.grid, SMALL_CPU.sta_tile)) - 1  # the whole grid is the dense case
     runs = sum(len(impl.comparison_runs()) for impl in registry.tpu_kernels())  # every kernel, every variant
     assert runs >= 6
-    assert counts == {"dense": 3, "band": runs * 2, "sliding tile": 4 * windows}
+    assert counts == {"dense": 3, "band": runs * 2, "sliding tile": 5 * windows}
     labels = [c.label for c in small_cases if c.pattern == "band"]
     assert labels[:runs] == labels[runs:]  # the same kernels at every density
     assert [c.label for c in small_cases if c.pattern == "dense"] == [
@@ -55,7 +55,9 @@ def test_block_sizes_follow_the_backend_and_the_workload_tile(small_cases):
             assert (case.block_q, case.block_kv) == (128, 128)
         else:
             assert case.pattern == "sliding tile"
-            if case.impl == "pallas_tile_lane_dense":  # whole rows of tiles (tiled_rows), a tile per chunk
+            if case.impl == "splash":  # its own blocks: one 3-D tile each where that is a multiple of 128
+                assert (case.block_q, case.block_kv) == (None, None)
+            elif case.impl == "pallas_tile_lane_dense":  # whole rows of tiles (tiled_rows), a tile per chunk
                 rows_q, rows_kv = tiled_rows("v6e")
                 assert (case.block_q, case.block_kv) == (rows_q * row, rows_kv * row)
                 sizes, _ = resolve_blocks(
@@ -82,8 +84,10 @@ def test_tiled_cases_see_the_same_mask_in_tiled_order(small_cases):
     tiled = [c for c in small_cases if c.label == "pallas_tile (3-D tiled)"]
     reordering = [c for c in small_cases if c.label == "pallas_tile (3-D tiled) + reordering"]
     raster = [c for c in small_cases if c.label == "pallas_block_sparse (raster)"]
-    assert len(tiled) == len(reordering) == len(raster) >= 1
-    for a, b, r in zip(tiled, reordering, raster):
+    splash = [c for c in small_cases if c.label == "Splash (3-D tiled)"]
+    assert len(tiled) == len(reordering) == len(raster) == len(splash) >= 1
+    for a, b, r, s in zip(tiled, reordering, raster, splash):
+        assert s.mask == a.mask and s.order == a.order and not s.reorders_in_timing  # Splash on the same mask
         assert not a.reorders_in_timing and b.reorders_in_timing and b.grid == SMALL_CPU.grid
         assert a.kernel_mask is a.mask and r.kernel_mask is r.mask
         np.testing.assert_array_equal(a.mask.to_dense(), b.kernel_mask.to_dense())

@@ -111,6 +111,9 @@ def case_study_cases(workload: Workload, tpu: bool, densities=DENSITIES) -> list
         sta = masks.sliding_tile(grid, sta_tile, window)
         cases += [
             Case(block_sparse, "sliding tile", sta, f"{block_sparse} (raster)", **big),
+            # Splash on the same mask in the same order, at its own blocks (one 3-D tile a block where
+            # a tile is a multiple of 128 tokens: splash_blocks), from stlib's block layout
+            Case(baseline.name, "sliding tile", sta.permute(order), f"{baseline.title} (3-D tiled)", order=order),
             Case(
                 tile,
                 "sliding tile",
@@ -153,9 +156,8 @@ def focus_cases(workload: Workload, tpu: bool, density: float = 0.35) -> list[Ca
     without a mask; on the band built for ``density``, Splash, the block-sparse kernel, the tile
     kernel (flat grid) and the best tile kernel; on the sliding-tile pattern at the workload's window
     (``workload_sta_window``), every case: the
-    block-sparse kernel in raster order and the tile kernels in 3-D tiled order (Splash runs that
-    mask too, from stlib's block layout, but is not a case yet: no estimate or chip time of it is
-    recorded)."""
+    block-sparse kernel in raster order, Splash and the tile kernels in 3-D tiled order (Splash on
+    the same mask, from stlib's block layout)."""
     baseline, block_sparse = registry.baseline().name, by_role(Role.BLOCK_SPARSE).name
     tile, best_tile = by_role(Role.TILE).name, by_role(Role.BEST_TILE).name
     kept = {
@@ -221,10 +223,14 @@ def case_inputs(case: Case, q, k, v):
 
 
 def case_work(case: Case, workload: Workload) -> dict:
-    """Hardware-independent work of ``case`` at ``workload`` (``stlib.roofline.work_summary``)."""
-    bq = case.block_q or 128
-    bkv = case.block_kv or 128
-    layout = stlib.block_layout(case.kernel_mask, bq, bkv)
+    """Hardware-independent work of ``case`` at ``workload`` (``stlib.roofline.work_summary``), at the
+    blocks its call resolves compiled for a TPU (a case without blocks: the kernel's own, e.g.
+    Splash's one 3-D tile a block on a padded 3-D tiled order); 128 x 128 for a kernel without blocks."""
+    mask = case.kernel_mask
+    config = registry.get(case.impl).config(
+        mask, mask.length, case.block_q, case.block_kv, case.options or None, interpret=False
+    )
+    layout = stlib.block_layout(mask, config.block_q or 128, config.block_kv or 128)
     return work_summary(
         case.impl,
         layout,
