@@ -113,7 +113,13 @@ def case_study_cases(workload: Workload, tpu: bool, densities=DENSITIES) -> list
             Case(block_sparse, "sliding tile", sta, f"{block_sparse} (raster)", **big),
             # Splash on the same mask in the same order, at its own blocks (one 3-D tile a block where
             # a tile is a multiple of 128 tokens: splash_blocks), from stlib's block layout
-            Case(baseline.name, "sliding tile", sta.permute(order), f"{baseline.title} (3-D tiled)", order=order),
+            Case(
+                baseline.name,
+                "sliding tile",
+                sta.permute(order),
+                f"{baseline.title} (3-D tiled)",
+                order=order,
+            ),
             Case(
                 tile,
                 "sliding tile",
