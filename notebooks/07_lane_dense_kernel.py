@@ -785,7 +785,7 @@ if mine is not None:  # the table, with the library's columns where its schedule
 # folds won on v5e (2,048 x 2,048, chunks of 128) and v6e (2,560 x 2,560, chunks of 256), the blocks
 # tuned then, but cost TPU7x a few percent (2,048 x 2,048, chunks of 512), where the whole tile stays
 # the default (those compiles are recorded beside `FOLD_LANES` in
-# `stlib/kernels/tile_lane_dense/options.py`, not reprinted here; the sweep has since picked other
+# `stlib/kernels/tile_lane_dense/chips.py`, not reprinted here; the sweep has since picked other
 # blocks). The table above shows the other side on v6e: at 1,024 x 1,024 with chunks of 512 the
 # folds cost more than they save (the last pair of columns against the one before it), so read the
 # columns before you pick the option for other blocks.

@@ -399,3 +399,28 @@ def test_attribution_with_copy_regions_beside_the_step():
         "finalise": 4,
     }
     assert att.ops["finalise"] == {"eup": 1, "vmem": 3}
+
+
+def test_every_chip_setting_is_one_row_of_one_table():
+    """``chips.CHIP_SETTINGS``: a row per chip of the chip table, from the tuned JSONs and the fold
+    widths; what the kernel, its block rule and its backward read (``settings``; None: v6e's)."""
+    from stlib import tuned
+    from stlib.device import CHIPS
+    from stlib.kernels.tile_lane_dense import chips
+
+    assert set(chips.CHIP_SETTINGS) == set(CHIPS)
+    forward = tuned.load(ld.NAME)["chips"]
+    backward = tuned.load(ld.BACKWARD_TUNED)["chips"]
+    for chip, row in chips.CHIP_SETTINGS.items():
+        assert list(row.blocks.__dict__.values()) == forward[chip]["blocks"]
+        assert row.tiled_rows == tuple(
+            forward.get(chip, {}).get("tiled_rows", forward[ld.ROWS_FROM]["tiled_rows"])
+        )
+        assert row.backward_blocks == tuple(backward.get(chip, {}).get("blocks", chips.BACKWARD_STEP_BLOCKS))
+        assert ld.tiled_rows(chip) == row.tiled_rows
+    assert chips.settings(None) is chips.CHIP_SETTINGS["v6e"]
+    band = stlib.block_layout(masks.band(9000, 900), 4096, 4096)
+    for chip in CHIPS:  # the backward's blocks come from the chip's row, capped by the forward's
+        bq, bkv, grain = ld.backward_step_blocks(band, ld.LaneDenseOptions(), chip, False)
+        want = chips.settings(chip).backward_blocks
+        assert (bq, bkv) == (min(want[0], 4096), min(want[1], 4096)) and want[2] % grain == 0

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from stlib import accounting, tuned
+from stlib import accounting
 from stlib._intmath import round_up
 from stlib.blocks import COMPILE_CHIP, BlockSizes, default_block_sizes
 from stlib.contract import Config, EstimatorHooks, Presentation, ScheduleCounts
@@ -41,13 +41,19 @@ from stlib.kernels.steps import (
     region_name,
     regions_of,
 )
-from stlib.kernels.tile_lane_dense.kernel import (
+from stlib.kernels.tile_lane_dense.chips import (
+    BACKWARD_STEP_BLOCKS,
+    BACKWARD_TUNED,
+    CHIP_SETTINGS,
+    DEFAULT_BLOCKS,
     FOLD_LANES,
-    KERNEL_PREFIX,
     NAME,
-    LaneDenseOptions,
-    lane_dense_attention,
+    ROWS_FROM,
+    TILED_ROWS,
+    ChipSettings,
+    settings,
 )
+from stlib.kernels.tile_lane_dense.kernel import KERNEL_PREFIX, LaneDenseOptions, lane_dense_attention
 from stlib.kernels.tile_lane_dense.vmem import check_blocks, fit_lookahead, vmem_bytes
 from stlib.layout import BlockLayout
 from stlib.masks import Mask
@@ -56,6 +62,9 @@ from stlib.plan import KernelPlan, prepare
 from stlib.registry import Implementation, Role, register
 
 __all__ = [
+    "BACKWARD_STEP_BLOCKS",
+    "BACKWARD_TUNED",
+    "CHIP_SETTINGS",
     "CODE_BITS",
     "DEFAULT_BLOCKS",
     "FIRST_PATTERN",
@@ -69,6 +78,7 @@ __all__ = [
     "SWEEP_CANDIDATES",
     "TILED_ROWS",
     "VMEM_SHARE",
+    "ChipSettings",
     "LaneDenseOptions",
     "Pattern",
     "StepKind",
@@ -83,37 +93,13 @@ __all__ = [
     "plan_steps",
     "region_name",
     "resolve_blocks",
+    "settings",
     "sweep_facts",
     "tiled_blocks",
     "tiled_rows",
     "vmem_bytes",
     "vmem_limit",
 ]
-
-
-#: The block sweep's winners per chip (``python -m stlib.bench.block_sweep``, records in
-#: data/tile_block_sweep.jsonl), read from the package data ``stlib/tuned/NAME.json``.
-_TUNED = tuned.load(NAME).get("chips", {})
-#: Default blocks per chip: the candidate with the fewest static cycles on dense and band 0.25
-#: together; a chip without a sweep takes the chip table's defaults.
-DEFAULT_BLOCKS: dict[str, BlockSizes] = {
-    chip: BlockSizes(*won["blocks"]) for chip, won in _TUNED.items() if "blocks" in won
-}
-#: Rows of 3-D tiles per (q block, kv block) for a mask in a padded 3-D tiled order (a row: the tiles
-#: along x, e.g. 5 x 384 = 1,920 tokens for 3x8x16 tiles of Wan 720p), per chip: the sweep's
-#: sliding-tile winner. A chip whose sliding tile was not swept takes the rows of ``ROWS_FROM``'s.
-TILED_ROWS: dict[str, tuple[int, int]] = {
-    chip: tuple(won["tiled_rows"]) for chip, won in _TUNED.items() if "tiled_rows" in won
-}
-ROWS_FROM = "v6e"
-
-
-#: The backward's step-coded blocks per chip (block_q, block_kv, keys per update) on layouts without
-#: rows of 3-D tiles: the backward sweep's winners (``python -m stlib.bench.backward_sweep``),
-#: read from ``stlib/tuned/NAME_backward.json``; a chip without them takes ``BACKWARD_STEP_BLOCKS``.
-BACKWARD_TUNED = f"{NAME}_backward"
-_TUNED_BACKWARD = tuned.load(BACKWARD_TUNED).get("chips", {})
-BACKWARD_STEP_BLOCKS = (2048, 2048, 1024)
 
 
 def backward_step_blocks(layout: BlockLayout, options: LaneDenseOptions, chip: str | None, interpret):
@@ -129,9 +115,7 @@ def backward_step_blocks(layout: BlockLayout, options: LaneDenseOptions, chip: s
     """
     if resolve_interpret(interpret) and options.backward_blocks is None:
         return layout.block_q, layout.block_kv, options.block_kv_compute or layout.block_kv
-    block_q, block_kv, grain = options.backward_blocks or tuple(
-        _TUNED_BACKWARD.get(chip or COMPILE_CHIP, {}).get("blocks", BACKWARD_STEP_BLOCKS)
-    )
+    block_q, block_kv, grain = options.backward_blocks or settings(chip).backward_blocks
     block_kv = min(block_kv, layout.block_kv)
     return min(block_q, layout.block_q), block_kv, math.gcd(grain, block_kv)
 
@@ -185,7 +169,7 @@ SWEEP_CANDIDATES = {
 def tiled_rows(chip: str | None) -> tuple[int, int]:
     """(rows of 3-D tiles per q block, per kv block) on ``chip`` (None: v6e): its sweep's winner, or
     ``ROWS_FROM``'s where its sliding tile was not swept (one row each where nothing was)."""
-    return TILED_ROWS.get(chip or "v6e") or TILED_ROWS.get(ROWS_FROM, (1, 1))
+    return settings(chip).tiled_rows
 
 
 def sweep_facts(
@@ -203,7 +187,7 @@ def sweep_facts(
     (``vmem_bytes``) and the limit it asks for on ``chip``. Dense work folds; MASKED and pattern steps
     (the other families) hold whole lane runs."""
     sizes = (block_q, block_kv, block_kv_compute, min(256, block_kv_compute), head_dim, itemsize)
-    fold_lanes = FOLD_LANES.get(chip) or block_q
+    fold_lanes = settings(chip).fold_lanes or block_q
     held = fold_lanes if family == "dense" else block_q
     lookahead = fit_lookahead(*sizes, chip=chip, fold_lanes=held)
     return {

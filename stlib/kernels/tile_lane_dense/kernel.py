@@ -34,13 +34,13 @@ from stlib.kernels.steps import (
     StepPlan,
     kernel_name,
 )
-from stlib.kernels.tile_lane_dense.options import FOLD_LANES, LaneDenseOptions
+from stlib.kernels.tile_lane_dense.chips import CHIP_SETTINGS, NAME
+from stlib.kernels.tile_lane_dense.options import LaneDenseOptions
 from stlib.kernels.tile_lane_dense.vmem import check_blocks, fit_lookahead
 from stlib.masks import StackedBlocks
 from stlib.passes import MaskPlan, MaskPlanMode, plan_mask
 from stlib.reference import MASK_VALUE
 
-NAME = "pallas_tile_lane_dense"
 KERNEL_PREFIX = "stlib_tile_ld"
 # --------------------------------------------------------------------------------------------
 # the kernel
@@ -379,7 +379,7 @@ def lane_dense_attention(
     table = mask_plan.mode == MaskPlanMode.TABLE
     chip = chip or options.chip
     sizes = (bq, bkv, chunk, register, head_dim, q.dtype.itemsize)
-    fold_lanes = options.block_q_compute or FOLD_LANES.get(chip) or bq
+    fold_lanes = options.block_q_compute or (CHIP_SETTINGS[chip].fold_lanes if chip else None) or bq
     held = (
         bq if max(present, default=0) >= StepKind.MASKED else fold_lanes
     )  # MASKED, patterns: whole lane runs

@@ -1,5 +1,5 @@
-"""The ``pallas_tile_lane_dense`` kernel's options (``LaneDenseOptions``) and the chips' default
-queries per fold (``FOLD_LANES``)."""
+"""The ``pallas_tile_lane_dense`` kernel's options (``LaneDenseOptions``); the chips' defaults are
+in ``chips.CHIP_SETTINGS``."""
 
 from __future__ import annotations
 
@@ -8,13 +8,6 @@ from dataclasses import dataclass
 from stlib._checks import check_positive_int
 from stlib.blocks import check_chunk
 from stlib.device import LANES, SUBLANES, chip_spec
-
-#: Queries per fold (``LaneDenseOptions.block_q_compute``) by default, per chip; a chip not named
-#: folds its whole q tile at once. From the compiled schedules of the FULL region at 10 x 75,600 x 128
-#: bf16 (bundles per step, whole tile -> 256 queries): v5e 2048 x 2048 / 128 keys a chunk 17,426 ->
-#: 16,330 (and 18,012 -> 17,435 at 256 keys); v6e 2560 x 2560 / 256 12,838 -> 12,647; TPU7x
-#: 2048 x 2048 / 512 8,394 -> 8,779 (slower; 8,752 -> 8,693 at 256 keys).
-FOLD_LANES = {"v5e": 256, "v6e": 256}
 
 
 @dataclass(frozen=True)
@@ -31,7 +24,7 @@ class LaneDenseOptions:
     ``block_q_compute``: queries per fold in the mask-free regions over whole q tiles (FULL, RAGGED),
     the lane width of the scores one fold holds: a step folds each slice of its q lanes through all
     its chunks in turn, so a fold holds [chunk, 256] scores, not [chunk, block_q] (None: the chip's
-    ``FOLD_LANES``, else the whole q tile); MASKED steps and patterns fold whole lane runs;
+    ``chips.FOLD_LANES``, else the whole q tile); MASKED steps and patterns fold whole lane runs;
     ``chip``: the chip whose VMEM the blocks must fit and whose limit the call asks for (None: the
     chip at hand, else the smallest VMEM in the chip table); ``backward_blocks``: (block_q, block_kv,
     keys per update) of the backward's step-coded pass on a layout without rows of 3-D tiles, each
