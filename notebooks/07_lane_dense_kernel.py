@@ -792,7 +792,8 @@ if mine is not None:  # the table, with the library's columns where its schedule
 #
 # ## What the production kernel adds
 #
-# `stlib/kernels/tile_lane_dense/kernel.py` is this kernel with what a library needs besides:
+# `stlib/kernels/tile_lane_dense/` (the body in `body.py`, the call in `kernel.py`) is this kernel with
+# what a library needs besides:
 #
 # * heads (grid (H, q tiles, slots)) and per-head step tables, one shared table when every head has
 #   the same mask;
