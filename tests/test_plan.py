@@ -20,8 +20,9 @@ TILE_KERNELS = [
 @pytest.mark.parametrize("impl", TILE_KERNELS)
 def test_one_grad_builds_its_plan_once(impl, monkeypatch):
     """One ``jax.grad(stlib.attention)``: one ``KernelPlan`` (one forward layout, and for the
-    step-coded kernel one forward step plan), one backward plan; the forward and the backward both
-    read that plan, and nothing below builds the layout again."""
+    step-coded kernel one forward step plan, built when the forward first reads it), one backward
+    plan; the forward and the backward both read that plan, and nothing below builds the layout
+    again."""
     built, layouts, backwards = [], [], []
     original_init = plan.KernelPlan.__post_init__
     original_layout, original_backward = plan.call_layout, backward.backward_plan
@@ -54,8 +55,10 @@ def test_one_grad_builds_its_plan_once(impl, monkeypatch):
     assert len(built) == 1 and len(layouts) == 1
     assert backwards == built  # the backward's plan came from the forward's call plan
     (the_plan,) = built
-    assert (the_plan.steps is not None) == (impl == registry.by_role(Role.BEST_TILE).name)
-    assert [key[0] for key in the_plan._built] == ["backward"]
+    step_coded = impl == registry.by_role(Role.BEST_TILE).name
+    backward_key = ("backward", 128, 4)  # q's head dim and itemsize
+    assert list(the_plan._built) == (["steps", backward_key] if step_coded else [backward_key])
+    assert (the_plan.steps is not None) == step_coded
 
 
 def test_a_plan_builds_what_it_keeps_once():
