@@ -172,6 +172,51 @@ def test_band_edges_run_as_mixed_patterns(dtype):
         assert_close(out, ref, checks.tolerance(dtype), mask=mask)
 
 
+def test_a_chips_program_budget_keeps_the_patterns_that_save_most(monkeypatch):
+    """On a chip with a program budget (``steps.PROGRAM_PAIRS``) a plan keeps the patterns that save
+    the most work while their regions' code fits it, the rest stay MASKED, and the output is the
+    reference's; a chip without one keeps them all."""
+    from stlib.kernels import steps as steps_module
+
+    length = 2048
+    mask = masks.per_head([masks.band(length, 300), masks.band(length, 700)])
+    layout = stlib.block_layout(mask, 512, 512)
+    base = steps_module.base_codes(layout, length)
+    free = ld.plan_steps(layout, length, chip="v6e")
+    assert len(free.patterns) >= 2
+    saved = {p: int((free.codes == ld.FIRST_PATTERN + n).sum()) * (2 * 512 * 512 - p.cost()) for n, p in enumerate(free.patterns)}
+    best = max(saved, key=saved.get)
+    budget = steps_module.code_pairs(layout, base, [best], covered=0)
+    monkeypatch.setitem(steps_module.PROGRAM_PAIRS, "v5e", budget)
+    kept = ld.plan_steps(layout, length, chip="v5e")
+    assert kept.patterns == (best,)
+    assert steps_module.code_pairs(layout, base, kept.patterns, covered=0) <= budget
+    cut = [n for n, p in enumerate(free.patterns) if p != best]
+    assert (kept.codes[free.codes == ld.FIRST_PATTERN + cut[0]] == StepKind.MASKED).all()
+    q, k, v = stlib.random_qkv((2, length, 128), jnp.float32, seed=3)
+    out = stlib.attention(
+        q, k, v, mask, impl=IMPL, block_q=512, block_kv=512, options={"chip": "v5e"}, interpret=True
+    )
+    assert_close(out, stlib.attention(q, k, v, mask, impl="reference"), checks.tolerance(jnp.float32), mask=mask)
+
+
+def test_the_v5e_budget_cuts_frame_causals_patterns_and_keeps_the_bands():
+    """At the case study on a v5e (1,024 x 2,048): the band 0.25's plan is the one it had without a
+    budget (it ran at pace), frame causal's (eleven regions; 886.7 ms measured) keeps fewer patterns,
+    its code within the budget."""
+    from stlib.bench.same_mask import catalogue_mask
+    from stlib.kernels import steps as steps_module
+
+    for name, cut in (("band (density 0.25)", False), ("frame causal", True)):
+        mask = catalogue_mask(name, 10)
+        layout = stlib.block_layout(mask, 1024, 2048)
+        free, v5e = (ld.plan_steps(layout, mask.length, chip=chip) for chip in (None, "v5e"))
+        assert (len(v5e.patterns) < len(free.patterns)) == cut, name
+        covered = int((v5e.codes >= ld.FIRST_PATTERN).sum())
+        code = steps_module.code_pairs(layout, steps_module.base_codes(layout, mask.length), v5e.patterns, covered)
+        assert code <= steps_module.PROGRAM_PAIRS["v5e"], name
+
+
 def test_scores_issued_ahead_change_the_order_not_the_result():
     """``lookahead``: the order in which a step's k q^T products are issued, nothing else: bit-identical
     outputs and lse for every lookahead, on a mask whose steps cover every region (FULL, RAGGED, MASKED,

@@ -233,3 +233,16 @@ def test_the_backward_fuses_only_where_its_dq_partials_fit_the_chip():
     assert not splash.fuses_backward(splash.SplashOptions(False), dense, "v5e")
     with pytest.raises(TypeError, match="True, False or None"):
         splash.SplashOptions("yes")
+
+
+def test_mask_info_past_the_limit_is_refused_by_name(monkeypatch):
+    """Splash's mask info (its distinct PARTIAL blocks and tables, constants of its program) past
+    ``MASK_INFO_LIMIT`` is refused before anything compiles, naming the blocks and the size; the same
+    call under the limit runs."""
+    grid = stlib.VideoGrid(3, 8, 40)
+    mask = masks.sliding_tile(grid, (1, 8, 16), (1, 1, 1)).permute(stlib.tiled_order(grid, (1, 8, 16)))
+    q, k, v = stlib.random_qkv((2, mask.length, 128), jnp.float32, 0)
+    stlib.attention(q, k, v, mask, impl="splash", block_q=128, block_kv=256, interpret=True)
+    monkeypatch.setattr(splash, "MASK_INFO_LIMIT", 1000)
+    with pytest.raises(ValueError, match=r"mask info .* at 128 x 256 blocks takes .* distinct partial blocks"):
+        stlib.attention(q, k, v, mask, impl="splash", block_q=128, block_kv=256, interpret=True)

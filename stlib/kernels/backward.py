@@ -308,10 +308,11 @@ def backward_plan(
         )
 
     if own_blocks:
-        coded, grains = step_layout(layout, length), [None]  # rows of 3-D tiles: the forward's patterns
+        budget_chip = chip or getattr(options, "chip", None)  # whose program budget the step plans keep
+        coded, grains = step_layout(layout, length, budget_chip), [None]  # rows of 3-D tiles: the forward's patterns
         if coded is None and step_blocks is not None:  # any other layout, at the backward's blocks
             block_q, block_kv, grain = step_blocks(layout, options, chip, interpret)
-            coded, grains = block_steps(layout, length, block_q, block_kv), update_keys(grain)
+            coded, grains = block_steps(layout, length, block_q, block_kv, budget_chip), update_keys(grain)
         if coded is not None:
             steps_layout, steps = coded
             exact = passes_of(steps_layout, options)  # the layout's exact passes, once

@@ -128,7 +128,7 @@ def tile_grain(layout: BlockLayout) -> tuple[int, int] | None:
     return None if block_layout(layout.mask, rows[0], rows[0]).kind_counts()["PARTIAL"] else rows
 
 
-def step_layout(layout: BlockLayout, length: int):
+def step_layout(layout: BlockLayout, length: int, chip: str | None = None):
     """(layout, step plan) of the backward where the forward's layout is a mask in a padded
     ``tiled_order`` whose 3-D tiles are lane-aligned and, at that grain, FULL or EMPTY: blocks of
     one row of tiles along x a side (no larger than the forward's), patterns at the tile's grain.
@@ -154,13 +154,13 @@ def step_layout(layout: BlockLayout, length: int):
     if (block_q, block_kv) == (tile, tile):
         return None  # one tile a block: nothing for a pattern to skip
     blocks = block_layout(layout.mask, block_q, block_kv)
-    return blocks, plan_steps(blocks, length, tile)
+    return blocks, plan_steps(blocks, length, tile, chip)
 
 
-def block_steps(layout: BlockLayout, length: int, block_q: int, block_kv: int):
+def block_steps(layout: BlockLayout, length: int, block_q: int, block_kv: int, chip: str | None = None):
     """(layout, step plan) of the backward at its own blocks (each no larger than the forward's) for
     a layout that ``step_layout`` does not take: the step codes and patterns of ``plan_steps`` at
-    those blocks. None where a MASKED step would need the mask's int8 table (a mask that is not
+    those blocks (on ``chip``, within its program budget). None where a MASKED step would need the mask's int8 table (a mask that is not
     traceable), whose [block_kv, block_q] tiles the step-coded pass does not read.
 
     >>> from stlib import block_layout, masks
@@ -173,7 +173,7 @@ def block_steps(layout: BlockLayout, length: int, block_q: int, block_kv: int):
     block_q, block_kv = min(layout.block_q, block_q), min(layout.block_kv, block_kv)
     if (block_q, block_kv) != (layout.block_q, layout.block_kv):
         layout = block_layout(layout.mask, block_q, block_kv)
-    plan = plan_steps(layout, length)
+    plan = plan_steps(layout, length, chip=chip)
     if not layout.mask.traceable and (plan.codes == StepKind.MASKED).any():
         return None
     return layout, plan

@@ -73,6 +73,27 @@ class SplashOptions:
             raise TypeError(f"fused_backward={self.fused_backward!r} must be True, False or None")
 
 
+#: Most bytes of mask info (forward, dq and dk / dv: block tables and the distinct PARTIAL blocks)
+#: one Splash call may carry: its program holds them as constants. On a TPU v5e, the sliding tile
+#: in its 3-D tiled order at 512 x 1,024 (0.62 GB, 394 distinct partial blocks) compiled and ran;
+#: at 1,024 x 2,048 (4.67 GB, 742 of 2 MB) its forward captured 3.11 GB of constants and had not
+#: compiled after 5 minutes.
+MASK_INFO_LIMIT = 1_000_000_000
+
+
+def mask_info_bytes(kernel) -> int:
+    """Bytes of a Splash kernel's mask info arrays (forward, dq, dk / dv; those it has)."""
+    fields = ("data_next", "mask_next", "block_mask", "partial_mask_blocks", "q_sequence")
+    infos = (kernel.fwd_mask_info, kernel.dq_mask_info, kernel.dkv_mask_info)
+    return sum(
+        getattr(info, name).nbytes
+        for info in infos
+        if info is not None
+        for name in fields
+        if getattr(info, name) is not None
+    )
+
+
 def dq_partial_bytes(num_heads: int, padded: int, block_kv: int, head_dim: int, itemsize: int) -> int:
     """Bytes of the fused backward's dq partials: one [H, Lp, D] per kv tile.
 
@@ -191,6 +212,15 @@ def splash_attention(q, k, v, mask, *, scale, config: Config, interpret):
         q_seq_shards=1,
         interpret=resolve_interpret(interpret),
     )
+    info_bytes = mask_info_bytes(kernel)
+    if info_bytes > MASK_INFO_LIMIT:
+        raise ValueError(
+            f"Splash's mask info for {mask!r} at {blocks.block_q} x {blocks.block_kv} blocks takes "
+            f"{info_bytes / 1e9:.2f} GB ({kernel.fwd_mask_info.partial_mask_blocks.shape[0]} distinct "
+            f"partial blocks in the forward), past MASK_INFO_LIMIT = {MASK_INFO_LIMIT / 1e9:.1f} GB: the "
+            "program would carry it as constants. Use smaller blocks (or blocks the mask's tiles align "
+            "to) or a tile kernel."
+        )
     out = kernel(q_p, k_p, v_p, segment_ids)[:, :length]  # [H, L, Dv]
     if visible is not None:
         out = jnp.where(jnp.asarray(visible)[:, :, None], out, 0)

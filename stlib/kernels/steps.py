@@ -37,6 +37,17 @@ from stlib.layout import BlockLayout, TileKind, block_layout, row_tables, valid_
 
 #: Most distinct patterns one call compiles (each is a region of its own); rarer ones stay MASKED.
 MAX_PATTERNS = 8
+#: Score pairs the compiled regions of one kernel may hold together (``code_pairs``), per chip where
+#: measured: a region's code grows with the pairs it computes, and on a TPU v5e programs past about
+#: 62k bundles ran far slower than their schedules (``stlib.bench.program_size_probe``). There, at
+#: 10 x 75,600 x 128 bf16 and 1,024 x 2,048: the band 0.25's eight regions (11.7M pairs, 61,405
+#: bundles) ran at pace, 48.7 ms; frame causal's eleven (17.8M pairs, 89,762 bundles) took 886.7 ms
+#: where its plan without patterns compiles to 33,471 bundles and the same schedule within 2%.
+#: Patterns past a chip's budget stay MASKED; a chip not named (not measured) has no budget.
+PROGRAM_PAIRS = {"v5e": 12_000_000}
+#: A masked pair's share of a region's code over a mask-free pair's (v5e, 1,024 x 2,048: the MASKED
+#: region's 12,630 bundles over the FULL region's 11,088).
+MASKED_CODE_WEIGHT = 1.15
 #: A step-table entry: the step's code in its low bits, the kv tile above them (``mask_info``).
 STEP = LANE_DENSE_STEP
 #: Bits of an entry that hold the step's code (the kv tile index sits above them).
@@ -81,6 +92,10 @@ class Pattern:
         """Score pairs computed, a masked pair counted twice (the measured ratio of the MASKED and
         FULL regions' bundles per pair in the v6e schedule, about 2)."""
         return (self.sub_tiles + self.masked_sub_tiles) * self.grain**2
+
+    def code_pairs(self) -> float:
+        """Score pairs the region's code computes, a masked pair at ``MASKED_CODE_WEIGHT``."""
+        return (self.sub_tiles - self.masked_sub_tiles + MASKED_CODE_WEIGHT * self.masked_sub_tiles) * self.grain**2
 
     def updates(self, block_q: int, block_kv: int, chunk: int) -> list[tuple[int, int, int, int, bool]]:
         """(first key, keys, first query lane, lanes, masked) of each update the region runs: whole
@@ -262,10 +277,12 @@ def _patterns_at(layout: BlockLayout, codes: np.ndarray, length: int, grain: int
 
 @functools.lru_cache(maxsize=8)  # a layout (compared by identity) is planned once for its call,
 # its work model and its schedule counts: the fine layouts behind the grain choice take seconds
-def plan_steps(layout: BlockLayout, length: int, grain: int | None = None) -> StepPlan:
+def plan_steps(layout: BlockLayout, length: int, grain: int | None = None, chip: str | None = None) -> StepPlan:
     """The step plan of ``layout`` for arrays of ``length`` rows. ``grain``: the pattern grain
     (None: the candidate of ``grains`` whose patterns cost least, ``Pattern.cost``, the larger on a
-    tie; 0: no patterns). Patterns beyond the ``MAX_PATTERNS`` most frequent stay MASKED."""
+    tie; 0: no patterns). Patterns beyond the ``MAX_PATTERNS`` most frequent, and on ``chip`` those
+    whose regions would take the program past its ``PROGRAM_PAIRS`` (``_within_program``), stay
+    MASKED."""
     codes = base_codes(layout, length)
     masked = codes == StepKind.MASKED
     if not masked.any() or grain == 0:
@@ -284,9 +301,40 @@ def plan_steps(layout: BlockLayout, length: int, grain: int | None = None) -> St
         cost += (int(masked.sum()) - len(found)) * masked_cost
         if cost < best_cost:
             best, best_cost = found, cost
-    frequent = [p for p, _ in Counter(best.values()).most_common(MAX_PATTERNS)]
+    counts = Counter(best.values())
+    kept = _within_program(layout, codes, counts.most_common(MAX_PATTERNS), PROGRAM_PAIRS.get(chip))
+    frequent = [p for p, _ in counts.most_common(MAX_PATTERNS) if p in kept]
     index = {p: FIRST_PATTERN + n for n, p in enumerate(frequent)}
     for (h, i, j), pattern in best.items():
         if pattern in index:
             codes[h, i, j] = index[pattern]
     return StepPlan(layout, codes, tuple(frequent), length)
+
+
+
+def code_pairs(layout: BlockLayout, codes: np.ndarray, patterns, covered: int) -> float:
+    """Score pairs the regions' code computes (a chip's ``PROGRAM_PAIRS``), a masked pair at
+    ``MASKED_CODE_WEIGHT``: the FULL and RAGGED regions present in the base ``codes`` a tile each, the
+    MASKED region where ``patterns`` (their regions' own pairs added) leave MASKED steps beyond the
+    ``covered`` ones."""
+    tile = layout.block_q * layout.block_kv
+    total = tile * sum(bool((codes == kind).any()) for kind in (StepKind.FULL, StepKind.RAGGED))
+    if int((codes == StepKind.MASKED).sum()) > covered:
+        total += tile * MASKED_CODE_WEIGHT
+    return total + sum(p.code_pairs() for p in patterns)
+
+
+def _within_program(layout: BlockLayout, codes: np.ndarray, candidates, budget: int | None) -> set[Pattern]:
+    """The patterns of ``candidates`` ((pattern, steps) pairs, ``codes`` the base codes) whose
+    regions fit ``budget`` pairs of code (None: all of them): the most of them, taken in the order of
+    the work they save (steps x the pairs a masked step costs over the pattern's, ``Pattern.cost``),
+    whose program fits."""
+    if budget is None:
+        return {p for p, _ in candidates}
+    masked_cost = 2 * layout.block_q * layout.block_kv
+    ranked = sorted(candidates, key=lambda c: -c[1] * (masked_cost - c[0].cost()))
+    for n in range(len(ranked), 0, -1):
+        kept = ranked[:n]
+        if code_pairs(layout, codes, [p for p, _ in kept], sum(s for _, s in kept)) <= budget:
+            return {p for p, _ in kept}
+    return set()

@@ -263,7 +263,9 @@ def _forward_block(q, k, v, stack, block, *, scale, config: Config, interpret, p
 
 def _prepare(mask: Mask | None, length: int, config: Config, interpret) -> KernelPlan:
     """The call's plan with the forward's step plan (``plan_steps`` at the options' pattern grain)."""
-    return prepare(mask, length, config, interpret, steps=lambda layout, n, options: _plan(layout, options))
+    return prepare(
+        mask, length, config, interpret, steps=lambda layout, n, options: _plan(layout, options, config.chip)
+    )
 
 
 def run_plan(q, k, v, plan, *, scale, options, interpret):
@@ -275,7 +277,7 @@ def run_plan(q, k, v, plan, *, scale, options, interpret):
         layout.mask, layout.mask.length, scale=scale, block_q=layout.block_q, block_kv=layout.block_kv,
         options=opts, interpret=interpret,
     )  # fmt: skip
-    steps = _plan(layout, opts)
+    steps = _plan(layout, opts, call["config"].chip)
     kernel = IMPLEMENTATION.trainable(
         layout.mask,
         call,
@@ -286,11 +288,13 @@ def run_plan(q, k, v, plan, *, scale, options, interpret):
     return plan.in_order(q, k, v, kernel)
 
 
-def _plan(layout: BlockLayout, options) -> StepPlan:
-    """The step plan of ``layout`` under ``options`` (a LaneDenseOptions, a dict of its fields, None)."""
+def _plan(layout: BlockLayout, options, chip: str | None = None) -> StepPlan:
+    """The step plan of ``layout`` under ``options`` (a LaneDenseOptions, a dict of its fields, None)
+    for ``chip`` (the call's ``Config.chip``; None: ``options.chip``), whose program budget it keeps
+    (``steps.PROGRAM_PAIRS``)."""
     if not isinstance(options, LaneDenseOptions):
         options = LaneDenseOptions(**(options or {}))
-    return plan_steps(layout, layout.length, options.pattern_grain)
+    return plan_steps(layout, layout.length, options.pattern_grain, chip or options.chip)
 
 
 def lane_dense_work(
@@ -330,7 +334,7 @@ def lane_dense_schedule_counts(setup, attribution) -> ScheduleCounts:
     options = LaneDenseOptions(**setup.options)  # validates the options the kernel was compiled with
     h, layout = setup.num_heads, setup.layout
     mult = h if layout.num_heads == 1 else 1
-    steps = plan_steps(layout, setup.length, options.pattern_grain)
+    steps = plan_steps(layout, setup.length, options.pattern_grain, options.chip)
     name = kernel_name(KERNEL_PREFIX, steps.present)
     if name != attribution.kernel.split(".")[0]:
         raise ValueError(f"{attribution.kernel!r}: the layout's step kinds make kernel {name!r}")
