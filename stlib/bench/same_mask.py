@@ -12,7 +12,7 @@ blocks, found on the chip, never estimated.
 The floor is the chip's nominal bf16 peak on the pairs the mask allows: forward 4 x pairs x D flops
 (q k^T and p v), a training step ``TRAIN_FLOPS`` times that; the share of peak is floor / measured.
 
-    python -m stlib.bench.same_mask run [--heads 10 40] [--mask NAME ...] [--forward-only] [--trials 5]
+    python -m stlib.bench.same_mask run [--heads 10 40] [--mask NAME ...] [--impl NAME ...] [--forward-only] [--trials 5]
     python -m stlib.bench.same_mask table        # anywhere: the latest records, Splash at its best blocks
 
 Records: ``data/tpu_same_mask.jsonl``, one per (chip, heads, mask, impl, blocks, direction), with the
@@ -102,9 +102,9 @@ def floor_ms(pairs: int, head_dim: int, peak_flops: float, direction: str) -> fl
     return flops / peak_flops * 1e3
 
 
-def cases(heads=HEADS, mask_names=MASKS) -> list[Case]:
+def cases(heads=HEADS, mask_names=MASKS, impls=None) -> list[Case]:
     """Per head count and mask: the best tile kernel at its default blocks, then Splash at each of
-    ``SPLASH_BLOCKS`` (split backward)."""
+    ``SPLASH_BLOCKS`` (split backward); only the implementations named in ``impls`` (None: both)."""
     from stlib import registry
     from stlib.registry import Role, by_role
 
@@ -115,7 +115,7 @@ def cases(heads=HEADS, mask_names=MASKS) -> list[Case]:
         for name in mask_names:
             out.append(Case(h, name, tile))
             out += [Case(h, name, splash, blocks, split) for blocks in SPLASH_BLOCKS]
-    return out
+    return [c for c in out if impls is None or c.impl in impls]
 
 
 def measure_case(case: Case, trials: int, directions=DIRECTIONS, *, workload=None, interpret: bool = False):
@@ -176,7 +176,12 @@ def measure_case(case: Case, trials: int, directions=DIRECTIONS, *, workload=Non
 
 
 def run(
-    heads=HEADS, mask_names=MASKS, trials: int = 5, directions=DIRECTIONS, out_dir: Path | None = None
+    heads=HEADS,
+    mask_names=MASKS,
+    trials: int = 5,
+    directions=DIRECTIONS,
+    out_dir: Path | None = None,
+    impls=None,
 ) -> Path:
     """Time every case of ``cases`` on this TPU, appending each record as it is made, a line per case.
     Raises RuntimeError off a TPU (interpret-mode times would say nothing here)."""
@@ -186,7 +191,7 @@ def run(
 
     chip = tpu_chip()
     recorder = Recorder(Path(out_dir or paths.data_dir()) / RECORDS)
-    todo = cases(heads, mask_names)
+    todo = cases(heads, mask_names, impls)
     with Progress(len(todo), f"same masks on {chip}") as tracker:
         for case in todo:
             records = [recorder.write(r) for r in measure_case(case, trials, directions)]
@@ -296,6 +301,7 @@ def main(argv=None) -> None:
     run_parser = sub.add_parser("run", help="time every case on this TPU")
     run_parser.add_argument("--heads", type=int, nargs="+", default=list(HEADS))
     run_parser.add_argument("--mask", nargs="+", default=list(MASKS), metavar="NAME")
+    run_parser.add_argument("--impl", nargs="+", default=None, metavar="NAME", help="only these (default: both)")
     run_parser.add_argument("--forward-only", action="store_true", help="no training steps")
     run_parser.add_argument("--trials", type=int, default=5)
     run_parser.add_argument("--out", type=Path, default=None, help="folder of the records (default: data/)")
@@ -304,7 +310,7 @@ def main(argv=None) -> None:
     path = None
     if args.command == "run":
         directions = ("forward",) if args.forward_only else DIRECTIONS
-        path = run(args.heads, args.mask, args.trials, directions, args.out)
+        path = run(args.heads, args.mask, args.trials, directions, args.out, args.impl)
     print(format_table(best_rows(read(path))))
 
 
