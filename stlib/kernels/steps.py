@@ -31,20 +31,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from stlib.device import LANES
+from stlib.device import LANES, chip_spec
 from stlib.kernels.mask_info import LANE_DENSE_STEP
 from stlib.layout import BlockLayout, TileKind, block_layout, row_tables, valid_tokens
 
 #: Most distinct patterns one call compiles (each is a region of its own); rarer ones stay MASKED.
 MAX_PATTERNS = 8
-#: Score pairs the compiled regions of one kernel may hold together (``code_pairs``), per chip where
-#: measured: a region's code grows with the pairs it computes, and on a TPU v5e programs past about
-#: 62k bundles ran far slower than their schedules (``stlib.bench.program_size_probe``). There, at
-#: 10 x 75,600 x 128 bf16 and 1,024 x 2,048: the band 0.25's eight regions (11.7M pairs, 61,405
-#: bundles) ran at pace, 48.7 ms; frame causal's eleven (17.8M pairs, 89,762 bundles) took 886.7 ms
-#: where its plan without patterns compiles to 33,471 bundles and the same schedule within 2%.
-#: Patterns past a chip's budget stay MASKED; a chip not named (not measured) has no budget.
-PROGRAM_PAIRS = {"v5e": 12_000_000}
+#: Score pairs of region code (``code_pairs``) a bundle of the program holds, the fewest measured:
+#: v5e, 10 x 75,600 x 128 bf16 at 1,024 x 2,048, the band 0.25's eight regions hold 11.73M pairs in
+#: 61,405 bundles (191 a bundle) and frame causal's eleven 18.7M in 89,762 (208). A chip whose
+#: programs past ``Chip.program_bundles_limit`` run slow (v5e: frame causal took 886.7 ms there,
+#: where its plan without patterns compiles to 33,471 bundles and the same schedule within 2%) plans
+#: at most limit x this many pairs of code (``program_pairs``): patterns past it stay MASKED.
+CODE_PAIRS_PER_BUNDLE = 191
 #: A masked pair's share of a region's code over a mask-free pair's (v5e, 1,024 x 2,048: the MASKED
 #: region's 12,630 bundles over the FULL region's 11,088).
 MASKED_CODE_WEIGHT = 1.15
@@ -281,7 +280,7 @@ def plan_steps(layout: BlockLayout, length: int, grain: int | None = None, chip:
     """The step plan of ``layout`` for arrays of ``length`` rows. ``grain``: the pattern grain
     (None: the candidate of ``grains`` whose patterns cost least, ``Pattern.cost``, the larger on a
     tie; 0: no patterns). Patterns beyond the ``MAX_PATTERNS`` most frequent, and on ``chip`` those
-    whose regions would take the program past its ``PROGRAM_PAIRS`` (``_within_program``), stay
+    whose regions would take the program past its ``program_pairs`` (``_within_program``), stay
     MASKED."""
     codes = base_codes(layout, length)
     masked = codes == StepKind.MASKED
@@ -302,7 +301,7 @@ def plan_steps(layout: BlockLayout, length: int, grain: int | None = None, chip:
         if cost < best_cost:
             best, best_cost = found, cost
     counts = Counter(best.values())
-    kept = _within_program(layout, codes, counts.most_common(MAX_PATTERNS), PROGRAM_PAIRS.get(chip))
+    kept = _within_program(layout, codes, counts.most_common(MAX_PATTERNS), program_pairs(chip))
     frequent = [p for p, _ in counts.most_common(MAX_PATTERNS) if p in kept]
     index = {p: FIRST_PATTERN + n for n, p in enumerate(frequent)}
     for (h, i, j), pattern in best.items():
@@ -312,8 +311,19 @@ def plan_steps(layout: BlockLayout, length: int, grain: int | None = None, chip:
 
 
 
+def program_pairs(chip: str | None) -> int | None:
+    """Most pairs of region code a step plan for ``chip`` holds: its measured program limit x
+    ``CODE_PAIRS_PER_BUNDLE``; None (no budget) for a chip without one, or none named.
+
+    >>> program_pairs("v5e"), program_pairs("v6e")
+    (12517376, None)
+    """
+    limit = None if chip is None else chip_spec(chip).program_bundles_limit
+    return None if limit is None else limit * CODE_PAIRS_PER_BUNDLE
+
+
 def code_pairs(layout: BlockLayout, codes: np.ndarray, patterns, covered: int) -> float:
-    """Score pairs the regions' code computes (a chip's ``PROGRAM_PAIRS``), a masked pair at
+    """Score pairs the regions' code computes (against a chip's ``program_pairs``), a masked pair at
     ``MASKED_CODE_WEIGHT``: the FULL and RAGGED regions present in the base ``codes`` a tile each, the
     MASKED region where ``patterns`` (their regions' own pairs added) leave MASKED steps beyond the
     ``covered`` ones."""

@@ -291,7 +291,7 @@ def run_plan(q, k, v, plan, *, scale, options, interpret):
 def _plan(layout: BlockLayout, options, chip: str | None = None) -> StepPlan:
     """The step plan of ``layout`` under ``options`` (a LaneDenseOptions, a dict of its fields, None)
     for ``chip`` (the call's ``Config.chip``; None: ``options.chip``), whose program budget it keeps
-    (``steps.PROGRAM_PAIRS``)."""
+    (``steps.program_pairs``)."""
     if not isinstance(options, LaneDenseOptions):
         options = LaneDenseOptions(**(options or {}))
     return plan_steps(layout, layout.length, options.pattern_grain, chip or options.chip)
