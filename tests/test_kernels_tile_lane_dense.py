@@ -187,7 +187,7 @@ def test_a_chips_program_budget_keeps_the_patterns_that_save_most(monkeypatch):
     saved = {p: int((free.codes == ld.FIRST_PATTERN + n).sum()) * (2 * 512 * 512 - p.cost()) for n, p in enumerate(free.patterns)}
     best = max(saved, key=saved.get)
     budget = steps_module.code_pairs(layout, base, [best], covered=0)
-    monkeypatch.setattr(steps_module, "program_pairs", lambda chip: budget if chip == "v5e" else None)
+    monkeypatch.setattr(steps_module, "program_pairs", lambda chip, rate: budget if chip == "v5e" else None)
     kept = ld.plan_steps(layout, length, chip="v5e")
     assert kept.patterns == (best,)
     assert steps_module.code_pairs(layout, base, kept.patterns, covered=0) <= budget
@@ -200,21 +200,26 @@ def test_a_chips_program_budget_keeps_the_patterns_that_save_most(monkeypatch):
     assert_close(out, stlib.attention(q, k, v, mask, impl="reference"), checks.tolerance(jnp.float32), mask=mask)
 
 
-def test_the_v5e_budget_cuts_frame_causals_patterns_and_keeps_the_bands():
-    """At the case study on a v5e (1,024 x 2,048): the band 0.25's plan is the one it had without a
-    budget (it ran at pace), frame causal's (eleven regions; 886.7 ms measured) keeps fewer patterns,
-    its code within the budget."""
+@pytest.mark.parametrize(
+    "blocks, rate", [((1024, 2048), "FORWARD_CODE"), ((1024, 1024), "BACKWARD_CODE")], ids=["forward", "backward"]
+)
+def test_the_v5e_budget_cuts_frame_causals_patterns_and_keeps_the_bands(blocks, rate):
+    """At the case study on a v5e (the forward's 1,024 x 2,048 and the backward's step-coded 1,024 x
+    1,024): the band 0.25's plan is the one it had without a budget (it ran at pace), frame causal's
+    (eleven regions; a forward of 886.7 ms measured) keeps fewer patterns, its code within the
+    budget of its kernel's code rate."""
     from stlib.bench.same_mask import catalogue_mask
     from stlib.kernels import steps as steps_module
 
+    rate = getattr(steps_module, rate)
     for name, cut in (("band (density 0.25)", False), ("frame causal", True)):
         mask = catalogue_mask(name, 10)
-        layout = stlib.block_layout(mask, 1024, 2048)
-        free, v5e = (ld.plan_steps(layout, mask.length, chip=chip) for chip in (None, "v5e"))
+        layout = stlib.block_layout(mask, *blocks)
+        free, v5e = (ld.plan_steps(layout, mask.length, chip=chip, rate=rate) for chip in (None, "v5e"))
         assert (len(v5e.patterns) < len(free.patterns)) == cut, name
         covered = int((v5e.codes >= ld.FIRST_PATTERN).sum())
         code = steps_module.code_pairs(layout, steps_module.base_codes(layout, mask.length), v5e.patterns, covered)
-        assert code <= steps_module.program_pairs("v5e"), name
+        assert code <= steps_module.program_pairs("v5e", rate), name
 
 
 def test_scores_issued_ahead_change_the_order_not_the_result():

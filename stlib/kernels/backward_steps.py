@@ -29,6 +29,7 @@ import numpy as np
 from stlib.device import LANES
 from stlib.geometry import tile_rows
 from stlib.kernels.steps import (
+    BACKWARD_CODE,
     FIRST_PATTERN,
     Pattern,
     StepKind,
@@ -154,7 +155,7 @@ def step_layout(layout: BlockLayout, length: int, chip: str | None = None):
     if (block_q, block_kv) == (tile, tile):
         return None  # one tile a block: nothing for a pattern to skip
     blocks = block_layout(layout.mask, block_q, block_kv)
-    return blocks, plan_steps(blocks, length, tile, chip)
+    return blocks, plan_steps(blocks, length, tile, chip, BACKWARD_CODE)
 
 
 def block_steps(layout: BlockLayout, length: int, block_q: int, block_kv: int, chip: str | None = None):
@@ -173,7 +174,7 @@ def block_steps(layout: BlockLayout, length: int, block_q: int, block_kv: int, c
     block_q, block_kv = min(layout.block_q, block_q), min(layout.block_kv, block_kv)
     if (block_q, block_kv) != (layout.block_q, layout.block_kv):
         layout = block_layout(layout.mask, block_q, block_kv)
-    plan = plan_steps(layout, length, chip=chip)
+    plan = plan_steps(layout, length, chip=chip, rate=BACKWARD_CODE)
     if not layout.mask.traceable and (plan.codes == StepKind.MASKED).any():
         return None
     return layout, plan

@@ -37,13 +37,25 @@ from stlib.layout import BlockLayout, TileKind, block_layout, row_tables, valid_
 
 #: Most distinct patterns one call compiles (each is a region of its own); rarer ones stay MASKED.
 MAX_PATTERNS = 8
-#: Score pairs of region code (``code_pairs``) a bundle of the program holds, the fewest measured:
-#: v5e, 10 x 75,600 x 128 bf16 at 1,024 x 2,048, the band 0.25's eight regions hold 11.73M pairs in
-#: 61,405 bundles (191 a bundle) and frame causal's eleven 18.7M in 89,762 (208). A chip whose
-#: programs past ``Chip.program_bundles_limit`` run slow (v5e: frame causal took 886.7 ms there,
-#: where its plan without patterns compiles to 33,471 bundles and the same schedule within 2%) plans
-#: at most limit x this many pairs of code (``program_pairs``): patterns past it stay MASKED.
-CODE_PAIRS_PER_BUNDLE = 191
+
+
+@dataclass(frozen=True)
+class CodeRate:
+    """How a step-coded kernel's program grows with its plan: ``pairs_per_bundle``, score pairs of
+    region code (``code_pairs``) a bundle holds, and ``fixed_bundles`` beside the regions."""
+
+    pairs_per_bundle: int
+    fixed_bundles: int
+
+
+#: The forward's (``pallas_tile_lane_dense``), compiled for a v5e at 10 x 75,600 x 128 bf16 and
+#: 1,024 x 2,048: the band 0.25's eight regions hold 11.73M pairs of code in 60,501 bundles (194 a
+#: bundle), frame causal's eleven 18.7M in 88,837 (210); 904 and 925 bundles beside them.
+FORWARD_CODE = CodeRate(193, 925)
+#: The backward's fused step-coded pass, the same shape at 1,024 x 1,024: the band's six regions
+#: 5.11M pairs in 47,017 bundles (109), frame causal's eleven 9.12M in 81,671 (112); 16,579 and
+#: 16,644 bundles beside them (the heads' dk / dv init and finalise take 15,604).
+BACKWARD_CODE = CodeRate(108, 16_650)
 #: A masked pair's share of a region's code over a mask-free pair's (v5e, 1,024 x 2,048: the MASKED
 #: region's 12,630 bundles over the FULL region's 11,088).
 MASKED_CODE_WEIGHT = 1.15
@@ -276,12 +288,14 @@ def _patterns_at(layout: BlockLayout, codes: np.ndarray, length: int, grain: int
 
 @functools.lru_cache(maxsize=8)  # a layout (compared by identity) is planned once for its call,
 # its work model and its schedule counts: the fine layouts behind the grain choice take seconds
-def plan_steps(layout: BlockLayout, length: int, grain: int | None = None, chip: str | None = None) -> StepPlan:
+def plan_steps(
+    layout: BlockLayout, length: int, grain: int | None = None, chip: str | None = None, rate: CodeRate = FORWARD_CODE
+) -> StepPlan:
     """The step plan of ``layout`` for arrays of ``length`` rows. ``grain``: the pattern grain
     (None: the candidate of ``grains`` whose patterns cost least, ``Pattern.cost``, the larger on a
     tie; 0: no patterns). Patterns beyond the ``MAX_PATTERNS`` most frequent, and on ``chip`` those
-    whose regions would take the program past its ``program_pairs`` (``_within_program``), stay
-    MASKED."""
+    whose regions would take the program of a kernel growing at ``rate`` past the chip's limit
+    (``program_pairs``, ``_within_program``), stay MASKED."""
     codes = base_codes(layout, length)
     masked = codes == StepKind.MASKED
     if not masked.any() or grain == 0:
@@ -301,7 +315,7 @@ def plan_steps(layout: BlockLayout, length: int, grain: int | None = None, chip:
         if cost < best_cost:
             best, best_cost = found, cost
     counts = Counter(best.values())
-    kept = _within_program(layout, codes, counts.most_common(MAX_PATTERNS), program_pairs(chip))
+    kept = _within_program(layout, codes, counts.most_common(MAX_PATTERNS), program_pairs(chip, rate))
     frequent = [p for p, _ in counts.most_common(MAX_PATTERNS) if p in kept]
     index = {p: FIRST_PATTERN + n for n, p in enumerate(frequent)}
     for (h, i, j), pattern in best.items():
@@ -311,15 +325,18 @@ def plan_steps(layout: BlockLayout, length: int, grain: int | None = None, chip:
 
 
 
-def program_pairs(chip: str | None) -> int | None:
-    """Most pairs of region code a step plan for ``chip`` holds: its measured program limit x
-    ``CODE_PAIRS_PER_BUNDLE``; None (no budget) for a chip without one, or none named.
+def program_pairs(chip: str | None, rate: CodeRate = FORWARD_CODE) -> int | None:
+    """Most pairs of region code a step plan for ``chip`` holds: the bundles its measured program
+    limit (``Chip.program_bundles_limit``: on a v5e frame causal's forward of 89,762 bundles took
+    886.7 ms, where its plan without patterns compiles to 33,471 and the same schedule within 2%)
+    leaves beside ``rate``'s fixed ones, at ``rate``'s pairs a bundle; None (no budget) for a chip
+    without a limit, or none named.
 
-    >>> program_pairs("v5e"), program_pairs("v6e")
-    (12517376, None)
+    >>> program_pairs("v5e"), program_pairs("v5e", BACKWARD_CODE), program_pairs("v6e")
+    (12469923, 5279688, None)
     """
     limit = None if chip is None else chip_spec(chip).program_bundles_limit
-    return None if limit is None else limit * CODE_PAIRS_PER_BUNDLE
+    return None if limit is None else (limit - rate.fixed_bundles) * rate.pairs_per_bundle
 
 
 def code_pairs(layout: BlockLayout, codes: np.ndarray, patterns, covered: int) -> float:

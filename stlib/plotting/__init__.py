@@ -24,7 +24,14 @@ from stlib.plotting.layouts import (
 )
 from stlib.plotting.quality import quality_vs_work
 from stlib.plotting.slices import communication_vs_kernel, device_tables, ring_blocks
-from stlib.plotting.timing import latency_bars, named_bars, relative_bars, speedup_vs_density, timing_lines
+from stlib.plotting.timing import (
+    latency_bars,
+    named_bars,
+    relative_bars,
+    same_mask_bars,
+    speedup_vs_density,
+    timing_lines,
+)
 from stlib.plotting.work import cost_breakdown, roofline_chart, roofline_fraction, work_bars
 
 __all__ = [
@@ -48,6 +55,7 @@ __all__ = [
     "occupancy_heatmap",
     "quality_vs_work",
     "relative_bars",
+    "same_mask_bars",
     "ring_blocks",
     "roofline_chart",
     "roofline_fraction",

@@ -169,3 +169,42 @@ def relative_bars(
         fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.08 - 0.3 / len(metrics)), ncol=len(labels)
     )
     return fig
+
+
+def same_mask_bars(rows: list[dict], title: str):
+    """Per direction (a panel each), per mask: the tile kernel's and Splash's measured times side by
+    side, each annotated with its ms (Splash's with its blocks), and the floor the mask allows as a
+    black tick. ``rows``: ``stlib.bench.same_mask.best_rows`` of one chip and head count."""
+    directions = sorted({r["direction"] for r in rows}, key=["forward", "train"].index)
+    masks = sorted({r["mask"] for r in rows})
+    fig, axes = plt.subplots(
+        1, len(directions), figsize=(6.4 * len(directions), 0.9 * len(masks) + 1.8),
+        constrained_layout=True, squeeze=False,
+    )  # fmt: skip
+    for ax, direction in zip(axes[0], directions):
+        by_mask = {r["mask"]: r for r in rows if r["direction"] == direction}
+        for m, mask in enumerate(masks):
+            row = by_mask.get(mask)
+            if row is None:
+                continue
+            bars = [("tile kernel", row["tile_ms"], PALETTE[0], "")]
+            if row["splash_ms"] is not None:
+                bq, bkv = row["splash_blocks"]
+                bars.append(("Splash", row["splash_ms"], PALETTE[3], f" ({bq} x {bkv})"))
+            for b, (label, ms, color, note) in enumerate(bars):
+                if ms is None:
+                    continue
+                y = m - 0.2 + 0.4 * b
+                ax.barh(y, ms, 0.38, color=color, label=label if m == 0 else None)
+                ax.text(ms, y, f" {ms:.1f}{note}", va="center", fontsize=8)
+            if row["floor_ms"]:
+                ax.plot([row["floor_ms"]] * 2, [m - 0.42, m + 0.42], color="black", lw=2,
+                        label="floor (peak on the allowed pairs)" if m == 0 else None)  # fmt: skip
+        ax.set_yticks(np.arange(len(masks)), masks, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlim(0, 1.3 * max(max(r["tile_ms"] or 0, r["splash_ms"] or 0) for r in rows if r["direction"] == direction))
+        ax.set(xlabel="median ms (measured)", title=direction)
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=8, loc="outside lower center", ncol=len(labels))
+    fig.suptitle(title)
+    return fig
