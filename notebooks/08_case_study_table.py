@@ -751,3 +751,53 @@ print(f"v5e's program_bundles_limit in the chip table: {chip_spec('v5e').program
 # documented fact of the chip. The chip table keeps it (`Chip.program_bundles_limit`, v5e only) and
 # the block sweep's tuner never picks a candidate past it; the estimate itself does not model it,
 # and a chip not measured may have another limit.
+#
+# The step-coded kernels now keep to that limit themselves: on a chip that has one, a step plan keeps
+# only the patterns whose regions fit it (`stlib.kernels.steps.program_pairs`, the patterns that
+# save the most work first; the rest stay MASKED), at the forward's and the backward's own rate of
+# code per score pair (`steps.CodeRate`). The band's and the sliding tile's plans fit as they were;
+# frame causal's did not (next section).
+
+# %% [markdown]
+# ## Measured on a TPU v5e: the tile kernel and Splash on the same masks
+#
+# The comparison a user makes before switching kernels. `python -m stlib.bench.same_mask run` timed,
+# on the v5e, the best tile kernel at its default blocks and Splash (`impl="splash"`: its own lazy
+# mask where stlib's mask has one, else built from stlib's block layout, EMPTY and FULL tiles from
+# the counts) at four block sizes on each mask, forward and training step (`jax.grad`, Splash's split
+# backward), 10 x 75,600 x 128 bf16, median of 5 calls after a warm-up. Splash's row is its fastest
+# blocks; blocks whose call failed (out of VMEM, or mask info past `splash.MASK_INFO_LIMIT`) are
+# recorded as failed and skipped. The floor is the chip's nominal bf16 peak on the pairs the mask
+# allows. The cell reads the committed records (`data/tpu_same_mask.jsonl`, each with its revision);
+# nothing runs on a TPU here.
+
+# %%
+from stlib.bench import same_mask
+
+same_rows = same_mask.best_rows(same_mask.read(cfg.data / same_mask.RECORDS))
+print(same_mask.format_table(same_rows))
+v5e_rows = [r for r in same_rows if r["chip"] == "v5e" and r["heads"] == 10]
+if v5e_rows:
+    fig = plotting.same_mask_bars(
+        v5e_rows, "TPU v5e, 10 x 75,600 x 128 bf16: the tile kernel and Splash on the same masks (measured)"
+    )
+    plotting.save(fig, cfg.figure("08_v5e_same_masks"))
+
+# %% [markdown]
+# What the chip says (the records' revisions in `data/tpu_same_mask.jsonl`):
+#
+# * **The band 0.25 and the sliding tile**: the tile kernel is ahead of Splash's best on both, by
+#   little on the band's forward (48.7 against 52.3 ms at 1,024 x 2,048) and by a factor of four on
+#   the sliding tile (29.4 against 113.7 ms), whose 3-D tiles Splash's larger blocks cut across:
+#   at 1,024 x 2,048 its mask info holds 742 distinct partial blocks (4.67 GB of constants), which
+#   no longer compiles but is refused by name.
+# * **Frame causal** showed what the program limit above costs when nothing keeps to it: its first
+#   run took 886.7 ms forward and 2,920 ms a training step, nine times the floor, its forward's
+#   eleven regions compiled to 89,762 bundles. Under the forward's budget (57,791 bundles) it ran
+#   in 103.2 ms, 0.80 of Splash's best. Its training step then took 2,135 ms: the backward's fused
+#   pass still compiled to 98,315 bundles. Its own budget (60,191 bundles) came after the last
+#   device time of that session, so the step is not yet measured under it.
+# * **The per-head SVG mix, run in raster order as the catalogue mask**: 1,759 ms forward against a
+#   floor of 43 ms. In raster order its temporal heads touch every tile (14,235 of its 18,060 steps
+#   are PARTIAL, the mask evaluated on every score); Sparse VideoGen runs it routed, each head in its
+#   own order (notebook 09), and the routed plan is not yet a case of this benchmark.

@@ -130,3 +130,21 @@ def test_a_tile_map_of_one_head_counts_and_titles_that_head_alone():
     legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert legend == ["EMPTY (12)", "PARTIAL (0)", "FULL (4)"]  # head 0: four frames on the diagonal
     assert "density 0.250" in fig._suptitle.get_text()  # head 0's, not the two heads' mean (0.625)
+
+
+def test_same_mask_bars_draw_each_direction_each_kernel_and_each_floor(tmp_path):
+    """A panel per direction; per mask a bar per kernel measured (Splash's labelled with its blocks,
+    a mask Splash lacks drawn with the tile kernel alone) and the floor as a tick."""
+    def row(mask, direction, tile, splash, floor):
+        return {"mask": mask, "direction": direction, "tile_ms": tile, "splash_ms": splash,
+                "splash_blocks": (512, 1024) if splash else None, "floor_ms": floor}  # fmt: skip
+
+    rows = [row("band", "forward", 48.7, 52.3, 37.5), row("svg", "forward", 1759.0, None, 43.1),
+            row("band", "train", 160.6, 217.1, 131.3)]  # fmt: skip
+    fig = plotting.same_mask_bars(rows, "t")
+    forward, train = fig.axes
+    assert (forward.get_title(), train.get_title()) == ("forward", "train")
+    assert len(forward.patches) == 3 and len(train.patches) == 2  # svg: the tile kernel alone
+    assert {t.get_text() for t in forward.texts} == {" 48.7", " 52.3 (512 x 1024)", " 1759.0"}
+    assert len(forward.lines) == 2 and forward.get_xscale() == "log"
+    assert plotting.save(fig, tmp_path / "same.png").stat().st_size > 0

@@ -174,7 +174,8 @@ def relative_bars(
 def same_mask_bars(rows: list[dict], title: str):
     """Per direction (a panel each), per mask: the tile kernel's and Splash's measured times side by
     side, each annotated with its ms (Splash's with its blocks), and the floor the mask allows as a
-    black tick. ``rows``: ``stlib.bench.same_mask.best_rows`` of one chip and head count."""
+    black tick, on a log scale. ``rows``: ``stlib.bench.same_mask.best_rows`` of one chip and head
+    count."""
     directions = sorted({r["direction"] for r in rows}, key=["forward", "train"].index)
     masks = sorted({r["mask"] for r in rows})
     fig, axes = plt.subplots(
@@ -202,8 +203,10 @@ def same_mask_bars(rows: list[dict], title: str):
                         label="floor (peak on the allowed pairs)" if m == 0 else None)  # fmt: skip
         ax.set_yticks(np.arange(len(masks)), masks, fontsize=8)
         ax.invert_yaxis()
-        ax.set_xlim(0, 1.3 * max(max(r["tile_ms"] or 0, r["splash_ms"] or 0) for r in rows if r["direction"] == direction))
-        ax.set(xlabel="median ms (measured)", title=direction)
+        values = [v for r in rows if r["direction"] == direction for v in (r["tile_ms"], r["splash_ms"], r["floor_ms"]) if v]
+        ax.set_xscale("log")  # masks a hundredfold apart in time, each still readable
+        ax.set_xlim(min(values) / 2, max(values) * 4)
+        ax.set(xlabel="median ms (measured, log scale)", title=direction)
     handles, labels = axes[0, 0].get_legend_handles_labels()
     fig.legend(handles, labels, fontsize=8, loc="outside lower center", ncol=len(labels))
     fig.suptitle(title)
