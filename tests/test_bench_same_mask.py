@@ -104,3 +104,17 @@ def test_read_keeps_the_latest_record_of_each_call(tmp_path):
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))
     (record,) = same_mask.read(path)
     assert record["median_ms"] == 7.0
+
+
+def test_the_routed_svg_mix_runs_its_plan_on_the_tile_kernel_and_its_mask_on_splash():
+    """"per-head SVG, routed": the tile kernel runs the plan's own layout (its blocks recorded), Splash
+    the plan's mask in raster order; both count the plan's allowed pairs."""
+    plan = same_mask.routed_plan(2, SMALL_CPU, interpret=True)
+    tile = registry.by_role(registry.Role.BEST_TILE).name
+    for case in (same_mask.Case(2, same_mask.ROUTED, tile),
+                 same_mask.Case(2, same_mask.ROUTED, registry.baseline().name, (128, 128), SPLIT)):  # fmt: skip
+        (record,) = same_mask.measure_case(case, 1, ("forward",), workload=SMALL_CPU, interpret=True)
+        assert "error" not in record and record["median_ms"] > 0, record
+        assert record["pairs"] == same_mask.allowed_pairs(plan.mask, 2) == int(plan.mask.to_dense().sum())
+        if case.impl == tile:
+            assert record["blocks"] == {"block_q": plan.block_q, "block_kv": plan.block_kv}

@@ -2,7 +2,7 @@
 side on the TPU at hand, each beside the floor its mask allows.
 
 The comparison a user makes before switching kernels: on each mask of ``MASKS`` (the case-study
-catalogue's, ``stlib.masks.case_study_masks``) at each head count of ``HEADS`` (the case study's 10
+catalogue's, ``stlib.masks.case_study_masks``, and the per-head SVG mix routed, ``ROUTED``) at each head count of ``HEADS`` (the case study's 10
 and Wan 14B's 40, 75,600 tokens x 128, bfloat16), the best tile kernel (``Role.BEST_TILE``) at its
 own default blocks and Splash (``impl="splash"``: its lazy mask where it has one, else from stlib's
 block layout) at each of ``SPLASH_BLOCKS``, forward and training step (``jax.grad``, Splash's split
@@ -34,7 +34,13 @@ from stlib import paths
 RECORDS = "tpu_same_mask.jsonl"
 #: Catalogue masks compared (``case_study_masks`` names; "per-head SVG" names the per-head mix at any
 #: head count: half spatial, half temporal heads).
-MASKS = ("band (density 0.25)", "sliding tile, 3-D tiled order", "frame causal", "per-head SVG")
+MASKS = ("band (density 0.25)", "sliding tile, 3-D tiled order", "frame causal", "per-head SVG", "per-head SVG, routed")
+#: The per-head mix as Sparse VideoGen runs it: each head in its own token order, its band contiguous
+#: there (``stlib.routing.svg_plan`` at ``ROUTED_DENSITY``, the tile kernel's blocks on the chip). The
+#: tile kernel runs the plan (``SvgPlan.run``); Splash, which has no reordering, its mask in raster
+#: order, as a user of Splash would.
+ROUTED = "per-head SVG, routed"
+ROUTED_DENSITY = 0.25
 #: Heads per call: the case study's 10 and Wan 14B's attention (40 heads of 128).
 HEADS = (10, 40)
 #: Splash's blocks (block_q, block_kv) tried on each mask: its default, the blocks dense Splash was
@@ -75,11 +81,28 @@ def catalogue_mask(name: str, heads: int, workload=None):
     catalogue = case_study_masks(
         workload.grid, heads, sta_tile=workload.sta_tile, sta_window=workload_sta_window(workload)
     )
+    if name == ROUTED:
+        return routed_plan(heads, workload).mask
     if name == "per-head SVG":
         name = next((n for n in catalogue if n.startswith("per-head SVG")), name)
     if name not in catalogue:
         raise KeyError(f"unknown mask {name!r}: one of {sorted(catalogue)} or 'per-head SVG'")
     return catalogue[name]
+
+
+def routed_plan(heads: int, workload=None, interpret: bool = False):
+    """The per-head SVG plan (half spatial, half temporal heads) on ``workload``'s grid (default: the
+    case study) at ``ROUTED_DENSITY``, cut at the best tile kernel's blocks for the chip at hand."""
+    from stlib import registry
+    from stlib.configs import CASE_STUDY
+    from stlib.registry import Role, by_role
+    from stlib.routing import svg_plan
+
+    workload = workload or CASE_STUDY
+    kinds = ["spatial"] * (heads - heads // 2) + ["temporal"] * (heads // 2)
+    tile = registry.get(by_role(Role.BEST_TILE).name)
+    config = tile.config(None, workload.grid.num_tokens, interpret=interpret)
+    return svg_plan(workload.grid, kinds, ROUTED_DENSITY, block_q=config.block_q, block_kv=config.block_kv)
 
 
 def allowed_pairs(mask, heads: int) -> int:
@@ -130,7 +153,8 @@ def measure_case(case: Case, trials: int, directions=DIRECTIONS, *, workload=Non
     from stlib.device import chip_spec, current_chip
 
     workload = workload or CASE_STUDY
-    mask = catalogue_mask(case.mask, case.heads, workload)
+    plan = routed_plan(case.heads, workload, interpret) if case.mask == ROUTED else None
+    mask = catalogue_mask(case.mask, case.heads, workload) if plan is None else plan.mask
     length, head_dim = mask.length, workload.head_dim  # a padded 3-D tiled order: the mask's length
     blocks = dict(zip(("block_q", "block_kv"), case.blocks or (None, None)))
     options = dict(case.options) or None
@@ -145,9 +169,13 @@ def measure_case(case: Case, trials: int, directions=DIRECTIONS, *, workload=Non
         return [
             {**head, "direction": d, "requested_blocks": case.blocks, "error": str(error)} for d in directions
         ]
+    if plan is not None and registry.get(case.impl).plan_runner is not None:
+        resolved = plan  # the tile kernel runs the plan's own blocks
     q, k, v = stlib.random_qkv((case.heads, length, head_dim), workload.dtype, seed=0)
 
     def call(q, k, v):
+        if plan is not None:  # the tile kernel runs the plan's own layout; Splash its raster-order mask
+            return plan.run(q, k, v, impl=case.impl, **blocks, options=options, interpret=interpret)
         return stlib.attention(q, k, v, mask, impl=case.impl, **blocks, options=options, interpret=interpret)
 
     out = []
