@@ -107,7 +107,7 @@ def test_read_keeps_the_latest_record_of_each_call(tmp_path):
 
 
 def test_the_routed_svg_mix_runs_its_plan_on_the_tile_kernel_and_its_mask_on_splash():
-    """"per-head SVG, routed": the tile kernel runs the plan's own layout (its blocks recorded), Splash
+    """ "per-head SVG, routed": the tile kernel runs the plan's own layout (its blocks recorded), Splash
     the plan's mask in raster order; both count the plan's allowed pairs."""
     plan = same_mask.routed_plan(2, SMALL_CPU, interpret=True)
     tile = registry.by_role(registry.Role.BEST_TILE).name

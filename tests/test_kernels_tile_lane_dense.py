@@ -184,7 +184,10 @@ def test_a_chips_program_budget_keeps_the_patterns_that_save_most(monkeypatch):
     base = steps_module.base_codes(layout, length)
     free = ld.plan_steps(layout, length, chip="v6e")
     assert len(free.patterns) >= 2
-    saved = {p: int((free.codes == ld.FIRST_PATTERN + n).sum()) * (2 * 512 * 512 - p.cost()) for n, p in enumerate(free.patterns)}
+    saved = {
+        p: int((free.codes == ld.FIRST_PATTERN + n).sum()) * (2 * 512 * 512 - p.cost())
+        for n, p in enumerate(free.patterns)
+    }
     best = max(saved, key=saved.get)
     budget = steps_module.code_pairs(layout, base, [best], covered=0)
     monkeypatch.setattr(steps_module, "program_pairs", lambda chip, rate: budget if chip == "v5e" else None)
@@ -197,11 +200,15 @@ def test_a_chips_program_budget_keeps_the_patterns_that_save_most(monkeypatch):
     out = stlib.attention(
         q, k, v, mask, impl=IMPL, block_q=512, block_kv=512, options={"chip": "v5e"}, interpret=True
     )
-    assert_close(out, stlib.attention(q, k, v, mask, impl="reference"), checks.tolerance(jnp.float32), mask=mask)
+    assert_close(
+        out, stlib.attention(q, k, v, mask, impl="reference"), checks.tolerance(jnp.float32), mask=mask
+    )
 
 
 @pytest.mark.parametrize(
-    "blocks, rate", [((1024, 2048), "FORWARD_CODE"), ((1024, 1024), "BACKWARD_CODE")], ids=["forward", "backward"]
+    "blocks, rate",
+    [((1024, 2048), "FORWARD_CODE"), ((1024, 1024), "BACKWARD_CODE")],
+    ids=["forward", "backward"],
 )
 def test_the_v5e_budget_cuts_frame_causals_patterns_and_keeps_the_bands(blocks, rate):
     """At the case study on a v5e (the forward's 1,024 x 2,048 and the backward's step-coded 1,024 x
@@ -218,7 +225,9 @@ def test_the_v5e_budget_cuts_frame_causals_patterns_and_keeps_the_bands(blocks, 
         free, v5e = (ld.plan_steps(layout, mask.length, chip=chip, rate=rate) for chip in (None, "v5e"))
         assert (len(v5e.patterns) < len(free.patterns)) == cut, name
         covered = int((v5e.codes >= ld.FIRST_PATTERN).sum())
-        code = steps_module.code_pairs(layout, steps_module.base_codes(layout, mask.length), v5e.patterns, covered)
+        code = steps_module.code_pairs(
+            layout, steps_module.base_codes(layout, mask.length), v5e.patterns, covered
+        )
         assert code <= steps_module.program_pairs("v5e", rate), name
 
 

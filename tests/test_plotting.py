@@ -135,6 +135,7 @@ def test_a_tile_map_of_one_head_counts_and_titles_that_head_alone():
 def test_same_mask_bars_draw_each_direction_each_kernel_and_each_floor(tmp_path):
     """A panel per direction; per mask a bar per kernel measured (Splash's labelled with its blocks,
     a mask Splash lacks drawn with the tile kernel alone) and the floor as a tick."""
+
     def row(mask, direction, tile, splash, floor):
         return {"mask": mask, "direction": direction, "tile_ms": tile, "splash_ms": splash,
                 "splash_blocks": (512, 1024) if splash else None, "floor_ms": floor}  # fmt: skip

@@ -244,5 +244,7 @@ def test_mask_info_past_the_limit_is_refused_by_name(monkeypatch):
     q, k, v = stlib.random_qkv((2, mask.length, 128), jnp.float32, 0)
     stlib.attention(q, k, v, mask, impl="splash", block_q=128, block_kv=256, interpret=True)
     monkeypatch.setattr(splash, "MASK_INFO_LIMIT", 1000)
-    with pytest.raises(ValueError, match=r"mask info .* at 128 x 256 blocks takes .* distinct partial blocks"):
+    with pytest.raises(
+        ValueError, match=r"mask info .* at 128 x 256 blocks takes .* distinct partial blocks"
+    ):
         stlib.attention(q, k, v, mask, impl="splash", block_q=128, block_kv=256, interpret=True)

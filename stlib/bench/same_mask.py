@@ -34,7 +34,13 @@ from stlib import paths
 RECORDS = "tpu_same_mask.jsonl"
 #: Catalogue masks compared (``case_study_masks`` names; "per-head SVG" names the per-head mix at any
 #: head count: half spatial, half temporal heads).
-MASKS = ("band (density 0.25)", "sliding tile, 3-D tiled order", "frame causal", "per-head SVG", "per-head SVG, routed")
+MASKS = (
+    "band (density 0.25)",
+    "sliding tile, 3-D tiled order",
+    "frame causal",
+    "per-head SVG",
+    "per-head SVG, routed",
+)
 #: The per-head mix as Sparse VideoGen runs it: each head in its own token order, its band contiguous
 #: there (``stlib.routing.svg_plan`` at ``ROUTED_DENSITY``, the tile kernel's blocks on the chip). The
 #: tile kernel runs the plan (``SvgPlan.run``); Splash, which has no reordering, its mask in raster
@@ -329,7 +335,9 @@ def main(argv=None) -> None:
     run_parser = sub.add_parser("run", help="time every case on this TPU")
     run_parser.add_argument("--heads", type=int, nargs="+", default=list(HEADS))
     run_parser.add_argument("--mask", nargs="+", default=list(MASKS), metavar="NAME")
-    run_parser.add_argument("--impl", nargs="+", default=None, metavar="NAME", help="only these (default: both)")
+    run_parser.add_argument(
+        "--impl", nargs="+", default=None, metavar="NAME", help="only these (default: both)"
+    )
     run_parser.add_argument("--forward-only", action="store_true", help="no training steps")
     run_parser.add_argument("--trials", type=int, default=5)
     run_parser.add_argument("--out", type=Path, default=None, help="folder of the records (default: data/)")

@@ -309,7 +309,10 @@ def backward_plan(
 
     if own_blocks:
         budget_chip = chip or getattr(options, "chip", None)  # whose program budget the step plans keep
-        coded, grains = step_layout(layout, length, budget_chip), [None]  # rows of 3-D tiles: the forward's patterns
+        coded, grains = (
+            step_layout(layout, length, budget_chip),
+            [None],
+        )  # rows of 3-D tiles: the forward's patterns
         if coded is None and step_blocks is not None:  # any other layout, at the backward's blocks
             block_q, block_kv, grain = step_blocks(layout, options, chip, interpret)
             coded, grains = block_steps(layout, length, block_q, block_kv, budget_chip), update_keys(grain)

@@ -106,7 +106,9 @@ class Pattern:
 
     def code_pairs(self) -> float:
         """Score pairs the region's code computes, a masked pair at ``MASKED_CODE_WEIGHT``."""
-        return (self.sub_tiles - self.masked_sub_tiles + MASKED_CODE_WEIGHT * self.masked_sub_tiles) * self.grain**2
+        return (
+            self.sub_tiles - self.masked_sub_tiles + MASKED_CODE_WEIGHT * self.masked_sub_tiles
+        ) * self.grain**2
 
     def updates(self, block_q: int, block_kv: int, chunk: int) -> list[tuple[int, int, int, int, bool]]:
         """(first key, keys, first query lane, lanes, masked) of each update the region runs: whole
@@ -289,7 +291,11 @@ def _patterns_at(layout: BlockLayout, codes: np.ndarray, length: int, grain: int
 @functools.lru_cache(maxsize=8)  # a layout (compared by identity) is planned once for its call,
 # its work model and its schedule counts: the fine layouts behind the grain choice take seconds
 def plan_steps(
-    layout: BlockLayout, length: int, grain: int | None = None, chip: str | None = None, rate: CodeRate = FORWARD_CODE
+    layout: BlockLayout,
+    length: int,
+    grain: int | None = None,
+    chip: str | None = None,
+    rate: CodeRate = FORWARD_CODE,
 ) -> StepPlan:
     """The step plan of ``layout`` for arrays of ``length`` rows. ``grain``: the pattern grain
     (None: the candidate of ``grains`` whose patterns cost least, ``Pattern.cost``, the larger on a
@@ -322,7 +328,6 @@ def plan_steps(
         if pattern in index:
             codes[h, i, j] = index[pattern]
     return StepPlan(layout, codes, tuple(frequent), length)
-
 
 
 def program_pairs(chip: str | None, rate: CodeRate = FORWARD_CODE) -> int | None:

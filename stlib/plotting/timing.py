@@ -203,7 +203,13 @@ def same_mask_bars(rows: list[dict], title: str):
                         label="floor (peak on the allowed pairs)" if m == 0 else None)  # fmt: skip
         ax.set_yticks(np.arange(len(masks)), masks, fontsize=8)
         ax.invert_yaxis()
-        values = [v for r in rows if r["direction"] == direction for v in (r["tile_ms"], r["splash_ms"], r["floor_ms"]) if v]
+        values = [
+            v
+            for r in rows
+            if r["direction"] == direction
+            for v in (r["tile_ms"], r["splash_ms"], r["floor_ms"])
+            if v
+        ]
         ax.set_xscale("log")  # masks a hundredfold apart in time, each still readable
         ax.set_xlim(min(values) / 2, max(values) * 4)
         ax.set(xlabel="median ms (measured, log scale)", title=direction)
