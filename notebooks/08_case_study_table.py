@@ -782,22 +782,29 @@ if v5e_rows:
         v5e_rows, "TPU v5e, 10 x 75,600 x 128 bf16: the tile kernel and Splash on the same masks (measured)"
     )
     plotting.save(fig, cfg.figure("08_v5e_same_masks"))
+for r in read_records(cfg.data / same_mask.RECORDS):  # frame causal's tile kernel, every run
+    if r["mask"] == "frame causal" and r["impl"] != "splash" and "median_ms" in r:
+        print(f"frame causal, {r['impl']}, {r['direction']}: {r['median_ms']:.1f} ms at revision {r['git_rev']}")
+svg_layout = stlib.block_layout(same_mask.catalogue_mask("per-head SVG", 10), 1024, 2048)
+print(f"the per-head SVG mix in raster order at 1,024 x 2,048: {svg_layout.kind_counts()['PARTIAL']} PARTIAL "
+      f"steps of {svg_layout.num_steps}")
 
 # %% [markdown]
 # What the chip says (the records' revisions in `data/tpu_same_mask.jsonl`):
 #
 # * **The band 0.25 and the sliding tile**: the tile kernel is ahead of Splash's best on both, by
-#   little on the band's forward (48.7 against 52.3 ms at 1,024 x 2,048) and by a factor of four on
-#   the sliding tile (29.4 against 113.7 ms), whose 3-D tiles Splash's larger blocks cut across:
+#   little on the band's forward (48.68 against 52.31 ms at 1,024 x 2,048) and by a factor of four on
+#   the sliding tile (29.42 against 113.65 ms), whose 3-D tiles Splash's larger blocks cut across:
 #   at 1,024 x 2,048 its mask info holds 742 distinct partial blocks (4.67 GB of constants), which
 #   no longer compiles but is refused by name.
 # * **Frame causal** showed what the program limit above costs when nothing keeps to it: its first
-#   run took 886.7 ms forward and 2,920 ms a training step, nine times the floor, its forward's
+#   run took 886.7 ms forward and 2920.5 ms a training step, nine times the floor, its forward's
 #   eleven regions compiled to 89,762 bundles. Under the forward's budget (57,791 bundles) it ran
-#   in 103.2 ms, 0.80 of Splash's best. Its training step then took 2,135 ms: the backward's fused
+#   in 103.15 ms, 0.80 of Splash's best. Its training step then took 2135.0 ms: the backward's fused
 #   pass still compiled to 98,315 bundles. Its own budget (60,191 bundles) came after the last
 #   device time of that session, so the step is not yet measured under it.
-# * **The per-head SVG mix, run in raster order as the catalogue mask**: 1,759 ms forward against a
-#   floor of 43 ms. In raster order its temporal heads touch every tile (14,235 of its 18,060 steps
-#   are PARTIAL, the mask evaluated on every score); Sparse VideoGen runs it routed, each head in its
-#   own order (notebook 09), and the routed plan is not yet a case of this benchmark.
+# * **The per-head SVG mix, run in raster order as the catalogue mask**: 1758.91 ms forward against a
+#   floor of 43.13 ms. In raster order its temporal heads touch every tile (most of its steps are
+#   PARTIAL, the mask evaluated on every score, as printed above); Sparse VideoGen runs it routed,
+#   each head in its own order (notebook 09), and the routed plan is not yet a case of this benchmark
+#   on the chip (`same_mask.ROUTED`).

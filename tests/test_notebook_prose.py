@@ -71,7 +71,14 @@ CITED: dict[str, dict[str, str]] = {
         "56,700": "the arithmetic of the prose, 75,600 x 0.75",
         "147,600": "a long video's tokens (41 x 45 x 80) where the library's fold_all met a VMEM overflow",
     },
-    "08": {"2.35": "notebook 07's schedule table: its FULL region per 1,000 score pairs, scores ahead"},
+    "08": {
+        "2.35": "notebook 07's schedule table: its FULL region per 1,000 score pairs, scores ahead",
+        "4.67": "Splash's mask info on the sliding tile at 1,024 x 2,048 (splash.MASK_INFO_LIMIT's comment)",
+        "89,762": "frame causal's forward for the v5e without the budget, compiled without a TPU (steps.FORWARD_CODE)",
+        "57,791": "the same under the forward's budget, compiled without a TPU (docs/on-chip.md)",
+        "98,315": "frame causal's fused backward for the v5e before its budget (steps.BACKWARD_CODE, docs/on-chip.md)",
+        "60,191": "the same under the backward's budget, compiled without a TPU (docs/on-chip.md)",
+    },
     "09": {
         "3,328": "the public design's q tile (REFERENCE.md)",
         "2,816": "the public design's kv tile (REFERENCE.md)",
